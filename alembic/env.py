@@ -1,0 +1,3 @@
+"""The checkout's alembic environment: the one shipped in the package."""
+
+from conveyor.migrations import env  # noqa: F401  (runs the migrations on import)

@@ -1,0 +1,47 @@
+"""conveyor: a durable task queue and message bus on SQLAlchemy 2.
+
+SQLite for development and embedded use, PostgreSQL for production; one API.
+"""
+
+from __future__ import annotations
+
+from conveyor.connect import SyncStore, connect, connect_sync
+from conveyor.errors import (
+    AlreadyExists,
+    ConfigurationError,
+    ConveyorError,
+    InvalidArgument,
+    LostLease,
+    NotFound,
+    ProtocolVersionMismatch,
+    StoreUnavailable,
+    TaskCancelled,
+)
+from conveyor.models import Backoff, ConsumerGroup, GroupStats, Page, QueueStats, Status, Task
+from conveyor.store.base import TaskStore
+
+__all__ = [
+    "AlreadyExists",
+    "Backoff",
+    "ConfigurationError",
+    "ConsumerGroup",
+    "ConveyorError",
+    "GroupStats",
+    "InvalidArgument",
+    "LostLease",
+    "NotFound",
+    "Page",
+    "ProtocolVersionMismatch",
+    "QueueStats",
+    "Status",
+    "StoreUnavailable",
+    "SyncStore",
+    "Task",
+    "TaskCancelled",
+    "TaskStore",
+    "__version__",
+    "connect",
+    "connect_sync",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,232 @@
+"""Checking and converting what callers pass in, before anything is written.
+
+Every check raises :class:`InvalidArgument` naming the field; nothing here
+touches the database.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import threading
+import time
+import traceback as tb
+from datetime import UTC, datetime, timedelta
+from typing import Any, overload
+
+from conveyor.errors import InvalidArgument
+from conveyor.models import Backoff
+
+MAX_NAME_LENGTH = 255
+US = 1_000_000
+
+Duration = int | float | timedelta
+
+
+def duration_seconds(field: str, value: Any, *, allow_zero: bool = True) -> float:
+    """Seconds from an ``int``/``float``/``timedelta``; rejects negatives, NaN, bools."""
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidArgument(
+            field, f"must be seconds (int or float) or a timedelta, got {value!r}"
+        )
+    else:
+        seconds = float(value)
+    if math.isnan(seconds) or math.isinf(seconds):
+        raise InvalidArgument(field, f"must be a finite duration, got {value!r}")
+    if seconds < 0 or (seconds == 0 and not allow_zero):
+        raise InvalidArgument(field, f"must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+    return seconds
+
+
+def positive_int(field: str, value: Any, *, minimum: int = 1) -> int:
+    """An ``int`` of at least ``minimum`` (bools refused)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(field, f"must be an integer, got {value!r}")
+    if value < minimum:
+        raise InvalidArgument(field, f"must be >= {minimum}, got {value!r}")
+    return value
+
+
+def integer(field: str, value: Any) -> int:
+    """Any ``int`` that fits a 32-bit column (bools refused)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(field, f"must be an integer, got {value!r}")
+    if not -(2**31) <= value < 2**31:
+        raise InvalidArgument(field, f"must fit in 32 bits, got {value!r}")
+    return value
+
+
+def opt_name(field: str, value: Any) -> str | None:
+    """Like :func:`name`, but ``None`` passes through."""
+    return None if value is None else name(field, value)
+
+
+def name(field: str, value: Any) -> str:
+    """A non-empty string of at most 255 characters."""
+    if not isinstance(value, str):
+        raise InvalidArgument(field, f"must be a string, got {value!r}")
+    if not value:
+        raise InvalidArgument(field, "must not be empty")
+    if len(value) > MAX_NAME_LENGTH:
+        raise InvalidArgument(
+            field, f"must be at most {MAX_NAME_LENGTH} characters, got {len(value)}"
+        )
+    if "\x00" in value:
+        raise InvalidArgument(field, "must not contain NUL characters")
+    return value
+
+
+def names(field: str, value: Any) -> list[str]:
+    """One name or a non-empty sequence of names, deduplicated in order."""
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list | tuple | set | frozenset) or not value:
+        raise InvalidArgument(
+            field, f"must be a queue name or a non-empty list of them, got {value!r}"
+        )
+    out: list[str] = []
+    for item in value:
+        checked = name(field, item)
+        if checked not in out:
+            out.append(checked)
+    return out
+
+
+def to_json(field: str, value: Any) -> str:
+    """Serialise ``value`` as strict JSON (no NaN), or raise naming the field."""
+    try:
+        return json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(field, f"must be JSON-serialisable ({exc})") from None
+
+
+def metadata(value: Any) -> str:
+    """Metadata is a JSON object (dict with string keys)."""
+    if value is None:
+        return "{}"
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise InvalidArgument(
+            "metadata", f"must be a dict with string keys, got {type(value).__name__}"
+        )
+    return to_json("metadata", value)
+
+
+def aware(field: str, value: Any) -> datetime:
+    """An aware ``datetime``; naive ones are refused rather than guessed at."""
+    if not isinstance(value, datetime):
+        raise InvalidArgument(field, f"must be a datetime, got {value!r}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidArgument(field, "must be timezone-aware (e.g. datetime.now(UTC))")
+    return value
+
+
+def to_us(moment: datetime) -> int:
+    """Microseconds since the epoch (how every time is stored)."""
+    delta = moment - EPOCH
+    return (delta.days * 86_400 + delta.seconds) * US + delta.microseconds
+
+
+@overload
+def from_us(value: int) -> datetime: ...
+@overload
+def from_us(value: None) -> None: ...
+def from_us(value: int | None) -> datetime | None:
+    """The aware UTC datetime for stored microseconds (``None`` passes through)."""
+    if value is None:
+        return None
+    return EPOCH + timedelta(microseconds=value)
+
+
+def now_us() -> int:
+    """The process clock in microseconds since the epoch."""
+    return time.time_ns() // 1000
+
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def backoff(field: str, value: Any) -> Backoff | None:
+    """A :class:`Backoff`, a dict of its fields, a fixed delay, or ``None``."""
+    if value is None or isinstance(value, Backoff):
+        return value
+    if isinstance(value, int | float | timedelta) and not isinstance(value, bool):
+        seconds = duration_seconds(field, value)
+        return Backoff(base=seconds, factor=1.0, max=max(seconds, 1.0), jitter=0.0)
+    if isinstance(value, dict):
+        unknown = set(value) - {"base", "factor", "max", "jitter"}
+        if unknown:
+            raise InvalidArgument(field, f"unknown keys {sorted(unknown)}")
+        parts = {k: duration_seconds(f"{field}.{k}", v) for k, v in value.items()}
+        if parts.get("jitter", 0.0) > 1:
+            raise InvalidArgument(field, "jitter must be within [0, 1]")
+        return Backoff(**parts)
+    raise InvalidArgument(field, f"must be a Backoff, a dict, or seconds, got {value!r}")
+
+
+def backoff_delay(spec: dict[str, float] | None, attempt: int) -> float:
+    """Seconds to wait before the retry that follows failed ``attempt``."""
+    b = Backoff(**spec) if spec else Backoff()
+    raw = b.base * b.factor ** max(attempt - 1, 0)
+    delay = min(raw, b.max)
+    return delay * (1.0 - b.jitter * random.random())
+
+
+def error_envelope(error: Any, *, retryable: bool) -> dict[str, Any]:
+    """The stored form of an error: ``{type, code, message, retryable, traceback}``."""
+    if isinstance(error, BaseException):
+        trace = "".join(tb.format_exception(type(error), error, error.__traceback__))
+        return {
+            "type": type(error).__name__,
+            "code": getattr(error, "code", None) or "exception",
+            "message": str(error),
+            "retryable": retryable,
+            "traceback": trace if error.__traceback__ is not None else None,
+        }
+    if isinstance(error, str):
+        return {
+            "type": "Error",
+            "code": "error",
+            "message": error,
+            "retryable": retryable,
+            "traceback": None,
+        }
+    if isinstance(error, dict):
+        envelope = {
+            "type": "Error",
+            "code": "error",
+            "message": "",
+            "retryable": retryable,
+            "traceback": None,
+        }
+        envelope.update(error)
+        envelope["retryable"] = retryable
+        to_json("error", envelope)
+        return envelope
+    raise InvalidArgument("error", f"must be an exception, a string or a dict, got {error!r}")
+
+
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_id_lock = threading.Lock()
+_id_last = [0, 0]  # last millisecond, last random part
+
+
+def new_task_id() -> str:
+    """A 26-character ULID: sortable by creation time, monotonic within a process."""
+    with _id_lock:
+        ms = time.time_ns() // 1_000_000
+        if ms <= _id_last[0]:
+            ms = _id_last[0]
+            rand = _id_last[1] + 1
+        else:
+            rand = int.from_bytes(os.urandom(10), "big") >> 1  # headroom for increments
+        _id_last[0], _id_last[1] = ms, rand
+    value = (ms << 80) | rand
+    chars = []
+    for _ in range(26):
+        chars.append(_CROCKFORD[value & 31])
+        value >>= 5
+    return "".join(reversed(chars))

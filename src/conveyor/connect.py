@@ -1,0 +1,163 @@
+"""Opening a store from a URL, and the blocking facade over the async store."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib.util
+import os
+import threading
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Future
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from conveyor.errors import ConfigurationError
+from conveyor.store.base import TaskStore
+
+DEFAULT_URL = "sqlite:///conveyor.db"
+POSTGRES_INSTALL = "pip install 'conveyor[postgres]'"
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def resolve_url(url: str | None) -> tuple[str, str]:
+    """``(dialect, async SQLAlchemy URL)`` for a user's URL, or ConfigurationError."""
+    raw = url or os.environ.get("CONVEYOR_URL") or DEFAULT_URL
+    try:
+        parsed = make_url(raw)
+    except ArgumentError:
+        raise ConfigurationError(
+            f"cannot parse the database URL {raw!r}: use sqlite:///path.db or "
+            "postgresql://user@host/db"
+        ) from None
+    backend, _, driver = parsed.drivername.partition("+")
+    if backend == "sqlite" and driver in ("", "aiosqlite"):
+        return "sqlite", parsed.set(drivername="sqlite+aiosqlite").render_as_string(False)
+    if backend in ("postgresql", "postgres") and driver in ("", "psycopg", "psycopg_async"):
+        if importlib.util.find_spec("psycopg") is None:
+            raise ConfigurationError(
+                f"PostgreSQL needs the psycopg driver: run `{POSTGRES_INSTALL}`"
+            )
+        return "postgresql", parsed.set(drivername="postgresql+psycopg").render_as_string(False)
+    raise ConfigurationError(
+        f"unsupported database URL scheme {parsed.drivername!r}: use sqlite:// "
+        "(or sqlite+aiosqlite://) or postgresql:// (or postgresql+psycopg://)"
+    )
+
+
+def connect(url: str | None = None, **options: Any) -> TaskStore:
+    """A store for ``url`` (default ``$CONVEYOR_URL``, else ``sqlite:///conveyor.db``).
+
+    No I/O happens here; ``async with store`` (or the first call) opens it.
+    Options: ``migrate`` (default True), ``statement_timeout``, ``lock_timeout``,
+    ``poll_interval``, ``engine_options``; SQLite also ``busy_timeout`` and
+    ``synchronous``.
+    """
+    dialect, async_url = resolve_url(url)
+    if dialect == "sqlite":
+        from conveyor.store.sqlite import SQLiteStore
+
+        return SQLiteStore(async_url, **options)
+    from conveyor.store.postgres import PostgresStore
+
+    return PostgresStore(async_url, **options)
+
+
+def _blocking(
+    method: Callable[Concatenate[TaskStore, P], Coroutine[Any, Any, R]],
+) -> Callable[Concatenate[SyncStore, P], R]:
+    """The blocking twin of an async store method: same signature, same docstring."""
+
+    @functools.wraps(method)
+    def call(self: SyncStore, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        bound: Callable[P, Coroutine[Any, Any, R]] = getattr(self.store, method.__name__)
+        return self._call(bound(*args, **kwargs))
+
+    return call
+
+
+class SyncStore:
+    """The same API as :class:`TaskStore`, blocking.
+
+    The async store runs on a private event loop in a background thread; each
+    call is handed to it and waited for. There is one implementation of the
+    protocol — this class only carries calls across.
+    """
+
+    def __init__(self, store: TaskStore) -> None:
+        self.store = store
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def _call(self, coro: Coroutine[Any, Any, R]) -> R:
+        loop = self._ensure_loop()
+        future: Future[R] = asyncio.run_coroutine_threadsafe(coro, loop)
+        return future.result()
+
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(
+                    target=loop.run_forever, name="conveyor-sync", daemon=True
+                )
+                thread.start()
+                self._loop, self._thread = loop, thread
+            return self._loop
+
+    def open(self) -> None:
+        """Connect and migrate (done for you by ``with`` or the first call)."""
+        self._call(self.store.open())
+
+    def close(self) -> None:
+        """Close the store and stop the background loop."""
+        with self._lock:
+            loop, thread = self._loop, self._thread
+            self._loop = self._thread = None
+        if loop is None or thread is None:
+            return
+        asyncio.run_coroutine_threadsafe(self.store.close(), loop).result()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
+
+    def __enter__(self) -> SyncStore:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    submit = _blocking(TaskStore.submit)
+    submit_many = _blocking(TaskStore.submit_many)
+    get = _blocking(TaskStore.get)
+    get_by_key = _blocking(TaskStore.get_by_key)
+    list = _blocking(TaskStore.list)
+    cancel = _blocking(TaskStore.cancel)
+    cancel_by_key = _blocking(TaskStore.cancel_by_key)
+    retry = _blocking(TaskStore.retry)
+    retry_by_key = _blocking(TaskStore.retry_by_key)
+    wait = _blocking(TaskStore.wait)
+    claim = _blocking(TaskStore.claim)
+    heartbeat = _blocking(TaskStore.heartbeat)
+    progress = _blocking(TaskStore.progress)
+    succeed = _blocking(TaskStore.succeed)
+    fail = _blocking(TaskStore.fail)
+    subscribe = _blocking(TaskStore.subscribe)
+    unsubscribe = _blocking(TaskStore.unsubscribe)
+    groups = _blocking(TaskStore.groups)
+    stats = _blocking(TaskStore.stats)
+    configure_queue = _blocking(TaskStore.configure_queue)
+    get_queue = _blocking(TaskStore.get_queue)
+    recover = _blocking(TaskStore.recover)
+    maintain = _blocking(TaskStore.maintain)
+
+
+def connect_sync(url: str | None = None, **options: Any) -> SyncStore:
+    """A blocking store for ``url``; same options as :func:`connect`."""
+    return SyncStore(connect(url, **options))

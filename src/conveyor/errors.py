@@ -1,0 +1,102 @@
+"""The exceptions conveyor raises.
+
+Every error derives from :class:`ConveyorError` and carries a stable ``code``::
+
+    ConveyorError                      code
+    ├── ConfigurationError             "configuration"
+    ├── InvalidArgument (ValueError)   "invalid_argument"
+    ├── AlreadyExists                  "already_exists"
+    ├── LostLease                      "lost_lease"
+    │   └── TaskCancelled              "task_cancelled"
+    ├── ProtocolVersionMismatch        "protocol_version_mismatch"
+    ├── NotFound                       "not_found"
+    └── StoreUnavailable               "store_unavailable"
+
+Driver errors are translated in one place (the store's transaction runner) and
+chained with ``raise ... from`` so the original stays visible.
+"""
+
+from __future__ import annotations
+
+
+class ConveyorError(Exception):
+    """Root of every error conveyor raises."""
+
+    code: str = "conveyor_error"
+
+
+class ConfigurationError(ConveyorError):
+    """The store cannot be set up as asked (bad URL, missing driver, bad option)."""
+
+    code = "configuration"
+
+
+class InvalidArgument(ConveyorError, ValueError):
+    """An argument is malformed; nothing was written.
+
+    ``field`` names the offending argument.
+    """
+
+    code = "invalid_argument"
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{field}: {problem}")
+
+
+class AlreadyExists(ConveyorError):
+    """A task with this idempotency key exists and ``conflict="reject"`` was asked."""
+
+    code = "already_exists"
+
+    def __init__(self, key: str, task_id: str) -> None:
+        self.key = key
+        self.task_id = task_id
+        super().__init__(f"a task with key {key!r} already exists (id {task_id})")
+
+
+class LostLease(ConveyorError):
+    """The caller no longer holds the task's lease; nothing was changed.
+
+    The lease expired and was recovered, another worker claimed the task, or the
+    write was fenced to an attempt that is not the current one.
+    """
+
+    code = "lost_lease"
+
+    def __init__(self, task_id: str, message: str | None = None) -> None:
+        self.task_id = task_id
+        super().__init__(message or f"task {task_id}: the lease is no longer held by this worker")
+
+
+class TaskCancelled(LostLease):
+    """The task was cancelled while the caller held it; stop working on it."""
+
+    code = "task_cancelled"
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(task_id, f"task {task_id} was cancelled")
+
+
+class ProtocolVersionMismatch(ConveyorError):
+    """The database was written by an incompatible version of conveyor."""
+
+    code = "protocol_version_mismatch"
+
+
+class NotFound(ConveyorError):
+    """No task (or group) has the given id."""
+
+    code = "not_found"
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        super().__init__(f"{what} not found")
+
+
+class StoreUnavailable(ConveyorError):
+    """The database could not complete the call (connection lost, timeouts, or
+    contention that outlasted the bounded retries). Safe to retry."""
+
+    code = "store_unavailable"

@@ -1,0 +1,151 @@
+"""The values conveyor hands back: tasks, pages, groups, statuses."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+class Status(enum.StrEnum):
+    """Where a task stands, for queue mode or for one consumer group."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    EVICTED = "evicted"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def terminal(self) -> bool:
+        """True for the statuses a task only leaves through ``retry``."""
+        return self not in (Status.QUEUED, Status.RUNNING)
+
+
+TERMINAL_STATUSES = frozenset(s for s in Status if s.terminal)
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Retry delay: ``base * factor ** (attempt - 1)``, capped at ``max``, with jitter.
+
+    ``jitter`` is the fraction of the delay that is randomised (0.2 means the delay
+    lands uniformly in [0.8 d, d]).
+    """
+
+    base: float = 1.0
+    factor: float = 2.0
+    max: float = 3600.0
+    jitter: float = 0.2
+
+    def as_dict(self) -> dict[str, float]:
+        """The JSON form stored with the task."""
+        return {"base": self.base, "factor": self.factor, "max": self.max, "jitter": self.jitter}
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """An immutable snapshot of a task as seen by queue mode or by one group."""
+
+    id: str
+    name: str
+    queue: str
+    partition: str | None
+    payload: Any
+    metadata: dict[str, Any]
+    priority: int
+    status: Status
+    attempt: int
+    max_attempts: int
+    run_at: datetime
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    lease_expires_at: datetime | None
+    worker_id: str | None
+    progress: float | None
+    progress_message: str | None
+    result: Any
+    error: dict[str, Any] | None
+    key: str | None
+    parent_id: str | None
+    root_id: str
+    correlation_id: str | None
+    group: str | None = None
+
+    @property
+    def terminal(self) -> bool:
+        """True when the task has finished for this view (queue mode or group)."""
+        return self.status.terminal
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (times as ISO 8601 strings)."""
+        out: dict[str, Any] = {}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if isinstance(value, datetime):
+                value = value.isoformat()
+            elif isinstance(value, Status):
+                value = value.value
+            out[name] = value
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """One page of :meth:`TaskStore.list`; pass ``next_cursor`` back for the next."""
+
+    items: list[Task]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerGroup:
+    """A registered consumer group of one queue."""
+
+    queue: str
+    name: str
+    start: datetime | None
+    created_at: datetime
+    active: bool
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """What :meth:`TaskStore.stats` reports for one queue."""
+
+    queue: str
+    counts: dict[str, int]
+    oldest_claimable_age: float | None
+    groups: dict[str, GroupStats] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "queue": self.queue,
+            "counts": dict(self.counts),
+            "oldest_claimable_age": self.oldest_claimable_age,
+            "groups": {name: g.as_dict() for name, g in self.groups.items()},
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class GroupStats:
+    """Per-group numbers inside :class:`QueueStats`."""
+
+    counts: dict[str, int]
+    lag: int
+    oldest_claimable_age: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "counts": dict(self.counts),
+            "lag": self.lag,
+            "oldest_claimable_age": self.oldest_claimable_age,
+        }

@@ -1,0 +1,223 @@
+"""The tables: the single source of truth for the schema (protocol version 2).
+
+Alembic revisions under ``conveyor/migrations`` create exactly these; a test
+compares the migrated database with this module on both backends.
+
+Design (see README "How it works"):
+
+* ``conveyor_tasks`` — immutable rows: what was submitted. ``seq`` is the
+  submit order; ``id`` is the public, time-sortable identifier.
+* ``conveyor_deliveries`` — all mutable state, one row per (task, consumer
+  group); ``grp = ''`` is queue mode. Rows are written at submit time for queue
+  mode and every active group of the queue (fan-out in the producer's own
+  transaction, so no cursor can skip a late commit). ``queue``, ``partition``,
+  ``priority`` and ``max_attempts`` are copied from the immutable task so the
+  claim indexes never join.
+* Partial indexes hold only claimable / leased rows, so claim and recovery cost
+  does not grow with the finished history.
+* ``conveyor_streams`` — one row per (queue, group, partition): the head of the
+  ordered stream and when it became available, so a claim picks the fairest free
+  stream by index and locks only that row.
+* times are integer microseconds since the epoch on both backends, so the same
+  SQL arithmetic (``now + lease``) runs everywhere.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    text,
+)
+
+PROTOCOL_VERSION = 2
+
+metadata = MetaData()
+
+# SQLite only auto-assigns INTEGER PRIMARY KEY columns; Postgres gets a BIGINT identity.
+SeqType = BigInteger().with_variant(Integer(), "sqlite")
+
+NAME = 255
+ID = 26
+
+meta = Table(
+    "conveyor_meta",
+    metadata,
+    Column("key", String(64), primary_key=True),
+    Column("value", Text, nullable=False),
+)
+
+tasks = Table(
+    "conveyor_tasks",
+    metadata,
+    Column("seq", SeqType, primary_key=True, autoincrement=True),
+    Column("id", String(ID), nullable=False, unique=True),
+    Column("name", String(NAME), nullable=False),
+    Column("queue", String(NAME), nullable=False),
+    Column("partition", String(NAME), nullable=True),
+    Column("payload", Text, nullable=False),
+    Column("metadata", Text, nullable=False),
+    Column("priority", Integer, nullable=False),
+    Column("max_attempts", Integer, nullable=False),
+    Column("backoff", Text, nullable=True),
+    Column("created_at", BigInteger, nullable=False),
+    Column("run_at", BigInteger, nullable=False),
+    Column("key", String(NAME), nullable=True),
+    Column("parent_id", String(ID), nullable=True),
+    Column("root_id", String(ID), nullable=False),
+    Column("correlation_id", String(NAME), nullable=True),
+    sqlite_autoincrement=True,
+)
+Index("ix_conveyor_tasks_queue_seq", tasks.c.queue, tasks.c.seq)
+Index("ix_conveyor_tasks_queue_created", tasks.c.queue, tasks.c.created_at)
+Index("ix_conveyor_tasks_name_seq", tasks.c.name, tasks.c.seq)
+Index("ix_conveyor_tasks_root_seq", tasks.c.root_id, tasks.c.seq)
+Index("ix_conveyor_tasks_parent", tasks.c.parent_id)
+Index("ix_conveyor_tasks_correlation_seq", tasks.c.correlation_id, tasks.c.seq)
+
+deliveries = Table(
+    "conveyor_deliveries",
+    metadata,
+    Column(
+        "task_seq",
+        SeqType,
+        ForeignKey("conveyor_tasks.seq", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("grp", String(NAME), primary_key=True),
+    Column("queue", String(NAME), nullable=False),
+    Column("partition", String(NAME), nullable=True),
+    Column("priority", Integer, nullable=False),
+    Column("max_attempts", Integer, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("run_at", BigInteger, nullable=False),
+    Column("lease_expires_at", BigInteger, nullable=True),
+    Column("lease", Float, nullable=True),
+    Column("worker_id", String(NAME), nullable=True),
+    Column("started_at", BigInteger, nullable=True),
+    Column("finished_at", BigInteger, nullable=True),
+    Column("progress", Float, nullable=True),
+    Column("progress_message", Text, nullable=True),
+    Column("result", Text, nullable=True),
+    Column("error", Text, nullable=True),
+)
+# Unordered claimable work: the claim reads this index in claim order and stops.
+Index(
+    "ix_conveyor_deliveries_ready",
+    deliveries.c.grp,
+    deliveries.c.queue,
+    deliveries.c.priority.desc(),
+    deliveries.c.run_at,
+    deliveries.c.task_seq,
+    postgresql_where=text("status = 'queued' AND partition IS NULL"),
+    sqlite_where=text("status = 'queued' AND partition IS NULL"),
+)
+# Active rows of ordered streams: finding a stream's head is one index probe.
+Index(
+    "ix_conveyor_deliveries_stream",
+    deliveries.c.grp,
+    deliveries.c.queue,
+    deliveries.c.partition,
+    deliveries.c.task_seq,
+    postgresql_where=text("status IN ('queued', 'running') AND partition IS NOT NULL"),
+    sqlite_where=text("status IN ('queued', 'running') AND partition IS NOT NULL"),
+)
+# Leased rows only: lease recovery never reads finished work.
+Index(
+    "ix_conveyor_deliveries_leased",
+    deliveries.c.grp,
+    deliveries.c.queue,
+    deliveries.c.lease_expires_at,
+    postgresql_where=text("status = 'running'"),
+    sqlite_where=text("status = 'running'"),
+)
+# Listing and counting by status.
+Index(
+    "ix_conveyor_deliveries_status",
+    deliveries.c.grp,
+    deliveries.c.queue,
+    deliveries.c.status,
+    deliveries.c.task_seq,
+)
+Index(
+    "ix_conveyor_deliveries_finished",
+    deliveries.c.queue,
+    deliveries.c.finished_at,
+    postgresql_where=text("finished_at IS NOT NULL"),
+    sqlite_where=text("finished_at IS NOT NULL"),
+)
+
+streams = Table(
+    "conveyor_streams",
+    metadata,
+    Column("queue", String(NAME), primary_key=True),
+    Column("grp", String(NAME), primary_key=True),
+    Column("partition", String(NAME), primary_key=True),
+    Column("head_seq", BigInteger, nullable=True),
+    Column("priority", Integer, nullable=True),
+    Column("available_at", BigInteger, nullable=True),
+)
+Index(
+    "ix_conveyor_streams_available",
+    streams.c.grp,
+    streams.c.queue,
+    streams.c.available_at,
+    postgresql_where=text("available_at IS NOT NULL"),
+    sqlite_where=text("available_at IS NOT NULL"),
+)
+
+groups = Table(
+    "conveyor_groups",
+    metadata,
+    Column("queue", String(NAME), primary_key=True),
+    Column("name", String(NAME), primary_key=True),
+    Column("start_at", BigInteger, nullable=True),
+    Column("created_at", BigInteger, nullable=False),
+    Column("active", Boolean, nullable=False),
+)
+
+keys = Table(
+    "conveyor_keys",
+    metadata,
+    Column("key", String(NAME), primary_key=True),
+    # No foreign key: the key is claimed before its task row exists (that is what
+    # makes concurrent submits of one key safe); retention deletes keys itself.
+    Column("task_id", String(ID), nullable=False),
+)
+Index("ix_conveyor_keys_task", keys.c.task_id)
+
+queues = Table(
+    "conveyor_queues",
+    metadata,
+    Column("queue", String(NAME), primary_key=True),
+    Column("lease", Float, nullable=True),
+    Column("max_attempts", Integer, nullable=True),
+    Column("backoff", Text, nullable=True),
+    Column("retention", Float, nullable=True),
+    Column("max_wait", Float, nullable=True),
+    Column("updated_at", BigInteger, nullable=False),
+)
+
+maintenance = Table(
+    "conveyor_maintenance",
+    metadata,
+    Column("id", SeqType, primary_key=True, autoincrement=True),
+    Column("ran_at", BigInteger, nullable=False),
+    Column("recovered", Integer, nullable=False),
+    Column("expired", Integer, nullable=False),
+    Column("evicted", Integer, nullable=False),
+    Column("deleted", Integer, nullable=False),
+    Column("duration", Float, nullable=False),
+    sqlite_autoincrement=True,
+)
+Index("ix_conveyor_maintenance_ran_at", maintenance.c.ran_at)

@@ -1,0 +1,376 @@
+"""Named SQL statements, written once in SQLAlchemy Core for both backends.
+
+Each function builds one statement. Time-dependent statements take ``now``, a
+SQL expression supplied by the dialect's clock (the database clock on Postgres,
+a bound process-clock value on SQLite), so the same text runs on both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Delete,
+    Select,
+    String,
+    Update,
+    and_,
+    case,
+    cast,
+    delete,
+    exists,
+    func,
+    literal,
+    null,
+    or_,
+    select,
+    union_all,
+    update,
+)
+from sqlalchemy.sql.dml import Insert
+
+from conveyor.schema import deliveries as d
+from conveyor.schema import groups as g
+from conveyor.schema import queues as qs
+from conveyor.schema import streams as s
+from conveyor.schema import tasks as t
+
+QUEUED = "queued"
+RUNNING = "running"
+ACTIVE = (QUEUED, RUNNING)
+DEFAULT_LEASE = 30.0
+QUEUE_MODE = ""  # the delivery ``grp`` of queue mode; group names are never empty
+
+Now = ColumnElement[int]
+
+
+def seconds_to_us(seconds: ColumnElement[Any] | float) -> ColumnElement[int]:
+    """Seconds (a number or SQL expression) as integer microseconds."""
+    return cast(func.round(literal(1_000_000.0) * seconds), BigInteger)
+
+
+def greatest(a: ColumnElement[Any], b: ColumnElement[Any]) -> ColumnElement[Any]:
+    """The larger of two values (GREATEST and SQLite's max() differ; CASE does not)."""
+    return case((a > b, a), else_=b)
+
+
+def task_view(grp: str) -> Select[Any]:
+    """Every column a :class:`Task` needs, for queue mode (``grp=''``) or a group."""
+    return (
+        select(
+            t.c.seq,
+            t.c.id,
+            t.c.name,
+            t.c.queue,
+            t.c.partition,
+            t.c.payload,
+            t.c.metadata,
+            t.c.priority,
+            d.c.max_attempts,
+            t.c.created_at,
+            t.c.key,
+            t.c.parent_id,
+            t.c.root_id,
+            t.c.correlation_id,
+            d.c.grp,
+            d.c.status,
+            d.c.attempt,
+            d.c.run_at,
+            d.c.started_at,
+            d.c.finished_at,
+            d.c.lease_expires_at,
+            d.c.worker_id,
+            d.c.progress,
+            d.c.progress_message,
+            d.c.result,
+            d.c.error,
+        )
+        .select_from(t.join(d, d.c.task_seq == t.c.seq))
+        .where(d.c.grp == grp)
+    )
+
+
+def task_seq_of(task_id: str) -> ColumnElement[Any]:
+    """The internal sequence number of a public task id, as a scalar subquery."""
+    return select(t.c.seq).where(t.c.id == task_id).scalar_subquery()
+
+
+def queue_settings(names: Sequence[str]) -> Select[Any]:
+    """Stored settings of the given queues."""
+    return select(qs).where(qs.c.queue.in_(names))
+
+
+def fan_out(seqs: Sequence[int]) -> Insert:
+    """Delivery rows for new tasks: queue mode plus every active group of the queue.
+
+    Written in the producer's transaction, so a group never depends on a cursor
+    that a late-committing producer could slip behind.
+    """
+    targets = union_all(
+        select(
+            literal(QUEUE_MODE, String).label("grp"),
+            literal(None, String).label("queue"),
+            literal(None, BigInteger).label("start_at"),
+        ),
+        select(g.c.name, g.c.queue, g.c.start_at).where(g.c.active.is_(True)),
+    ).subquery("targets")
+    source = (
+        select(
+            t.c.seq,
+            targets.c.grp,
+            t.c.queue,
+            t.c.partition,
+            t.c.priority,
+            t.c.max_attempts,
+            literal(QUEUED),
+            literal(0),
+            t.c.run_at,
+        )
+        .select_from(
+            t.join(
+                targets,
+                or_(
+                    targets.c.grp == QUEUE_MODE,
+                    and_(
+                        targets.c.queue == t.c.queue,
+                        or_(targets.c.start_at.is_(None), targets.c.start_at <= t.c.created_at),
+                    ),
+                ),
+            )
+        )
+        .where(t.c.seq.in_(seqs))
+    )
+    return d.insert().from_select(
+        [
+            "task_seq",
+            "grp",
+            "queue",
+            "partition",
+            "priority",
+            "max_attempts",
+            "status",
+            "attempt",
+            "run_at",
+        ],
+        source,
+    )
+
+
+def backfill(queue: str, grp: str, start_at: int | None) -> Insert:
+    """Delivery rows for a newly subscribed group: the retained history from its start.
+
+    A task already cancelled for queue mode is withdrawn, so it arrives cancelled.
+    """
+    qm = d.alias("qm")
+    mine = d.alias("mine")
+    cond = [t.c.queue == queue]
+    if start_at is not None:
+        cond.append(t.c.created_at >= start_at)
+    source = (
+        select(
+            t.c.seq,
+            literal(grp),
+            t.c.queue,
+            t.c.partition,
+            t.c.priority,
+            t.c.max_attempts,
+            case((qm.c.status == "cancelled", literal("cancelled")), else_=literal(QUEUED)),
+            literal(0),
+            t.c.run_at,
+            case((qm.c.status == "cancelled", qm.c.finished_at), else_=null()),
+        )
+        .select_from(t.outerjoin(qm, and_(qm.c.task_seq == t.c.seq, qm.c.grp == QUEUE_MODE)))
+        .where(
+            *cond,
+            ~exists().where(mine.c.task_seq == t.c.seq, mine.c.grp == grp),
+        )
+    )
+    return d.insert().from_select(
+        [
+            "task_seq",
+            "grp",
+            "queue",
+            "partition",
+            "priority",
+            "max_attempts",
+            "status",
+            "attempt",
+            "run_at",
+            "finished_at",
+        ],
+        source,
+    )
+
+
+def ready_plain(grp: str, queues: Sequence[str], now: Now) -> Select[Any]:
+    """Claimable unpartitioned rows in claim order (served by the ``ready`` index)."""
+    return (
+        select(d.c.task_seq, d.c.priority, d.c.run_at)
+        .where(
+            d.c.grp == grp,
+            d.c.queue.in_(queues),
+            d.c.status == QUEUED,
+            d.c.partition.is_(None),
+            d.c.run_at <= now,
+        )
+        .order_by(d.c.priority.desc(), d.c.run_at, d.c.task_seq)
+    )
+
+
+def ready_streams(grp: str, queues: Sequence[str], now: Now, partition: str | None) -> Select[Any]:
+    """Free streams whose head is ready, fairest (longest-waiting head) first."""
+    stmt = select(s.c.queue, s.c.partition, s.c.priority, s.c.available_at).where(
+        s.c.grp == grp,
+        s.c.queue.in_(queues),
+        s.c.available_at.is_not(None),
+        s.c.available_at <= now,
+    )
+    if partition is not None:
+        stmt = stmt.where(s.c.partition == partition)
+    return stmt.order_by(s.c.priority.desc(), s.c.available_at).limit(1)
+
+
+def lease_until(now: Now, lease: float | None) -> ColumnElement[Any]:
+    """``now + lease``; with no lease given, the queue's setting or 30 s."""
+    if lease is not None:
+        return now + seconds_to_us(lease)
+    return now + seconds_to_us(lease_seconds(None))
+
+
+def lease_seconds(lease: float | None) -> ColumnElement[Any]:
+    """The lease length: the given one, else the queue's stored default, else 30 s."""
+    if lease is not None:
+        return literal(lease)
+    setting = select(qs.c.lease).where(qs.c.queue == d.c.queue).scalar_subquery()
+    return func.coalesce(setting, literal(DEFAULT_LEASE))
+
+
+def take(
+    grp: str,
+    seqs: ColumnElement[Any] | Sequence[int],
+    now: Now,
+    *,
+    worker_id: str,
+    lease: float | None,
+) -> Update:
+    """Lease the given rows to ``worker_id``: running, attempt + 1, lease set."""
+    length = lease_seconds(lease)
+    return (
+        update(d)
+        .where(d.c.grp == grp, d.c.task_seq.in_(seqs), d.c.status == QUEUED)
+        .values(
+            status=RUNNING,
+            attempt=d.c.attempt + 1,
+            worker_id=worker_id,
+            lease=length,
+            lease_expires_at=now + seconds_to_us(length),
+            started_at=func.coalesce(d.c.started_at, now),
+            progress=None,
+            progress_message=None,
+        )
+        .returning(d.c.task_seq)
+    )
+
+
+def expired(now: Now, grp: str | None, queues: Sequence[str] | None) -> list[ColumnElement[bool]]:
+    """Running rows whose lease has run out (served by the ``leased`` index)."""
+    cond: list[ColumnElement[bool]] = [d.c.status == RUNNING, d.c.lease_expires_at < now]
+    if grp is not None:
+        cond.append(d.c.grp == grp)
+    if queues is not None:
+        cond.append(d.c.queue.in_(queues))
+    return cond
+
+
+def requeue_expired(now: Now, grp: str | None, queues: Sequence[str] | None) -> Update:
+    """Expired leases with attempts left: claimable again at once."""
+    return (
+        update(d)
+        .where(*expired(now, grp, queues), d.c.attempt < d.c.max_attempts)
+        .values(status=QUEUED, lease_expires_at=None, worker_id=None)
+        .returning(d.c.queue, d.c.grp, d.c.partition)
+    )
+
+
+def fail_expired(now: Now, grp: str | None, queues: Sequence[str] | None, error: str) -> Update:
+    """Expired leases on their last attempt: terminal ``failed``."""
+    return (
+        update(d)
+        .where(*expired(now, grp, queues), d.c.attempt >= d.c.max_attempts)
+        .values(status="failed", lease_expires_at=None, finished_at=now, error=error)
+        .returning(d.c.queue, d.c.grp, d.c.partition)
+    )
+
+
+def owned(task_id: str, grp: str, worker_id: str, attempt: int | None) -> list[ColumnElement[bool]]:
+    """The row is leased to this worker (and, when given, on this attempt)."""
+    cond: list[ColumnElement[bool]] = [
+        d.c.task_seq == task_seq_of(task_id),
+        d.c.grp == grp,
+        d.c.status == RUNNING,
+        d.c.worker_id == worker_id,
+    ]
+    if attempt is not None:
+        cond.append(d.c.attempt == attempt)
+    return cond
+
+
+def stream_head(queue: str, grp: str, partition: str, now: Now) -> Select[Any]:
+    """The first active row of a stream, with the clock reading."""
+    return (
+        select(d.c.task_seq, d.c.status, d.c.run_at, d.c.priority, now.label("now"))
+        .where(
+            d.c.grp == grp,
+            d.c.queue == queue,
+            d.c.partition == partition,
+            d.c.status.in_(ACTIVE),
+        )
+        .order_by(d.c.task_seq)
+        .limit(1)
+    )
+
+
+def stream_running(queue: str, grp: str, partition: str) -> Select[Any]:
+    """Whether any row of the stream is leased."""
+    return select(
+        exists().where(
+            d.c.grp == grp,
+            d.c.queue == queue,
+            d.c.partition == partition,
+            d.c.status.in_(ACTIVE),
+            d.c.status == RUNNING,
+        )
+    )
+
+
+def stream_rows(queue: str, grp: str, partition: str, limit: int) -> Select[Any]:
+    """The first active rows of a stream in submit order."""
+    return (
+        select(d.c.task_seq, d.c.status, d.c.run_at)
+        .where(
+            d.c.grp == grp,
+            d.c.queue == queue,
+            d.c.partition == partition,
+            d.c.status.in_(ACTIVE),
+        )
+        .order_by(d.c.task_seq)
+        .limit(limit)
+    )
+
+
+def stream_state(queue: str, grp: str, partition: str) -> Select[Any]:
+    """The stored head and availability of one stream."""
+    return select(s.c.head_seq, s.c.available_at).where(
+        s.c.queue == queue, s.c.grp == grp, s.c.partition == partition
+    )
+
+
+def delete_group(queue: str, grp: str) -> list[Delete]:
+    """Remove a group's delivery and stream rows."""
+    return [
+        delete(d).where(d.c.queue == queue, d.c.grp == grp),
+        delete(s).where(s.c.queue == queue, s.c.grp == grp),
+    ]

@@ -1,0 +1,1 @@
+"""The store: the protocol (:mod:`.base`) and its two dialects."""

@@ -1,0 +1,1454 @@
+"""TaskStore: every operation of the protocol, written once for both backends.
+
+The dialect subclasses (:mod:`conveyor.store.sqlite`, :mod:`conveyor.store.postgres`)
+supply only the seam: the clock, claim locking, the claimable probe, the wake
+channel, and the translation of their driver's transient errors. Everything
+else — transactions, validation, state transitions — lives here.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import base64
+import builtins
+import json
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, ClassVar, Literal, TypeVar
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import ColumnElement, Select, false, func, select, update
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from conveyor import _values as v
+from conveyor import statements as q
+from conveyor.errors import (
+    AlreadyExists,
+    ConfigurationError,
+    ConveyorError,
+    InvalidArgument,
+    LostLease,
+    NotFound,
+    ProtocolVersionMismatch,
+    StoreUnavailable,
+    TaskCancelled,
+)
+from conveyor.migrations import SCRIPT_LOCATION, VERSION_TABLE
+from conveyor.models import (
+    Backoff,
+    ConsumerGroup,
+    GroupStats,
+    Page,
+    QueueStats,
+    Status,
+    Task,
+)
+from conveyor.schema import PROTOCOL_VERSION, meta
+from conveyor.schema import deliveries as d
+from conveyor.schema import groups as g
+from conveyor.schema import keys as k
+from conveyor.schema import maintenance as mt
+from conveyor.schema import queues as qs
+from conveyor.schema import streams as s
+from conveyor.schema import tasks as t
+
+log = logging.getLogger("conveyor.store")
+
+T = TypeVar("T")
+
+CONFLICTS = ("reuse", "reject", "replace")
+DEFAULT_MAX_ATTEMPTS = 3
+MAX_LIMIT = 10_000
+TRANSIENT_RETRIES = 8
+POLL_CAP = 0.5  # wait() never sleeps longer than this between looks
+SUBMIT_FIELDS = frozenset(
+    {
+        "name",
+        "payload",
+        "queue",
+        "priority",
+        "delay",
+        "run_at",
+        "max_attempts",
+        "key",
+        "conflict",
+        "partition",
+        "parent",
+        "correlation_id",
+        "metadata",
+        "backoff",
+    }
+)
+
+
+@dataclass(slots=True)
+class _Request:
+    """A validated submit request."""
+
+    id: str
+    name: str
+    payload: str
+    queue: str
+    priority: int
+    delay_us: int | None
+    run_at_us: int | None
+    max_attempts: int | None
+    backoff: str | None
+    key: str | None
+    conflict: str
+    partition: str | None
+    parent_id: str | None
+    correlation_id: str | None
+    metadata: str
+
+
+def _row_to_task(row: Any) -> Task:
+    m = row._mapping
+    grp = m["grp"]
+    return Task(
+        id=m["id"],
+        name=m["name"],
+        queue=m["queue"],
+        partition=m["partition"],
+        payload=json.loads(m["payload"]),
+        metadata=json.loads(m["metadata"]),
+        priority=m["priority"],
+        status=Status(m["status"]),
+        attempt=m["attempt"],
+        max_attempts=m["max_attempts"],
+        run_at=v.from_us(int(m["run_at"])),
+        created_at=v.from_us(int(m["created_at"])),
+        started_at=v.from_us(m["started_at"]),
+        finished_at=v.from_us(m["finished_at"]),
+        lease_expires_at=v.from_us(m["lease_expires_at"]),
+        worker_id=m["worker_id"],
+        progress=m["progress"],
+        progress_message=m["progress_message"],
+        result=None if m["result"] is None else json.loads(m["result"]),
+        error=None if m["error"] is None else json.loads(m["error"]),
+        key=m["key"],
+        parent_id=m["parent_id"],
+        root_id=m["root_id"],
+        correlation_id=m["correlation_id"],
+        group=grp or None,
+    )
+
+
+def _group_key(group: str | None) -> str:
+    checked = v.opt_name("group", group)
+    return checked or q.QUEUE_MODE
+
+
+def _encode_cursor(seq: int) -> str:
+    return base64.urlsafe_b64encode(json.dumps({"s": seq}).encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> int:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        seq = json.loads(raw)["s"]
+        if not isinstance(seq, int):
+            raise TypeError
+        return seq
+    except (ValueError, KeyError, TypeError):
+        raise InvalidArgument("cursor", "is not a cursor returned by list()") from None
+
+
+class _Waker:
+    """In-process wake-ups: submits and completions wake waiters in this process."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def notify(self) -> None:
+        event, self._event = self._event, asyncio.Event()
+        event.set()
+
+    async def wait(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(self._event.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
+
+
+class TaskStore(abc.ABC):
+    """A durable task queue and message bus on one database.
+
+    Use :func:`conveyor.connect` to make one; ``async with store:`` opens it
+    (applying migrations) and closes it. Every method is a coroutine.
+    """
+
+    #: Whether ``claim`` asks a cheap read-only probe before taking the write lock.
+    probe_before_claim: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        migrate: bool = True,
+        statement_timeout: float = 30.0,
+        lock_timeout: float = 10.0,
+        poll_interval: float = 1.0,
+        engine_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.url = url
+        self.migrate = migrate
+        self.statement_timeout = v.duration_seconds("statement_timeout", statement_timeout)
+        self.lock_timeout = v.duration_seconds("lock_timeout", lock_timeout)
+        self.poll_interval = v.duration_seconds("poll_interval", poll_interval, allow_zero=False)
+        self.engine_options = dict(engine_options or {})
+        #: Seconds added to the store's clock; lets tests move time without sleeping.
+        self.clock_offset = 0.0
+        self._engine: AsyncEngine | None = None
+        self._open_lock: asyncio.Lock | None = None
+        self._known_groups: set[tuple[str, str]] = set()
+        self._work_waker: _Waker | None = None
+        self._done_waker: _Waker | None = None
+
+    # ------------------------------------------------------------------ seam
+    @abc.abstractmethod
+    def _create_engine(self) -> AsyncEngine:
+        """Build the async engine, with the dialect's connection set-up attached.
+
+        The engine must honour the ``conveyor_write`` execution option: a write
+        transaction must be able to proceed to commit without a lock upgrade
+        failing (SQLite: ``BEGIN IMMEDIATE``).
+        """
+
+    @abc.abstractmethod
+    def _db_now(self) -> ColumnElement[int]:
+        """The clock as a SQL expression in integer microseconds since the epoch."""
+
+    @abc.abstractmethod
+    def _lock_candidates(self, stmt: Select[Any]) -> Select[Any]:
+        """Make a candidate-selection statement safe against concurrent claimers."""
+
+    @abc.abstractmethod
+    async def _lock_for_backfill(self, conn: AsyncConnection) -> None:
+        """Wait out producers in flight so a new group's backfill misses none of them."""
+
+    @abc.abstractmethod
+    def _lock_for_migration(self, conn: Connection) -> None:
+        """Serialise migrations of several processes opening the store at once."""
+
+    @abc.abstractmethod
+    def _is_transient(self, exc: DBAPIError) -> bool:
+        """True for driver errors that a retry of the whole transaction can cure."""
+
+    def _upsert(self, table: Any) -> Any:
+        """An INSERT that supports ``on_conflict_do_*`` (both dialects spell it alike)."""
+        raise NotImplementedError
+
+    async def _start_wake(self) -> None:  # noqa: B027
+        """Start the cross-process wake channel, if the backend has one."""
+
+    async def _stop_wake(self) -> None:  # noqa: B027
+        """Stop the cross-process wake channel."""
+
+    async def _notify(self, conn: AsyncConnection, queues: Iterable[str], done: bool) -> None:  # noqa: B027
+        """Announce, inside the committing transaction, new work or a finished task."""
+
+    # ------------------------------------------------------------- lifecycle
+    async def open(self) -> None:
+        """Connect, apply pending migrations (unless ``migrate=False``), check the
+        protocol version. Called for you by ``async with`` or the first call."""
+        if self._engine is not None:
+            return
+        if self._open_lock is None:
+            self._open_lock = asyncio.Lock()
+        async with self._open_lock:
+            if self._engine is not None:
+                return
+            engine = self._create_engine()
+            try:
+                async with engine.connect() as conn:
+                    conn = await conn.execution_options(conveyor_write=True)
+                    await conn.run_sync(self._migrate_and_check)
+            except ConveyorError:
+                await engine.dispose()
+                raise
+            except (DBAPIError, OSError) as exc:
+                await engine.dispose()
+                raise StoreUnavailable(
+                    f"cannot open {self._safe_url()}: {exc}. Check that the database "
+                    "is running and the URL is right."
+                ) from exc
+            self._work_waker = _Waker()
+            self._done_waker = _Waker()
+            self._engine = engine
+            await self._start_wake()
+
+    async def close(self) -> None:
+        """Release every connection. The store can be opened again afterwards."""
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            await self._stop_wake()
+            await engine.dispose()
+
+    async def __aenter__(self) -> TaskStore:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _safe_url(self) -> str:
+        from sqlalchemy.engine import make_url
+
+        return make_url(self.url).render_as_string(hide_password=True)
+
+    def _migrate_and_check(self, conn: Connection) -> None:
+        with conn.begin():
+            self._lock_for_migration(conn)
+            script = ScriptDirectory(SCRIPT_LOCATION)
+            context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+            current = context.get_current_heads()
+            known = {rev.revision for rev in script.walk_revisions()}
+            unknown = [rev for rev in current if rev not in known]
+            if unknown:
+                raise ProtocolVersionMismatch(
+                    f"the database is at schema revision {unknown[0]}, which this version of "
+                    "conveyor does not know: upgrade conveyor"
+                )
+            if self.migrate and set(current) != set(script.get_heads()):
+                cfg = Config()
+                cfg.set_main_option("script_location", SCRIPT_LOCATION)
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, "head")
+            elif not current:
+                raise ConfigurationError(
+                    "the database has no conveyor schema: run `conveyor migrate` or open "
+                    "the store with migrate=True"
+                )
+            version = conn.execute(
+                select(meta.c.value).where(meta.c.key == "protocol_version")
+            ).scalar_one_or_none()
+        if version is None or int(version) != PROTOCOL_VERSION:
+            raise ProtocolVersionMismatch(
+                f"the database speaks protocol {version}, this conveyor speaks "
+                f"{PROTOCOL_VERSION}: use a matching conveyor version"
+            )
+
+    # ---------------------------------------------------------- transactions
+    def _now(self) -> ColumnElement[int]:
+        now = self._db_now()
+        if self.clock_offset:
+            return now + round(self.clock_offset * v.US)
+        return now
+
+    async def _run(
+        self, work: Callable[[AsyncConnection], Awaitable[T]], *, write: bool = True
+    ) -> T:
+        """Run ``work`` in one transaction, retrying transient failures with backoff."""
+        if self._engine is None:
+            await self.open()
+        assert self._engine is not None
+        delay = 0.01
+        for attempt in range(TRANSIENT_RETRIES + 1):
+            try:
+                async with self._engine.connect() as conn:
+                    conn = await conn.execution_options(conveyor_write=write)
+                    async with conn.begin():
+                        return await work(conn)
+            except DBAPIError as exc:
+                if self._is_transient(exc) and attempt < TRANSIENT_RETRIES:
+                    log.debug("transient database error, retrying: %s", exc.orig)
+                    await asyncio.sleep(delay * (0.5 + random.random()))
+                    delay = min(delay * 2, 1.0)
+                    continue
+                if isinstance(exc, OperationalError) or exc.connection_invalidated:
+                    raise StoreUnavailable(f"database error: {exc.orig}") from exc
+                raise
+        raise AssertionError("unreachable")
+
+    async def _current_now_us(self, conn: AsyncConnection) -> int:
+        return int((await conn.execute(select(self._now()))).scalar_one())
+
+    # ------------------------------------------------------------ producer
+    def _prepare(self, req: Mapping[str, Any]) -> _Request:
+        unknown = set(req) - SUBMIT_FIELDS
+        if unknown:
+            raise InvalidArgument(sorted(unknown)[0], "is not an argument of submit()")
+        if "name" not in req:
+            raise InvalidArgument("name", "is required")
+        name = v.name("name", req["name"])
+        queue = v.name("queue", req.get("queue", "default"))
+        payload = v.to_json("payload", req.get("payload"))
+        priority = v.integer("priority", req.get("priority", 0))
+        delay, run_at = req.get("delay"), req.get("run_at")
+        if delay is not None and run_at is not None:
+            raise InvalidArgument("delay", "give delay or run_at, not both")
+        delay_us = None if delay is None else round(v.duration_seconds("delay", delay) * v.US)
+        run_at_us = None if run_at is None else v.to_us(v.aware("run_at", run_at))
+        max_attempts = req.get("max_attempts")
+        if max_attempts is not None:
+            max_attempts = v.positive_int("max_attempts", max_attempts)
+        backoff = v.backoff("backoff", req.get("backoff"))
+        key = v.opt_name("key", req.get("key"))
+        conflict = req.get("conflict", "reuse")
+        if conflict not in CONFLICTS:
+            raise InvalidArgument(
+                "conflict", f"must be one of {', '.join(CONFLICTS)}, got {conflict!r}"
+            )
+        partition = v.opt_name("partition", req.get("partition"))
+        parent = req.get("parent")
+        if isinstance(parent, Task):
+            parent = parent.id
+        parent_id = v.opt_name("parent", parent)
+        correlation_id = v.opt_name("correlation_id", req.get("correlation_id"))
+        return _Request(
+            id=v.new_task_id(),
+            name=name,
+            payload=payload,
+            queue=queue,
+            priority=priority,
+            delay_us=delay_us,
+            run_at_us=run_at_us,
+            max_attempts=max_attempts,
+            backoff=None if backoff is None else json.dumps(backoff.as_dict()),
+            key=key,
+            conflict=conflict,
+            partition=partition,
+            parent_id=parent_id,
+            correlation_id=correlation_id,
+            metadata=v.metadata(req.get("metadata")),
+        )
+
+    async def submit(
+        self,
+        name: str,
+        payload: Any = None,
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        delay: v.Duration | None = None,
+        run_at: datetime | None = None,
+        max_attempts: int | None = None,
+        key: str | None = None,
+        conflict: Literal["reuse", "reject", "replace"] = "reuse",
+        partition: str | None = None,
+        parent: Task | str | None = None,
+        correlation_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        backoff: Backoff | dict[str, float] | v.Duration | None = None,
+    ) -> Task:
+        """Insert one task and return it (queue-mode view).
+
+        With ``key``, an existing task under that key is returned unchanged
+        (``conflict="reuse"``), refused with :class:`AlreadyExists` (``"reject"``),
+        or cancelled and replaced (``"replace"``).
+        """
+        request = {
+            "name": name,
+            "payload": payload,
+            "queue": queue,
+            "priority": priority,
+            "delay": delay,
+            "run_at": run_at,
+            "max_attempts": max_attempts,
+            "key": key,
+            "conflict": conflict,
+            "partition": partition,
+            "parent": parent,
+            "correlation_id": correlation_id,
+            "metadata": metadata,
+            "backoff": backoff,
+        }
+        return (await self.submit_many([request]))[0]
+
+    async def submit_many(self, requests: Iterable[Mapping[str, Any]]) -> builtins.list[Task]:
+        """Insert many tasks in one transaction; returns them in request order.
+
+        Each request is a mapping with :meth:`submit`'s argument names. One bad
+        request rejects the whole batch before anything is written.
+        """
+        if isinstance(requests, Mapping):
+            raise InvalidArgument("requests", "must be a list of request dicts, not one dict")
+        prepared = []
+        for i, req in enumerate(requests):
+            if not isinstance(req, Mapping):
+                raise InvalidArgument(f"requests[{i}]", "must be a dict of submit() arguments")
+            prepared.append(self._prepare(req))
+        if not prepared:
+            return []
+        tasks = await self._run(lambda conn: self._submit_tx(conn, prepared))
+        self._wake_local(work=True)
+        return tasks
+
+    async def _submit_tx(self, conn: AsyncConnection, reqs: list[_Request]) -> builtins.list[Task]:
+        # 1. Idempotency keys: claim each key first. A concurrent submit of the same
+        #    key waits on the row and then sees it, so one key makes one task.
+        chosen: dict[str, str] = {}  # key -> id of the task that answers it
+        new: list[_Request] = []
+        replaced: list[str] = []
+        keyed = [r for r in reqs if r.key is not None]
+        if keyed:
+            first: dict[str, _Request] = {}
+            for r in keyed:
+                first.setdefault(r.key, r)  # type: ignore[arg-type]
+            ins = (
+                self._upsert(k)
+                .values([{"key": key, "task_id": r.id} for key, r in first.items()])
+                .on_conflict_do_nothing(index_elements=["key"])
+                .returning(k.c.key)
+            )
+            won = set((await conn.execute(ins)).scalars())
+            lost = [key for key in first if key not in won]
+            existing: dict[str, str] = {}
+            if lost:
+                rows = await conn.execute(select(k.c.key, k.c.task_id).where(k.c.key.in_(lost)))
+                existing = {row.key: row.task_id for row in rows}
+            for key, r in first.items():
+                if key in won:
+                    chosen[key] = r.id
+                elif r.conflict == "reject":
+                    raise AlreadyExists(key, existing[key])
+                elif r.conflict == "reuse":
+                    chosen[key] = existing[key]
+                else:
+                    replaced.append(existing[key])
+                    chosen[key] = r.id
+                    await conn.execute(update(k).where(k.c.key == key).values(task_id=r.id))
+        for r in reqs:
+            if r.key is None or (chosen[r.key] == r.id):
+                new.append(r)
+        if replaced:
+            await self._cancel_tx(conn, replaced)
+
+        if new:
+            await self._insert_tasks(conn, new)
+        ids = [r.id if r.key is None else chosen[r.key] for r in reqs]
+        found = await self._fetch_tasks(conn, q.QUEUE_MODE, ids=ids)
+        if new:
+            await self._notify(conn, {r.queue for r in new}, done=False)
+        return [found[i] for i in ids]
+
+    async def _insert_tasks(self, conn: AsyncConnection, reqs: list[_Request]) -> None:
+        queues = sorted({r.queue for r in reqs})
+        settings = {}
+        if any(r.max_attempts is None or r.backoff is None for r in reqs):
+            rows = await conn.execute(q.queue_settings(queues))
+            settings = {row.queue: row for row in rows}
+        parents: dict[str, str] = {}
+        parent_ids = sorted({r.parent_id for r in reqs if r.parent_id is not None})
+        if parent_ids:
+            rows = await conn.execute(select(t.c.id, t.c.root_id).where(t.c.id.in_(parent_ids)))
+            parents = {row.id: row.root_id for row in rows}
+            missing = [p for p in parent_ids if p not in parents and p not in {r.id for r in reqs}]
+            if missing:
+                raise InvalidArgument("parent", f"no task has id {missing[0]!r}")
+        for r in reqs:  # a parent submitted in the same batch
+            if r.parent_id is not None and r.parent_id not in parents:
+                parents[r.parent_id] = r.parent_id
+        # Producers of one stream serialise on its queue-mode stream row, so within a
+        # stream the sequence order is the commit order (a consumer can never see a
+        # later task of the stream before an earlier one commits).
+        stream_keys = sorted({(r.queue, r.partition) for r in reqs if r.partition is not None})
+        if stream_keys:
+            lock = self._upsert(s).values(
+                [{"queue": qn, "grp": q.QUEUE_MODE, "partition": p} for qn, p in stream_keys]
+            )
+            # Updates nothing, but Postgres still locks the conflicting row.
+            lock = lock.on_conflict_do_update(
+                index_elements=["queue", "grp", "partition"],
+                set_={"head_seq": lock.excluded.head_seq},
+                where=false(),
+            )
+            await conn.execute(lock)
+        now = await self._current_now_us(conn)
+        rows = []
+        for r in reqs:
+            conf = settings.get(r.queue)
+            max_attempts = r.max_attempts or (conf.max_attempts if conf is not None else None)
+            backoff = r.backoff or (conf.backoff if conf is not None else None)
+            run_at = r.run_at_us if r.run_at_us is not None else now + (r.delay_us or 0)
+            root = r.id if r.parent_id is None else parents.get(r.parent_id, r.parent_id)
+            rows.append(
+                {
+                    "id": r.id,
+                    "name": r.name,
+                    "queue": r.queue,
+                    "partition": r.partition,
+                    "payload": r.payload,
+                    "metadata": r.metadata,
+                    "priority": r.priority,
+                    "max_attempts": max_attempts or DEFAULT_MAX_ATTEMPTS,
+                    "backoff": backoff,
+                    "created_at": now,
+                    "run_at": run_at,
+                    "key": r.key,
+                    "parent_id": r.parent_id,
+                    "root_id": root,
+                    "correlation_id": r.correlation_id,
+                }
+            )
+        result = await conn.execute(t.insert().returning(t.c.seq), rows)
+        seqs = list(result.scalars())
+        await conn.execute(q.fan_out(seqs))
+        if stream_keys:
+            touched = await conn.execute(
+                select(d.c.queue, d.c.grp, d.c.partition)
+                .where(d.c.task_seq.in_(seqs), d.c.partition.is_not(None))
+                .distinct()
+            )
+            await self._refresh_streams(conn, [tuple(row) for row in touched])
+
+    async def get(self, task_id: str, *, group: str | None = None) -> Task | None:
+        """The task as queue mode (or ``group``) sees it; ``None`` if unknown."""
+        grp = _group_key(group)
+        task_id = v.name("task_id", task_id)
+        found = await self._run(
+            lambda conn: self._fetch_tasks(conn, grp, ids=[task_id]), write=False
+        )
+        return found.get(task_id)
+
+    async def get_by_key(self, key: str) -> Task | None:
+        """The task currently holding idempotency key ``key``, or ``None``."""
+        key = v.name("key", key)
+
+        async def work(conn: AsyncConnection) -> Task | None:
+            task_id = (await conn.execute(select(k.c.task_id).where(k.c.key == key))).scalar()
+            if task_id is None:
+                return None
+            return (await self._fetch_tasks(conn, q.QUEUE_MODE, ids=[task_id])).get(task_id)
+
+        return await self._run(work, write=False)
+
+    async def _fetch_tasks(
+        self,
+        conn: AsyncConnection,
+        grp: str,
+        *,
+        ids: Sequence[str] | None = None,
+        seqs: Sequence[int] | None = None,
+    ) -> dict[Any, Task]:
+        stmt = q.task_view(grp)
+        if ids is not None:
+            stmt = stmt.where(t.c.id.in_(set(ids)))
+            keyf = "id"
+        else:
+            assert seqs is not None
+            stmt = stmt.where(t.c.seq.in_(seqs))
+            keyf = "seq"
+        rows = await conn.execute(stmt)
+        return {row._mapping[keyf]: _row_to_task(row) for row in rows}
+
+    async def list(
+        self,
+        *,
+        status: Status | str | None = None,
+        queue: str | None = None,
+        name: str | None = None,
+        partition: str | None = None,
+        root_id: str | None = None,
+        correlation_id: str | None = None,
+        group: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Page:
+        """A page of tasks in submit order, filtered; keyset-paginated by ``cursor``.
+
+        Pages stay stable while tasks are inserted, and a deep page costs what the
+        first one does.
+        """
+        grp = _group_key(group)
+        limit = v.positive_int("limit", limit)
+        if limit > MAX_LIMIT:
+            raise InvalidArgument("limit", f"must be at most {MAX_LIMIT}, got {limit}")
+        stmt = q.task_view(grp)
+        if status is not None:
+            try:
+                stmt = stmt.where(d.c.status == Status(status).value)
+            except ValueError:
+                raise InvalidArgument(
+                    "status", f"must be one of {', '.join(s.value for s in Status)}"
+                ) from None
+        for field, column, value in (
+            ("queue", t.c.queue, queue),
+            ("name", t.c.name, name),
+            ("partition", t.c.partition, partition),
+            ("root_id", t.c.root_id, root_id),
+            ("correlation_id", t.c.correlation_id, correlation_id),
+        ):
+            if value is not None:
+                stmt = stmt.where(column == v.name(field, value))
+        if queue is not None:
+            stmt = stmt.where(d.c.queue == queue)  # lets the status index serve the filter
+        if cursor is not None:
+            stmt = stmt.where(t.c.seq > _decode_cursor(cursor))
+        stmt = stmt.order_by(t.c.seq).limit(limit + 1)
+
+        async def work(conn: AsyncConnection) -> list[Any]:
+            return builtins.list(await conn.execute(stmt))
+
+        rows = await self._run(work, write=False)
+        more = len(rows) > limit
+        rows = rows[:limit]
+        items = [_row_to_task(row) for row in rows]
+        return Page(items=items, next_cursor=_encode_cursor(rows[-1].seq) if more else None)
+
+    async def cancel(self, task_id: str) -> Task | None:
+        """Withdraw a task for queue mode and every group.
+
+        queued -> cancelled; running -> cancelled (the holder's next write raises
+        :class:`TaskCancelled`); terminal: unchanged. ``None`` if no such task.
+        """
+        task_id = v.name("task_id", task_id)
+
+        async def work(conn: AsyncConnection) -> Task | None:
+            await self._cancel_tx(conn, [task_id])
+            return (await self._fetch_tasks(conn, q.QUEUE_MODE, ids=[task_id])).get(task_id)
+
+        task = await self._run(work)
+        self._wake_local(work=False)
+        return task
+
+    async def cancel_by_key(self, key: str) -> Task | None:
+        """:meth:`cancel` the task holding ``key``; ``None`` if no task has it."""
+        task = await self.get_by_key(key)
+        return None if task is None else await self.cancel(task.id)
+
+    async def _cancel_tx(self, conn: AsyncConnection, task_ids: Sequence[str]) -> None:
+        now = self._now()
+        rows = await conn.execute(
+            update(d)
+            .where(
+                d.c.task_seq.in_(select(t.c.seq).where(t.c.id.in_(task_ids))),
+                d.c.status.in_(q.ACTIVE),
+            )
+            .values(status="cancelled", finished_at=now, lease_expires_at=None)
+            .returning(d.c.queue, d.c.grp, d.c.partition)
+        )
+        changed = builtins.list(rows)
+        await self._refresh_streams(conn, [tuple(r) for r in changed if r.partition is not None])
+        if changed:
+            await self._notify(conn, {r.queue for r in changed}, done=True)
+
+    async def retry(
+        self, task_id: str, *, reset_attempts: bool = False, group: str | None = None
+    ) -> Task | None:
+        """Put a failed, cancelled or evicted task back in the queue (for queue mode
+        or ``group``). It runs at least once more; ``reset_attempts`` restores the
+        full attempt budget. Other statuses are left unchanged. ``None`` if unknown.
+        """
+        grp = _group_key(group)
+        task_id = v.name("task_id", task_id)
+
+        async def work(conn: AsyncConnection) -> Task | None:
+            now = self._now()
+            values: dict[str, Any] = {
+                "status": q.QUEUED,
+                "run_at": now,
+                "finished_at": None,
+                "lease_expires_at": None,
+                "worker_id": None,
+            }
+            if reset_attempts:
+                values["attempt"] = 0
+            rows = builtins.list(
+                await conn.execute(
+                    update(d)
+                    .where(
+                        d.c.task_seq == q.task_seq_of(task_id),
+                        d.c.grp == grp,
+                        d.c.status.in_(("failed", "cancelled", "evicted")),
+                    )
+                    .values(**values)
+                    .returning(d.c.queue, d.c.grp, d.c.partition)
+                )
+            )
+            await self._refresh_streams(conn, [tuple(r) for r in rows if r.partition is not None])
+            if rows:
+                await self._notify(conn, {rows[0].queue}, done=False)
+            return (await self._fetch_tasks(conn, grp, ids=[task_id])).get(task_id)
+
+        task = await self._run(work)
+        self._wake_local(work=True)
+        return task
+
+    async def retry_by_key(
+        self, key: str, *, reset_attempts: bool = False, group: str | None = None
+    ) -> Task | None:
+        """:meth:`retry` the task holding ``key``; ``None`` if no task has it."""
+        task = await self.get_by_key(key)
+        if task is None:
+            return None
+        return await self.retry(task.id, reset_attempts=reset_attempts, group=group)
+
+    async def wait(
+        self, task_id: str, *, timeout: v.Duration | None = None, group: str | None = None
+    ) -> Task:
+        """Return the task once it is terminal; raise :class:`TimeoutError` after
+        ``timeout`` seconds, :class:`NotFound` if there is no such task."""
+        limit = None if timeout is None else v.duration_seconds("timeout", timeout)
+        deadline = None if limit is None else time.monotonic() + limit
+        pause = 0.05
+        while True:
+            task = await self.get(task_id, group=group)
+            if task is None:
+                raise NotFound(f"task {task_id}")
+            if task.terminal:
+                return task
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise TimeoutError(f"task {task_id} still {task.status} after {limit} s")
+            nap = min(pause, POLL_CAP) if remaining is None else min(pause, POLL_CAP, remaining)
+            await self._wait_done(nap)
+            pause = min(pause * 2, POLL_CAP)
+
+    # ------------------------------------------------------------ consumer
+    async def claim(
+        self,
+        queues: str | Sequence[str],
+        *,
+        worker_id: str,
+        lease: v.Duration | None = None,
+        limit: int = 1,
+        group: str | None = None,
+        partition: str | None = None,
+    ) -> builtins.list[Task]:
+        """Lease up to ``limit`` claimable tasks, after recovering expired leases.
+
+        Unpartitioned tasks come in claim order (priority, then run_at, then
+        submit order). Partitioned tasks come from one stream per claim, in submit
+        order, only while no earlier task of the stream is leased or waiting.
+        """
+        names = v.names("queues", queues)
+        worker_id = v.name("worker_id", worker_id)
+        lease_s = None if lease is None else v.duration_seconds("lease", lease, allow_zero=False)
+        limit = v.positive_int("limit", limit)
+        if limit > MAX_LIMIT:
+            raise InvalidArgument("limit", f"must be at most {MAX_LIMIT}, got {limit}")
+        partition = v.opt_name("partition", partition)
+        grp = _group_key(group)
+        if group is not None:
+            for queue in names:
+                if (queue, group) not in self._known_groups:
+                    await self.subscribe(queue, group, start="all", _if_missing=True)
+        if self.probe_before_claim and not await self._run(
+            lambda conn: self._probe(conn, grp, names, partition), write=False
+        ):
+            return []
+        claimed = await self._run(
+            lambda conn: self._claim_tx(conn, grp, names, worker_id, lease_s, limit, partition)
+        )
+        return claimed
+
+    async def _probe(
+        self, conn: AsyncConnection, grp: str, names: Sequence[str], partition: str | None
+    ) -> bool:
+        """Cheap read: could a claim find anything (ready work or expired leases)?"""
+        now = self._now()
+        checks = [q.ready_streams(grp, names, now, partition).exists()]
+        if partition is None:
+            checks.append(q.ready_plain(grp, names, now).limit(1).exists())
+        checks.append(select(d.c.task_seq).where(*q.expired(now, grp, names)).exists())
+        row = (await conn.execute(select(*checks))).one()
+        return any(row)
+
+    async def _claim_tx(
+        self,
+        conn: AsyncConnection,
+        grp: str,
+        names: Sequence[str],
+        worker_id: str,
+        lease: float | None,
+        limit: int,
+        partition: str | None,
+    ) -> builtins.list[Task]:
+        await self._recover_tx(conn, grp, names)
+        now = self._now()
+        stream = (
+            await conn.execute(self._lock_candidates(q.ready_streams(grp, names, now, partition)))
+        ).first()
+        plain = None
+        if partition is None:
+            plain = (await conn.execute(q.ready_plain(grp, names, now).limit(1))).first()
+        use_stream = stream is not None and (
+            plain is None
+            or (stream.priority, -stream.available_at) > (plain.priority, -plain.run_at)
+        )
+        if use_stream:
+            assert stream is not None
+            rows = await conn.execute(q.stream_rows(stream.queue, grp, stream.partition, limit))
+            now_us = await self._current_now_us(conn)
+            seqs = []
+            for row in rows:
+                if row.status != q.QUEUED or row.run_at > now_us:
+                    break
+                seqs.append(row.task_seq)
+            if not seqs:
+                return []
+            taken = builtins.list(
+                (
+                    await conn.execute(q.take(grp, seqs, now, worker_id=worker_id, lease=lease))
+                ).scalars()
+            )
+            await self._refresh_streams(conn, [(stream.queue, grp, stream.partition)])
+        elif plain is not None:
+            pick = self._lock_candidates(q.ready_plain(grp, names, now).limit(limit))
+            sub = select(pick.subquery().c.task_seq).scalar_subquery()
+            taken = builtins.list(
+                (
+                    await conn.execute(q.take(grp, sub, now, worker_id=worker_id, lease=lease))
+                ).scalars()
+            )
+        else:
+            return []
+        found = await self._fetch_tasks(conn, grp, seqs=taken)
+        if use_stream:
+            return [found[seq] for seq in sorted(found)]
+        order = sorted(found, key=lambda seq: (-found[seq].priority, found[seq].run_at, seq))
+        return [found[seq] for seq in order]
+
+    async def _recover_tx(
+        self, conn: AsyncConnection, grp: str | None, names: Sequence[str] | None
+    ) -> tuple[int, int]:
+        now = self._now()
+        requeued = builtins.list(await conn.execute(q.requeue_expired(now, grp, names)))
+        envelope = json.dumps(
+            {
+                "type": "LeaseExpired",
+                "code": "lease_expired",
+                "message": "the lease expired on the last attempt",
+                "retryable": False,
+                "traceback": None,
+            }
+        )
+        failed = builtins.list(await conn.execute(q.fail_expired(now, grp, names, envelope)))
+        touched = [tuple(r) for r in requeued + failed if r.partition is not None]
+        await self._refresh_streams(conn, touched)
+        if failed:
+            await self._notify(conn, {r.queue for r in failed}, done=True)
+        return len(requeued), len(failed)
+
+    async def _refresh_streams(
+        self, conn: AsyncConnection, keys: Iterable[tuple[Any, ...]]
+    ) -> None:
+        """Recompute head and availability of each (queue, group, partition) stream.
+
+        A stream is available when its first active task is queued and due and no
+        task of it is leased. ``available_at`` records when the current head became
+        available, which is what fair stream selection orders by.
+        """
+        for queue, grp, partition in sorted(set(keys)):
+            head = (await conn.execute(q.stream_head(queue, grp, partition, self._now()))).first()
+            state = (await conn.execute(q.stream_state(queue, grp, partition))).first()
+            available: int | None = None
+            head_seq = None if head is None else head.task_seq
+            priority = None if head is None else head.priority
+            if head is not None and head.status == q.QUEUED:
+                held = (await conn.execute(q.stream_running(queue, grp, partition))).scalar()
+                if not held:
+                    if state is not None and state.head_seq == head_seq and state.available_at:
+                        available = max(state.available_at, head.run_at)
+                    else:
+                        available = max(head.now, head.run_at)
+            if state is None:
+                await conn.execute(
+                    s.insert().values(
+                        queue=queue,
+                        grp=grp,
+                        partition=partition,
+                        head_seq=head_seq,
+                        priority=priority,
+                        available_at=available,
+                    )
+                )
+            else:
+                await conn.execute(
+                    update(s)
+                    .where(s.c.queue == queue, s.c.grp == grp, s.c.partition == partition)
+                    .values(head_seq=head_seq, priority=priority, available_at=available)
+                )
+
+    async def heartbeat(
+        self,
+        task_id: str,
+        *,
+        worker_id: str,
+        lease: v.Duration | None = None,
+        group: str | None = None,
+        attempt: int | None = None,
+    ) -> Task:
+        """Extend the lease by ``lease`` seconds (default: the length it was claimed with)."""
+        lease_s = None if lease is None else v.duration_seconds("lease", lease, allow_zero=False)
+
+        def values(now: ColumnElement[int]) -> dict[str, Any]:
+            length: Any = d.c.lease if lease_s is None else lease_s
+            return {
+                "lease_expires_at": now + q.seconds_to_us(length),
+                **({"lease": lease_s} if lease_s is not None else {}),
+            }
+
+        return await self._owned_write(task_id, worker_id, group, attempt, values)
+
+    async def progress(
+        self,
+        task_id: str,
+        *,
+        worker_id: str,
+        progress: float | None = None,
+        message: str | None = None,
+        group: str | None = None,
+        attempt: int | None = None,
+    ) -> Task:
+        """Record progress (a fraction in [0, 1]) and/or a message for a leased task."""
+        if progress is not None:
+            if (
+                isinstance(progress, bool)
+                or not isinstance(progress, int | float)
+                or not (0.0 <= float(progress) <= 1.0)
+            ):
+                raise InvalidArgument("progress", f"must be a number in [0, 1], got {progress!r}")
+        if message is not None and not isinstance(message, str):
+            raise InvalidArgument("message", f"must be a string, got {message!r}")
+
+        def values(now: ColumnElement[int]) -> dict[str, Any]:
+            out: dict[str, Any] = {}
+            if progress is not None:
+                out["progress"] = float(progress)
+            if message is not None:
+                out["progress_message"] = message
+            return out or {"worker_id": d.c.worker_id}
+
+        return await self._owned_write(task_id, worker_id, group, attempt, values)
+
+    async def succeed(
+        self,
+        task_id: str,
+        *,
+        worker_id: str,
+        result: Any = None,
+        group: str | None = None,
+        attempt: int | None = None,
+    ) -> Task:
+        """Finish a leased task as ``succeeded`` with ``result`` (JSON)."""
+        encoded = v.to_json("result", result)
+
+        def values(now: ColumnElement[int]) -> dict[str, Any]:
+            return {
+                "status": "succeeded",
+                "result": encoded,
+                "finished_at": now,
+                "lease_expires_at": None,
+            }
+
+        task = await self._owned_write(task_id, worker_id, group, attempt, values, done=True)
+        return task
+
+    async def fail(
+        self,
+        task_id: str,
+        *,
+        worker_id: str,
+        error: BaseException | str | dict[str, Any],
+        retryable: bool = True,
+        delay: v.Duration | None = None,
+        group: str | None = None,
+        attempt: int | None = None,
+    ) -> Task:
+        """Record a failed attempt. With ``retryable`` and attempts left the task is
+        queued again after ``delay`` (default: its backoff); otherwise ``failed``."""
+        envelope = v.error_envelope(error, retryable=bool(retryable))
+        encoded = v.to_json("error", envelope)
+        delay_s = None if delay is None else v.duration_seconds("delay", delay)
+        grp = _group_key(group)
+        worker_id = v.name("worker_id", worker_id)
+        task_id = v.name("task_id", task_id)
+
+        async def work(conn: AsyncConnection) -> tuple[Task, bool]:
+            row = (
+                await conn.execute(
+                    select(d.c.attempt, d.c.max_attempts, t.c.backoff, t.c.queue)
+                    .select_from(d.join(t, t.c.seq == d.c.task_seq))
+                    .where(*q.owned(task_id, grp, worker_id, attempt))
+                )
+            ).first()
+            if row is None:
+                await self._explain_lost(conn, task_id, grp)
+            assert row is not None
+            again = bool(retryable) and row.attempt < row.max_attempts
+            now = self._now()
+            if again:
+                if delay_s is None:
+                    spec = (
+                        json.loads(row.backoff)
+                        if row.backoff
+                        else await self._queue_backoff(conn, row.queue)
+                    )
+                    wait_s = v.backoff_delay(spec, row.attempt)
+                else:
+                    wait_s = delay_s
+                values: dict[str, Any] = {
+                    "status": q.QUEUED,
+                    "error": encoded,
+                    "lease_expires_at": None,
+                    "worker_id": None,
+                    "run_at": now + q.seconds_to_us(wait_s),
+                }
+            else:
+                values = {
+                    "status": "failed",
+                    "error": encoded,
+                    "lease_expires_at": None,
+                    "finished_at": now,
+                }
+            task = await self._owned_update(
+                conn, task_id, grp, worker_id, attempt, values, done=not again
+            )
+            return task, again
+
+        task, again = await self._run(work)
+        self._wake_local(work=again)
+        return task
+
+    async def _queue_backoff(self, conn: AsyncConnection, queue: str) -> dict[str, float] | None:
+        raw = (await conn.execute(select(qs.c.backoff).where(qs.c.queue == queue))).scalar()
+        return None if raw is None else dict(json.loads(raw))
+
+    async def _owned_write(
+        self,
+        task_id: str,
+        worker_id: str,
+        group: str | None,
+        attempt: int | None,
+        values: Callable[[ColumnElement[int]], dict[str, Any]],
+        *,
+        done: bool = False,
+    ) -> Task:
+        grp = _group_key(group)
+        task_id = v.name("task_id", task_id)
+        worker_id = v.name("worker_id", worker_id)
+        if attempt is not None:
+            attempt = v.positive_int("attempt", attempt)
+
+        async def work(conn: AsyncConnection) -> Task:
+            return await self._owned_update(
+                conn, task_id, grp, worker_id, attempt, values(self._now()), done=done
+            )
+
+        task = await self._run(work)
+        if done:
+            self._wake_local(work=False)
+        return task
+
+    async def _owned_update(
+        self,
+        conn: AsyncConnection,
+        task_id: str,
+        grp: str,
+        worker_id: str,
+        attempt: int | None,
+        values: dict[str, Any],
+        *,
+        done: bool,
+    ) -> Task:
+        rows = builtins.list(
+            await conn.execute(
+                update(d)
+                .where(*q.owned(task_id, grp, worker_id, attempt))
+                .values(**values)
+                .returning(d.c.queue, d.c.grp, d.c.partition)
+            )
+        )
+        if not rows:
+            await self._explain_lost(conn, task_id, grp)
+        row = rows[0]
+        if row.partition is not None and "status" in values:
+            await self._refresh_streams(conn, [(row.queue, row.grp, row.partition)])
+        if done:
+            await self._notify(conn, {row.queue}, done=True)
+        elif values.get("status") == q.QUEUED:
+            await self._notify(conn, {row.queue}, done=False)
+        return (await self._fetch_tasks(conn, grp, ids=[task_id]))[task_id]
+
+    async def _explain_lost(self, conn: AsyncConnection, task_id: str, grp: str) -> None:
+        status = (
+            await conn.execute(
+                select(d.c.status).where(d.c.task_seq == q.task_seq_of(task_id), d.c.grp == grp)
+            )
+        ).scalar()
+        if status is None:
+            raise NotFound(f"task {task_id}" + (f" for group {grp!r}" if grp else ""))
+        if status == "cancelled":
+            raise TaskCancelled(task_id)
+        raise LostLease(task_id)
+
+    # ------------------------------------------------------------ bus mode
+    async def subscribe(
+        self,
+        queue: str,
+        group: str,
+        *,
+        start: Literal["all", "new"] | datetime = "all",
+        _if_missing: bool = False,
+    ) -> ConsumerGroup:
+        """Register ``group`` on ``queue``: it receives every task from ``start`` on
+        (``"all"``: the retained history; ``"new"``: tasks submitted after this call
+        returns; a datetime: tasks created since then). Subscribing an active group
+        again changes nothing and returns it."""
+        queue = v.name("queue", queue)
+        group = v.name("group", group)
+        if isinstance(start, datetime):
+            start_at: int | None = v.to_us(v.aware("start", start))
+        elif start in ("all", "new"):
+            start_at = None
+        else:
+            raise InvalidArgument("start", f'must be "all", "new" or a datetime, got {start!r}')
+
+        async def register(conn: AsyncConnection) -> tuple[ConsumerGroup, bool]:
+            row = (
+                await conn.execute(select(g).where(g.c.queue == queue, g.c.name == group))
+            ).first()
+            if row is not None and row.active:
+                return self._group(row), False
+            now = await self._current_now_us(conn)
+            begin = now if start == "new" else start_at
+            if row is None:
+                await conn.execute(
+                    g.insert().values(
+                        queue=queue, name=group, start_at=begin, created_at=now, active=True
+                    )
+                )
+            else:
+                await conn.execute(
+                    update(g)
+                    .where(g.c.queue == queue, g.c.name == group)
+                    .values(start_at=begin, created_at=now, active=True)
+                )
+            fresh = (
+                await conn.execute(select(g).where(g.c.queue == queue, g.c.name == group))
+            ).one()
+            return self._group(fresh), True
+
+        registered, created = await self._run(register)
+        if created and start != "new":
+            start_us = None if registered.start is None else v.to_us(registered.start)
+
+            async def fill(conn: AsyncConnection) -> None:
+                await self._lock_for_backfill(conn)
+                await conn.execute(q.backfill(queue, group, start_us))
+                parts = await conn.execute(
+                    select(d.c.partition)
+                    .where(
+                        d.c.grp == group,
+                        d.c.queue == queue,
+                        d.c.partition.is_not(None),
+                        d.c.status.in_(q.ACTIVE),
+                    )
+                    .distinct()
+                )
+                await self._refresh_streams(conn, [(queue, group, p) for p in parts.scalars()])
+
+            await self._run(fill)
+        self._known_groups.add((queue, group))
+        return registered
+
+    async def unsubscribe(self, queue: str, group: str) -> bool:
+        """Deactivate ``group`` on ``queue`` and drop its delivery state.
+
+        Returns whether the group was subscribed."""
+        queue = v.name("queue", queue)
+        group = v.name("group", group)
+
+        async def work(conn: AsyncConnection) -> bool:
+            result = await conn.execute(
+                update(g)
+                .where(g.c.queue == queue, g.c.name == group, g.c.active.is_(True))
+                .values(active=False)
+            )
+            for stmt in q.delete_group(queue, group):
+                await conn.execute(stmt)
+            return bool(result.rowcount)
+
+        self._known_groups.discard((queue, group))
+        return await self._run(work)
+
+    async def groups(self, queue: str | None = None) -> builtins.list[ConsumerGroup]:
+        """Registered consumer groups (active and not), optionally of one queue."""
+        stmt = select(g).order_by(g.c.queue, g.c.name)
+        if queue is not None:
+            stmt = stmt.where(g.c.queue == v.name("queue", queue))
+
+        async def work(conn: AsyncConnection) -> builtins.list[ConsumerGroup]:
+            return [self._group(row) for row in await conn.execute(stmt)]
+
+        return await self._run(work, write=False)
+
+    @staticmethod
+    def _group(row: Any) -> ConsumerGroup:
+        return ConsumerGroup(
+            queue=row.queue,
+            name=row.name,
+            start=v.from_us(row.start_at),
+            created_at=v.from_us(row.created_at),
+            active=bool(row.active),
+        )
+
+    async def stats(self, queue: str | None = None) -> builtins.list[QueueStats]:
+        """Per queue: counts by status (queue mode), age in seconds of the oldest
+        claimable task, and per group its counts, lag (tasks not yet terminal for
+        it) and oldest claimable age."""
+        if queue is not None:
+            queue = v.name("queue", queue)
+
+        async def work(conn: AsyncConnection) -> builtins.list[QueueStats]:
+            now = await self._current_now_us(conn)
+            counts_q = select(d.c.queue, d.c.grp, d.c.status, func.count()).group_by(
+                d.c.queue, d.c.grp, d.c.status
+            )
+            oldest_q = (
+                select(d.c.queue, d.c.grp, func.min(d.c.run_at))
+                .where(d.c.status == q.QUEUED, d.c.run_at <= now)
+                .group_by(d.c.queue, d.c.grp)
+            )
+            if queue is not None:
+                counts_q = counts_q.where(d.c.queue == queue)
+                oldest_q = oldest_q.where(d.c.queue == queue)
+            counts: dict[tuple[str, str], dict[str, int]] = {}
+            for qn, grp, status, n in await conn.execute(counts_q):
+                counts.setdefault((qn, grp), {st.value: 0 for st in Status})[status] = n
+            oldest = {(qn, grp): (now - m) / v.US for qn, grp, m in await conn.execute(oldest_q)}
+            group_rows = await conn.execute(
+                select(g.c.queue, g.c.name).where(g.c.active.is_(True))
+                if queue is None
+                else select(g.c.queue, g.c.name).where(g.c.active.is_(True), g.c.queue == queue)
+            )
+            for qn, name in group_rows:
+                counts.setdefault((qn, name), {st.value: 0 for st in Status})
+            out: dict[str, QueueStats] = {}
+            for qn, grp in sorted(counts):
+                if qn not in out:
+                    base = counts.get((qn, q.QUEUE_MODE), {st.value: 0 for st in Status})
+                    out[qn] = QueueStats(
+                        queue=qn, counts=base, oldest_claimable_age=oldest.get((qn, q.QUEUE_MODE))
+                    )
+                if grp:
+                    c = counts[(qn, grp)]
+                    out[qn].groups[grp] = GroupStats(
+                        counts=c,
+                        lag=c["queued"] + c["running"],
+                        oldest_claimable_age=oldest.get((qn, grp)),
+                    )
+            return builtins.list(out.values())
+
+        return await self._run(work, write=False)
+
+    # ---------------------------------------------------- settings, upkeep
+    async def configure_queue(
+        self,
+        queue: str,
+        *,
+        lease: v.Duration | None = None,
+        max_attempts: int | None = None,
+        backoff: Backoff | dict[str, float] | v.Duration | None = None,
+        retention: v.Duration | None = None,
+        max_wait: v.Duration | None = None,
+    ) -> dict[str, Any]:
+        """Store defaults for ``queue``; arguments left ``None`` keep their value."""
+        queue = v.name("queue", queue)
+        values: dict[str, Any] = {}
+        if lease is not None:
+            values["lease"] = v.duration_seconds("lease", lease, allow_zero=False)
+        if max_attempts is not None:
+            values["max_attempts"] = v.positive_int("max_attempts", max_attempts)
+        if backoff is not None:
+            b = v.backoff("backoff", backoff)
+            assert b is not None
+            values["backoff"] = json.dumps(b.as_dict())
+        if retention is not None:
+            values["retention"] = v.duration_seconds("retention", retention)
+        if max_wait is not None:
+            values["max_wait"] = v.duration_seconds("max_wait", max_wait, allow_zero=False)
+
+        async def work(conn: AsyncConnection) -> None:
+            now = await self._current_now_us(conn)
+            ins = self._upsert(qs).values(queue=queue, updated_at=now, **values)
+            await conn.execute(
+                ins.on_conflict_do_update(
+                    index_elements=["queue"], set_={"updated_at": now, **values}
+                )
+            )
+
+        await self._run(work)
+        return await self.get_queue(queue)
+
+    async def get_queue(self, queue: str) -> dict[str, Any]:
+        """The stored settings of ``queue`` (``None`` where the default applies)."""
+        queue = v.name("queue", queue)
+
+        async def work(conn: AsyncConnection) -> Any:
+            return (await conn.execute(select(qs).where(qs.c.queue == queue))).first()
+
+        row = await self._run(work, write=False)
+        out: dict[str, Any] = {
+            "queue": queue,
+            "lease": None,
+            "max_attempts": None,
+            "backoff": None,
+            "retention": None,
+            "max_wait": None,
+        }
+        if row is not None:
+            out.update(
+                lease=row.lease,
+                max_attempts=row.max_attempts,
+                backoff=None if row.backoff is None else json.loads(row.backoff),
+                retention=row.retention,
+                max_wait=row.max_wait,
+            )
+        return out
+
+    async def recover(self) -> tuple[int, int]:
+        """Recover every expired lease now: ``(requeued, failed)`` counts."""
+        return await self._run(lambda conn: self._recover_tx(conn, None, None))
+
+    async def maintain(self) -> dict[str, int]:
+        """One pass of upkeep: lease recovery. Returns the counts and records them."""
+        started = time.monotonic()
+
+        async def work(conn: AsyncConnection) -> dict[str, int]:
+            requeued, failed = await self._recover_tx(conn, None, None)
+            now = await self._current_now_us(conn)
+            counts = {"recovered": requeued, "expired": failed, "evicted": 0, "deleted": 0}
+            await conn.execute(
+                mt.insert().values(ran_at=now, duration=time.monotonic() - started, **counts)
+            )
+            return counts
+
+        return await self._run(work)
+
+    # --------------------------------------------------------------- waking
+    def _wake_local(self, *, work: bool) -> None:
+        if work and self._work_waker is not None:
+            self._work_waker.notify()
+        if self._done_waker is not None:
+            self._done_waker.notify()
+
+    async def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
+        """Sleep until new work may be claimable in ``queues`` or ``timeout`` passes.
+
+        Returns True when woken by a notification. Used by idle workers.
+        """
+        if self._work_waker is None:
+            await self.open()
+        assert self._work_waker is not None
+        return await self._work_waker.wait(timeout)
+
+    async def _wait_done(self, timeout: float) -> None:
+        if self._done_waker is None:
+            await self.open()
+        assert self._done_waker is not None
+        await self._done_waker.wait(timeout)
