@@ -205,6 +205,9 @@ queues = Table(
     Column("backoff", Text, nullable=True),
     Column("retention", Float, nullable=True),
     Column("max_wait", Float, nullable=True),
+    # False: the queue is consumed by groups only, so queue-mode state never holds
+    # retention back (NULL means True).
+    Column("queue_mode", Boolean, nullable=True),
     Column("updated_at", BigInteger, nullable=False),
 )
 

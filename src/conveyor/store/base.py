@@ -12,11 +12,13 @@ import abc
 import asyncio
 import base64
 import builtins
+import functools
 import json
 import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar, Literal, TypeVar
@@ -25,7 +27,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import ColumnElement, Select, false, func, select, update
+from sqlalchemy import ColumnElement, Select, delete, false, func, select, true, tuple_, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -69,6 +71,7 @@ T = TypeVar("T")
 CONFLICTS = ("reuse", "reject", "replace")
 DEFAULT_MAX_ATTEMPTS = 3
 MAX_LIMIT = 10_000
+PURGE_BATCH = 1_000
 TRANSIENT_RETRIES = 8
 POLL_CAP = 0.5  # wait() never sleeps longer than this between looks
 SUBMIT_FIELDS = frozenset(
@@ -245,6 +248,10 @@ class TaskStore(abc.ABC):
     @abc.abstractmethod
     def _is_transient(self, exc: DBAPIError) -> bool:
         """True for driver errors that a retry of the whole transaction can cure."""
+
+    @abc.abstractmethod
+    def _maintenance_lock(self) -> AbstractAsyncContextManager[bool]:
+        """Yield whether this caller should run maintenance (others may be at it)."""
 
     def _upsert(self, table: Any) -> Any:
         """An INSERT that supports ``on_conflict_do_*`` (both dialects spell it alike)."""
@@ -1356,8 +1363,17 @@ class TaskStore(abc.ABC):
         backoff: Backoff | dict[str, float] | v.Duration | None = None,
         retention: v.Duration | None = None,
         max_wait: v.Duration | None = None,
+        queue_mode: bool | None = None,
     ) -> dict[str, Any]:
-        """Store defaults for ``queue``; arguments left ``None`` keep their value."""
+        """Store defaults for ``queue``; arguments left ``None`` keep their value.
+
+        ``lease`` applies when a task is claimed; ``max_attempts`` and ``backoff``
+        when it is submitted; ``max_wait`` evicts tasks never claimed that long
+        after their run_at; ``retention`` deletes tasks that finished (for queue
+        mode and every active group) that long ago — off unless set.
+        ``queue_mode=False`` declares a queue consumed by groups only: its
+        queue-mode state then never holds retention back.
+        """
         queue = v.name("queue", queue)
         values: dict[str, Any] = {}
         if lease is not None:
@@ -1372,6 +1388,10 @@ class TaskStore(abc.ABC):
             values["retention"] = v.duration_seconds("retention", retention)
         if max_wait is not None:
             values["max_wait"] = v.duration_seconds("max_wait", max_wait, allow_zero=False)
+        if queue_mode is not None:
+            if not isinstance(queue_mode, bool):
+                raise InvalidArgument("queue_mode", f"must be True or False, got {queue_mode!r}")
+            values["queue_mode"] = queue_mode
 
         async def work(conn: AsyncConnection) -> None:
             now = await self._current_now_us(conn)
@@ -1400,6 +1420,7 @@ class TaskStore(abc.ABC):
             "backoff": None,
             "retention": None,
             "max_wait": None,
+            "queue_mode": True,
         }
         if row is not None:
             out.update(
@@ -1408,6 +1429,7 @@ class TaskStore(abc.ABC):
                 backoff=None if row.backoff is None else json.loads(row.backoff),
                 retention=row.retention,
                 max_wait=row.max_wait,
+                queue_mode=row.queue_mode is not False,
             )
         return out
 
@@ -1416,19 +1438,182 @@ class TaskStore(abc.ABC):
         return await self._run(lambda conn: self._recover_tx(conn, None, None))
 
     async def maintain(self) -> dict[str, int]:
-        """One pass of upkeep: lease recovery. Returns the counts and records them."""
+        """One pass of upkeep: lease recovery, eviction (``max_wait``) and retention.
+
+        Returns the counts ``{"recovered", "expired", "evicted", "deleted",
+        "skipped"}`` and records them in the maintenance history. Safe to call
+        from many workers at once: on Postgres one runs while the others skip
+        (``skipped`` = 1); on SQLite the write lock serialises the passes.
+        Retention deletes in bounded batches, each its own short transaction.
+        """
+        if self._engine is None:
+            await self.open()
         started = time.monotonic()
+        async with self._maintenance_lock() as mine:
+            if not mine:
+                return {"recovered": 0, "expired": 0, "evicted": 0, "deleted": 0, "skipped": 1}
+            requeued, failed = await self._run(lambda conn: self._recover_tx(conn, None, None))
+            settings = await self._run(lambda conn: self._all_settings(conn), write=False)
+            evicted = 0
+            deleted = 0
+            for row in settings:
+                if row.max_wait is not None:
+                    evicted += await self._run(
+                        functools.partial(self._evict_tx, queue=row.queue, max_wait=row.max_wait)
+                    )
+                if row.retention is not None:
+                    deleted += await self._purge(row.queue, row.retention, row.queue_mode)
+            counts = {
+                "recovered": requeued,
+                "expired": failed,
+                "evicted": evicted,
+                "deleted": deleted,
+            }
 
-        async def work(conn: AsyncConnection) -> dict[str, int]:
-            requeued, failed = await self._recover_tx(conn, None, None)
-            now = await self._current_now_us(conn)
-            counts = {"recovered": requeued, "expired": failed, "evicted": 0, "deleted": 0}
-            await conn.execute(
-                mt.insert().values(ran_at=now, duration=time.monotonic() - started, **counts)
+            async def record(conn: AsyncConnection) -> None:
+                now = await self._current_now_us(conn)
+                await conn.execute(
+                    mt.insert().values(ran_at=now, duration=time.monotonic() - started, **counts)
+                )
+
+            await self._run(record)
+        if evicted or failed:
+            self._wake_local(work=False)
+        return {**counts, "skipped": 0}
+
+    async def _all_settings(self, conn: AsyncConnection) -> builtins.list[Any]:
+        rows = await conn.execute(
+            select(qs).where((qs.c.max_wait.is_not(None)) | (qs.c.retention.is_not(None)))
+        )
+        return builtins.list(rows)
+
+    async def _evict_tx(self, conn: AsyncConnection, queue: str, max_wait: float) -> int:
+        """Tasks never claimed ``max_wait`` after their run_at become ``evicted``."""
+        now_us = await self._current_now_us(conn)
+        cutoff = now_us - round(max_wait * v.US)
+        grps = [
+            q.QUEUE_MODE,
+            *(
+                await conn.execute(select(g.c.name).where(g.c.queue == queue, g.c.active.is_(True)))
+            ).scalars(),
+        ]
+        evicted = 0
+        touched: builtins.list[tuple[Any, ...]] = []
+        for grp in grps:
+            rows = builtins.list(
+                await conn.execute(
+                    update(d)
+                    .where(
+                        d.c.grp == grp,
+                        d.c.queue == queue,
+                        d.c.status == q.QUEUED,
+                        d.c.attempt == 0,
+                        d.c.run_at < cutoff,
+                    )
+                    .values(status="evicted", finished_at=now_us)
+                    .returning(d.c.queue, d.c.grp, d.c.partition)
+                )
             )
-            return counts
+            evicted += len(rows)
+            touched += [tuple(r) for r in rows if r.partition is not None]
+        await self._refresh_streams(conn, touched)
+        if evicted:
+            await self._notify(conn, {queue}, done=True)
+        return evicted
 
-        return await self._run(work)
+    async def _purge(self, queue: str, retention: float, queue_mode: bool | None) -> int:
+        """Delete tasks finished for everyone more than ``retention`` seconds ago.
+
+        Walks candidates in (finished_at, task) order with a moving cursor, one
+        bounded batch per transaction, so a large purge never holds long locks and
+        a task kept back (a slow group) is looked at once per pass.
+        """
+        cursor: tuple[int, int] = (-1, -1)
+        deleted = 0
+        while True:
+            batch, cursor = await self._run(
+                functools.partial(
+                    self._purge_batch,
+                    queue=queue,
+                    retention=retention,
+                    queue_mode=queue_mode,
+                    cursor=cursor,
+                )
+            )
+            if batch < 0:
+                return deleted
+            deleted += batch
+
+    async def _purge_batch(
+        self,
+        conn: AsyncConnection,
+        queue: str,
+        retention: float,
+        queue_mode: bool | None,
+        cursor: tuple[int, int],
+    ) -> tuple[int, tuple[int, int]]:
+        now_us = await self._current_now_us(conn)
+        cutoff = now_us - round(retention * v.US)
+        # Which delivery rows must be finished: queue mode's unless the queue is
+        # declared group-only, and every (active) group's.
+        holds = d.c.grp != q.QUEUE_MODE if queue_mode is False else true()
+        candidates = builtins.list(
+            await conn.execute(
+                select(d.c.finished_at, d.c.task_seq)
+                .where(
+                    d.c.queue == queue,
+                    d.c.finished_at.is_not(None),
+                    d.c.finished_at < cutoff,
+                    tuple_(d.c.finished_at, d.c.task_seq) > tuple_(*cursor),
+                    holds,
+                )
+                .order_by(d.c.finished_at, d.c.task_seq)
+                .limit(PURGE_BATCH)
+            )
+        )
+        if not candidates:
+            return -1, cursor
+        seqs = sorted({row.task_seq for row in candidates})
+        pending = d.alias("pending")
+        blocked = set(
+            (
+                await conn.execute(
+                    select(pending.c.task_seq).where(
+                        pending.c.task_seq.in_(seqs),
+                        (pending.c.grp != q.QUEUE_MODE) if queue_mode is False else true(),
+                        (pending.c.finished_at.is_(None)) | (pending.c.finished_at >= cutoff),
+                    )
+                )
+            ).scalars()
+        )
+        doomed = [seq for seq in seqs if seq not in blocked]
+        if doomed:
+            ids = select(t.c.id).where(t.c.seq.in_(doomed))
+            await conn.execute(delete(k).where(k.c.task_id.in_(ids)))
+            await conn.execute(delete(d).where(d.c.task_seq.in_(doomed)))
+            await conn.execute(delete(t).where(t.c.seq.in_(doomed)))
+        last = candidates[-1]
+        return len(doomed), (last.finished_at, last.task_seq)
+
+    async def maintenance_history(self, limit: int = 20) -> builtins.list[dict[str, Any]]:
+        """The most recent :meth:`maintain` passes, newest first."""
+        limit = v.positive_int("limit", limit)
+
+        async def work(conn: AsyncConnection) -> builtins.list[dict[str, Any]]:
+            rows = await conn.execute(select(mt).order_by(mt.c.id.desc()).limit(limit))
+            return [
+                {
+                    "ran_at": v.from_us(int(r.ran_at)),
+                    "recovered": r.recovered,
+                    "expired": r.expired,
+                    "evicted": r.evicted,
+                    "deleted": r.deleted,
+                    "duration": r.duration,
+                }
+                for r in rows
+            ]
+
+        return await self._run(work, write=False)
 
     # --------------------------------------------------------------- waking
     def _wake_local(self, *, work: bool) -> None:

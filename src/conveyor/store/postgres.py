@@ -13,26 +13,61 @@ What differs from SQLite, and only that:
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
-from sqlalchemy import BigInteger, ColumnElement, Select, cast, extract, func, text
+from sqlalchemy import BigInteger, ColumnElement, Select, cast, event, extract, func, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from conveyor.errors import InvalidArgument
 from conveyor.store.base import TaskStore
 
 TRANSIENT_SQLSTATES = frozenset({"40001", "40P01"})
+ISOLATION_LEVELS = frozenset({"READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"})
 MIGRATION_LOCK = 0x636F6E76  # "conv"
+MAINTENANCE_LOCK = MIGRATION_LOCK + 1
 
 
 class PostgresStore(TaskStore):
     """conveyor on PostgreSQL (psycopg 3)."""
 
+    def __init__(self, url: str, *, isolation_level: str = "READ COMMITTED", **options: Any):
+        super().__init__(url, **options)
+        level = str(isolation_level).upper().replace("_", " ")
+        if level not in ISOLATION_LEVELS:
+            raise InvalidArgument(
+                "isolation_level", f"must be one of {', '.join(sorted(ISOLATION_LEVELS))}"
+            )
+        self.isolation_level = level
+
     def _create_engine(self) -> AsyncEngine:
-        options: dict[str, Any] = {"pool_pre_ping": True, **self.engine_options}
-        return create_async_engine(self.url, **options)
+        options: dict[str, Any] = {
+            "pool_pre_ping": True,
+            # from the whitelist above; never user text spliced into SQL
+            "isolation_level": self.isolation_level.replace(" ", "_"),
+            **self.engine_options,
+        }
+        engine = create_async_engine(self.url, **options)
+        timeouts = {
+            "statement": f"{round(self.statement_timeout * 1000)}ms",
+            "lock": f"{round(self.lock_timeout * 1000)}ms",
+        }
+
+        @event.listens_for(engine.sync_engine, "begin")
+        def _on_begin(conn: Connection) -> None:
+            # SET LOCAL semantics (is_local=true): the limits die with the transaction,
+            # so they hold behind a transaction-mode pooler and never leak to others.
+            conn.exec_driver_sql(
+                "SELECT set_config('statement_timeout', %(statement)s, true), "
+                "set_config('lock_timeout', %(lock)s, true)",
+                timeouts,
+            )
+
+        return engine
 
     def _db_now(self) -> ColumnElement[int]:
         return cast(func.floor(extract("epoch", func.clock_timestamp()) * 1_000_000), BigInteger)
@@ -50,6 +85,28 @@ class PostgresStore(TaskStore):
 
     def _lock_for_migration(self, conn: Connection) -> None:
         conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
+
+    @asynccontextmanager
+    async def _maintenance_lock(self) -> AsyncIterator[bool]:
+        # A session-level advisory lock on a connection held for the whole pass: one
+        # worker maintains, the others skip instead of queueing behind it.
+        assert self._engine is not None
+        async with self._engine.connect() as conn:
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+            got = bool(
+                (
+                    await conn.execute(
+                        text("SELECT pg_try_advisory_lock(:key)"), {"key": MAINTENANCE_LOCK}
+                    )
+                ).scalar()
+            )
+            try:
+                yield got
+            finally:
+                if got:
+                    await conn.execute(
+                        text("SELECT pg_advisory_unlock(:key)"), {"key": MAINTENANCE_LOCK}
+                    )
 
     def _is_transient(self, exc: DBAPIError) -> bool:
         return getattr(exc.orig, "sqlstate", None) in TRANSIENT_SQLSTATES

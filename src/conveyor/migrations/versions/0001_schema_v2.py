@@ -61,6 +61,7 @@ def upgrade() -> None:
         sa.Column("backoff", sa.Text(), nullable=True),
         sa.Column("retention", sa.Float(), nullable=True),
         sa.Column("max_wait", sa.Float(), nullable=True),
+        sa.Column("queue_mode", sa.Boolean(), nullable=True),
         sa.Column("updated_at", sa.BigInteger(), nullable=False),
         sa.PrimaryKeyConstraint("queue"),
     )
