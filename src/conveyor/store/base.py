@@ -17,8 +17,8 @@ import json
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar, Literal, TypeVar
@@ -167,22 +167,77 @@ def _decode_cursor(cursor: str) -> int:
         raise InvalidArgument("cursor", "is not a cursor returned by list()") from None
 
 
-class _Waker:
-    """In-process wake-ups: submits and completions wake waiters in this process."""
+class _Watch:
+    """Interest in some keys (queue names or task ids; ``None``: every key)."""
 
-    def __init__(self) -> None:
-        self._event = asyncio.Event()
+    __slots__ = ("event", "keys")
 
-    def notify(self) -> None:
-        event, self._event = self._event, asyncio.Event()
-        event.set()
+    def __init__(self, keys: frozenset[str] | None) -> None:
+        self.keys = keys
+        self.event = asyncio.Event()
 
     async def wait(self, timeout: float) -> bool:
+        """True once notified (at once if it already was), False after ``timeout``."""
         try:
-            await asyncio.wait_for(self._event.wait(), timeout)
+            await asyncio.wait_for(self.event.wait(), timeout)
             return True
         except TimeoutError:
             return False
+
+
+class _Waker:
+    """In-process wake-ups keyed by queue name or task id.
+
+    A watch registered *before* the caller looks at the database cannot miss a
+    notification that arrives while it looks. ``remember=True`` covers callers
+    that cannot register first (``wait_for_work`` right after an empty claim): a
+    key notified while nobody watched it is kept, and the next wait on it returns
+    at once — at worst one extra claim, never a missed wake-up. Remembered keys
+    are queue names, so the set stays small.
+    """
+
+    def __init__(self, *, remember: bool = False) -> None:
+        self._watches: set[_Watch] = set()
+        self._remember = remember
+        self._pending: set[str] = set()
+        self._pending_all = False
+
+    def notify(self, keys: Iterable[str] | None = None) -> None:
+        """Wake the watches on any of ``keys`` (``None``: every watch)."""
+        wanted = None if keys is None else frozenset(keys)
+        hit: set[str] = set()
+        for watch in self._watches:
+            if wanted is None or watch.keys is None or not wanted.isdisjoint(watch.keys):
+                watch.event.set()
+                if wanted is not None and watch.keys is not None:
+                    hit |= wanted & watch.keys
+                elif wanted is not None:
+                    hit |= wanted
+        if self._remember:
+            if wanted is None:
+                self._pending_all = self._pending_all or not self._watches
+            else:
+                self._pending |= wanted - hit
+
+    @contextmanager
+    def watch(self, keys: Iterable[str] | None) -> Iterator[_Watch]:
+        """Register interest in ``keys`` for the duration of the block."""
+        watch = _Watch(None if keys is None else frozenset(keys))
+        self._watches.add(watch)
+        try:
+            yield watch
+        finally:
+            self._watches.discard(watch)
+
+    async def wait(self, keys: Iterable[str], timeout: float) -> bool:
+        """Sleep until one of ``keys`` is notified (True) or ``timeout`` passes (False)."""
+        wanted = frozenset(keys)
+        if self._pending_all or not self._pending.isdisjoint(wanted):
+            self._pending -= wanted
+            self._pending_all = False
+            return True
+        with self.watch(wanted) as watch:
+            return await watch.wait(timeout)
 
 
 class TaskStore(abc.ABC):
@@ -263,8 +318,18 @@ class TaskStore(abc.ABC):
     async def _stop_wake(self) -> None:  # noqa: B027
         """Stop the cross-process wake channel."""
 
-    async def _notify(self, conn: AsyncConnection, queues: Iterable[str], done: bool) -> None:  # noqa: B027
-        """Announce, inside the committing transaction, new work or a finished task."""
+    async def _notify(  # noqa: B027
+        self,
+        conn: AsyncConnection,
+        queues: Iterable[str],
+        done: bool,
+        task_ids: Iterable[str] = (),
+    ) -> None:
+        """Announce, inside the committing transaction, new work in ``queues``
+        (``done=False``) or tasks that became terminal (``done=True``: ``task_ids``,
+        or an empty ``task_ids`` when the caller does not know which — waiters
+        then look again). Listeners must hear it only if the transaction commits.
+        Whatever arrives from other processes is handed to :meth:`_wake`."""
 
     # ------------------------------------------------------------- lifecycle
     async def open(self) -> None:
@@ -291,7 +356,7 @@ class TaskStore(abc.ABC):
                     f"cannot open {self._safe_url()}: {exc}. Check that the database "
                     "is running and the URL is right."
                 ) from exc
-            self._work_waker = _Waker()
+            self._work_waker = _Waker(remember=True)
             self._done_waker = _Waker()
             self._engine = engine
             await self._start_wake()
@@ -740,7 +805,7 @@ class TaskStore(abc.ABC):
         changed = builtins.list(rows)
         await self._refresh_streams(conn, [tuple(r) for r in changed if r.partition is not None])
         if changed:
-            await self._notify(conn, {r.queue for r in changed}, done=True)
+            await self._notify(conn, {r.queue for r in changed}, done=True, task_ids=task_ids)
 
     async def retry(
         self, task_id: str, *, reset_attempts: bool = False, group: str | None = None
@@ -801,18 +866,26 @@ class TaskStore(abc.ABC):
         limit = None if timeout is None else v.duration_seconds("timeout", timeout)
         deadline = None if limit is None else time.monotonic() + limit
         pause = 0.05
-        while True:
-            task = await self.get(task_id, group=group)
-            if task is None:
-                raise NotFound(f"task {task_id}")
-            if task.terminal:
-                return task
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                raise TimeoutError(f"task {task_id} still {task.status} after {limit} s")
-            nap = min(pause, POLL_CAP) if remaining is None else min(pause, POLL_CAP, remaining)
-            await self._wait_done(nap)
-            pause = min(pause * 2, POLL_CAP)
+        if self._done_waker is None:
+            await self.open()
+        assert self._done_waker is not None
+        # Watch before looking: a completion that commits while get() runs still
+        # wakes the nap that follows. Polling (capped at POLL_CAP) covers
+        # completions nobody announces to this process.
+        with self._done_waker.watch([task_id]) as watch:
+            while True:
+                watch.event.clear()
+                task = await self.get(task_id, group=group)
+                if task is None:
+                    raise NotFound(f"task {task_id}")
+                if task.terminal:
+                    return task
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(f"task {task_id} still {task.status} after {limit} s")
+                nap = min(pause, POLL_CAP) if remaining is None else min(pause, POLL_CAP, remaining)
+                await watch.wait(nap)
+                pause = min(pause * 2, POLL_CAP)
 
     # ------------------------------------------------------------ consumer
     async def claim(
@@ -904,8 +977,10 @@ class TaskStore(abc.ABC):
             )
             await self._refresh_streams(conn, [(stream.queue, grp, stream.partition)])
         elif plain is not None:
-            pick = self._lock_candidates(q.ready_plain(grp, names, now).limit(limit))
-            sub = select(pick.subquery().c.task_seq).scalar_subquery()
+            # A CTE, not an IN-subquery: Postgres may rescan a subquery once per outer
+            # row, and each rescan with SKIP LOCKED would pick further rows past LIMIT.
+            pick = self._lock_candidates(q.ready_plain(grp, names, now).limit(limit)).cte("pick")
+            sub = select(pick.c.task_seq).scalar_subquery()
             taken = builtins.list(
                 (
                     await conn.execute(q.take(grp, sub, now, worker_id=worker_id, lease=lease))
@@ -938,6 +1013,10 @@ class TaskStore(abc.ABC):
         await self._refresh_streams(conn, touched)
         if failed:
             await self._notify(conn, {r.queue for r in failed}, done=True)
+        if requeued:
+            # Recovered by maintain() (or a claimer of other queues): idle workers
+            # should hear of the work rather than wait for their next poll.
+            await self._notify(conn, {r.queue for r in requeued}, done=False)
         return len(requeued), len(failed)
 
     async def _refresh_streams(
@@ -1121,6 +1200,38 @@ class TaskStore(abc.ABC):
         self._wake_local(work=again)
         return task
 
+    async def release(
+        self,
+        task_id: str,
+        *,
+        worker_id: str,
+        group: str | None = None,
+        attempt: int | None = None,
+    ) -> Task:
+        """Hand a leased task back unfinished: ``queued`` and claimable at once.
+
+        The attempt is given back too (it did not run to an outcome), so a worker
+        shutting down costs the task nothing. Ownership-checked like
+        :meth:`heartbeat`; raises :class:`LostLease` if the lease is gone.
+        """
+
+        def values(now: ColumnElement[int]) -> dict[str, Any]:
+            return {
+                "status": q.QUEUED,
+                # now, not the old run_at: eviction (max_wait) counts from run_at
+                # for tasks whose attempt is back at 0.
+                "run_at": now,
+                "attempt": d.c.attempt - 1,
+                "lease_expires_at": None,
+                "worker_id": None,
+                "progress": None,
+                "progress_message": None,
+            }
+
+        task = await self._owned_write(task_id, worker_id, group, attempt, values)
+        self._wake_local(work=True)
+        return task
+
     async def _queue_backoff(self, conn: AsyncConnection, queue: str) -> dict[str, float] | None:
         raw = (await conn.execute(select(qs.c.backoff).where(qs.c.queue == queue))).scalar()
         return None if raw is None else dict(json.loads(raw))
@@ -1176,7 +1287,7 @@ class TaskStore(abc.ABC):
         if row.partition is not None and "status" in values:
             await self._refresh_streams(conn, [(row.queue, row.grp, row.partition)])
         if done:
-            await self._notify(conn, {row.queue}, done=True)
+            await self._notify(conn, {row.queue}, done=True, task_ids=[task_id])
         elif values.get("status") == q.QUEUED:
             await self._notify(conn, {row.queue}, done=False)
         return (await self._fetch_tasks(conn, grp, ids=[task_id]))[task_id]
@@ -1617,23 +1728,33 @@ class TaskStore(abc.ABC):
 
     # --------------------------------------------------------------- waking
     def _wake_local(self, *, work: bool) -> None:
-        if work and self._work_waker is not None:
-            self._work_waker.notify()
-        if self._done_waker is not None:
-            self._done_waker.notify()
+        # After a commit in this process. It does not say which queues or tasks, so
+        # it wakes every waiter here; each looks again, which is cheap.
+        self._wake(queues=None if work else (), task_ids=None)
+
+    def _wake(
+        self,
+        *,
+        queues: Iterable[str] | None = (),
+        task_ids: Iterable[str] | None = (),
+    ) -> None:
+        """Wake this process's waiters: idle workers of ``queues`` and ``wait()``
+        calls on ``task_ids`` (``None``: all of them). The wake channel calls it
+        for what other processes announce."""
+        if self._work_waker is not None and (queues is None or queues):
+            self._work_waker.notify(queues)
+        if self._done_waker is not None and (task_ids is None or task_ids):
+            self._done_waker.notify(task_ids)
 
     async def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
         """Sleep until new work may be claimable in ``queues`` or ``timeout`` passes.
 
-        Returns True when woken by a notification. Used by idle workers.
+        Returns True when woken by a notification (an in-process commit, or the
+        backend's wake channel), False when the timeout ran out. Used by idle
+        workers; a notification that arrived since the last wait also counts, so
+        one landing between an empty claim and this call is not lost.
         """
         if self._work_waker is None:
             await self.open()
         assert self._work_waker is not None
-        return await self._work_waker.wait(timeout)
-
-    async def _wait_done(self, timeout: float) -> None:
-        if self._done_waker is None:
-            await self.open()
-        assert self._done_waker is not None
-        await self._done_waker.wait(timeout)
+        return await self._work_waker.wait(v.names("queues", queues), timeout)

@@ -2,7 +2,7 @@
 
 What differs from SQLite, and only that:
 
-* clock — the database's ``clock_timestamp()``, so hosts need not agree on time;
+* clock — the database's ``statement_timestamp()``, so hosts need not agree on time;
 * claim locking — candidate rows are selected ``FOR UPDATE SKIP LOCKED`` so
   concurrent claimers pass each other instead of queueing;
 * no probe — an idle claim takes no lock worth avoiding;
@@ -48,7 +48,7 @@ class PostgresStore(TaskStore):
         options: dict[str, Any] = {
             "pool_pre_ping": True,
             # from the whitelist above; never user text spliced into SQL
-            "isolation_level": self.isolation_level.replace(" ", "_"),
+            "isolation_level": self.isolation_level,
             **self.engine_options,
         }
         engine = create_async_engine(self.url, **options)
@@ -70,7 +70,12 @@ class PostgresStore(TaskStore):
         return engine
 
     def _db_now(self) -> ColumnElement[int]:
-        return cast(func.floor(extract("epoch", func.clock_timestamp()) * 1_000_000), BigInteger)
+        # statement_timestamp(), not now(): each statement of a longer transaction sees
+        # the moment it runs; and unlike clock_timestamp() it is stable within the
+        # statement, so comparisons with it can be index conditions.
+        return cast(
+            func.floor(extract("epoch", func.statement_timestamp()) * 1_000_000), BigInteger
+        )
 
     def _lock_candidates(self, stmt: Select[Any]) -> Select[Any]:
         return stmt.with_for_update(skip_locked=True)
