@@ -1,0 +1,168 @@
+"""Helpers shared by the conformance tests, and the child processes they start.
+
+Imported by tests as ``_support`` (pytest puts ``tests/`` on ``sys.path``), and run
+as a script by multi-process tests::
+
+    python tests/_support.py claim URL QUEUE WORKER LEASE ABANDON_EVERY
+    python tests/_support.py submit_key URL KEY COUNT
+    python tests/_support.py open URL
+
+Each child opens its own store, prints ``ready``, waits for a line on stdin (so
+all children start working at the same moment), does its work and prints one
+JSON line with what it saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import conveyor
+from conveyor.store.base import TaskStore
+
+HELPER = str(Path(__file__).resolve())
+ENVELOPE_KEYS = {"type", "code", "message", "retryable", "traceback"}
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def is_utc(moment: datetime | None) -> bool:
+    """An aware datetime in UTC."""
+    return moment is not None and moment.tzinfo is not None and moment.utcoffset() == timedelta(0)
+
+
+def seconds(delta: timedelta) -> float:
+    return delta.total_seconds()
+
+
+async def assert_empty(store: TaskStore) -> None:
+    """Nothing at all was written: no task in any listing, no queue in the stats."""
+    page = await store.list()
+    assert page.items == [] and page.next_cursor is None
+    assert await store.stats() == []
+
+
+def abandons(task_id: str, every: int) -> bool:
+    """Deterministic choice of the tasks a child process walks away from (attempt 1)."""
+    if every <= 0:
+        return False
+    return int(hashlib.sha256(task_id.encode()).hexdigest(), 16) % every == 0
+
+
+def run_together(argvs: Sequence[Sequence[str]], timeout: float = 90.0) -> list[str]:
+    """Start one helper child per argv, release them at once, return their last lines."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, HELPER, *argv],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for argv in argvs
+    ]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            if line.strip() != "ready":
+                _, err = proc.communicate(timeout=timeout)
+                raise AssertionError(f"child did not start: {line!r} {err}")
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        outputs = []
+        for proc in procs:
+            out, err = proc.communicate(timeout=timeout)
+            assert proc.returncode == 0, f"child failed ({proc.returncode}): {err}"
+            lines = out.strip().splitlines()
+            outputs.append(lines[-1] if lines else "")
+        return outputs
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+# ------------------------------------------------------------------ children
+def _handshake() -> None:
+    print("ready", flush=True)
+    sys.stdin.readline()
+
+
+async def _claim(url: str, queue: str, worker: str, lease: float, abandon_every: int) -> None:
+    claims: list[dict[str, Any]] = []
+    async with conveyor.connect(url) as store:
+        _handshake()
+        while True:
+            got = await store.claim(queue, worker_id=worker, lease=lease, limit=2)
+            if not got:
+                stats = await store.stats(queue)
+                counts = stats[0].counts if stats else {}
+                if counts.get("queued", 0) + counts.get("running", 0) == 0:
+                    break
+                await asyncio.sleep(0.02)
+                continue
+            for task in got:
+                assert task.lease_expires_at is not None
+                record: dict[str, Any] = {
+                    "id": task.id,
+                    "attempt": task.attempt,
+                    "worker": worker,
+                    "lease_expires_at": task.lease_expires_at.isoformat(),
+                    "lost": False,
+                }
+                claims.append(record)
+                if task.attempt == 1 and abandons(task.id, abandon_every):
+                    continue  # walk away: the lease must expire before anyone else runs it
+                try:
+                    await store.succeed(task.id, worker_id=worker, attempt=task.attempt)
+                except conveyor.LostLease:
+                    record["lost"] = True
+    print(json.dumps(claims), flush=True)
+
+
+async def _submit_key(url: str, key: str, count: int) -> None:
+    async with conveyor.connect(url) as store:
+        _handshake()
+        tasks = await asyncio.gather(
+            *(store.submit("keyed", {"n": i}, key=key) for i in range(count))
+        )
+    print(json.dumps([t.id for t in tasks]), flush=True)
+
+
+async def _open(url: str) -> None:
+    _handshake()
+    store = conveyor.connect(url)
+    async with store:
+        pass
+    print(json.dumps("ok"), flush=True)
+
+
+def main(argv: list[str]) -> None:
+    mode, url, *rest = argv
+    if mode == "claim":
+        queue, worker, lease, every = rest
+        asyncio.run(_claim(url, queue, worker, float(lease), int(every)))
+    elif mode == "submit_key":
+        key, count = rest
+        asyncio.run(_submit_key(url, key, int(count)))
+    elif mode == "open":
+        asyncio.run(_open(url))
+    else:
+        raise SystemExit(f"unknown mode {mode!r}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
