@@ -1,0 +1,161 @@
+"""list: filters and keyset pagination (SPEC §2.1)."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+
+from conveyor import InvalidArgument, Page, Status, Task
+from conveyor.store.base import TaskStore
+
+
+async def _all_pages(store: TaskStore, limit: int, **filters: str) -> list[list[Task]]:
+    pages: list[list[Task]] = []
+    cursor: str | None = None
+    while True:
+        page = await store.list(limit=limit, cursor=cursor, **filters)
+        assert isinstance(page, Page)
+        assert len(page.items) <= limit
+        pages.append(page.items)
+        cursor = page.next_cursor
+        if cursor is None:
+            return pages
+        assert page.items, "a page with a cursor after it is never empty"
+        assert len(pages) < 1000
+
+
+async def test_list_of_an_empty_store(store: TaskStore) -> None:
+    page = await store.list()
+    assert page.items == [] and page.next_cursor is None
+
+
+async def test_list_returns_tasks_in_submit_order(store: TaskStore) -> None:
+    submitted = [await store.submit("t", {"i": i}, priority=i % 3) for i in range(6)]
+    page = await store.list()
+    assert page.items == submitted
+    assert page.next_cursor is None
+
+
+async def test_filters(store: TaskStore) -> None:
+    root = await store.submit("root", queue="q1", correlation_id="c1")
+    child = await store.submit("child", queue="q2", parent=root, partition="p1")
+    other = await store.submit("other", queue="q1", partition="p2", correlation_id="c1")
+    lone = await store.submit("child", queue="q2", correlation_id="c2")
+    await store.claim("q1", worker_id="w")  # root is running
+    await store.cancel(lone.id)
+
+    async def ids(**filters: str) -> list[str]:
+        return [t.id for t in (await store.list(**filters)).items]  # type: ignore[arg-type]
+
+    assert await ids(queue="q1") == [root.id, other.id]
+    assert await ids(queue="q2") == [child.id, lone.id]
+    assert await ids(name="child") == [child.id, lone.id]
+    assert await ids(partition="p1") == [child.id]
+    assert await ids(root_id=root.id) == [root.id, child.id]
+    assert await ids(correlation_id="c1") == [root.id, other.id]
+    assert await ids(status="running") == [root.id]
+    assert await ids(status="cancelled") == [lone.id]
+    assert await ids(status="queued") == [child.id, other.id]
+    assert await ids(status="succeeded") == []
+    assert await ids(queue="q2", name="child", status="queued") == [child.id]
+    assert await ids(queue="nope") == []
+    assert await ids(name="child", correlation_id="c1") == []
+
+
+async def test_status_filter_takes_the_enum(store: TaskStore) -> None:
+    a = await store.submit("a")
+    await store.submit("b")
+    await store.cancel(a.id)
+    page = await store.list(status=Status.CANCELLED)
+    assert [t.id for t in page.items] == [a.id]
+
+
+async def test_pagination_walks_every_task_once(store: TaskStore) -> None:
+    submitted = await store.submit_many([{"name": "t", "payload": i} for i in range(25)])
+    pages = await _all_pages(store, limit=7)
+    assert [len(p) for p in pages] == [7, 7, 7, 4]
+    seen = [t.id for p in pages for t in p]
+    assert seen == [t.id for t in submitted]
+
+
+async def test_last_full_page_has_no_cursor(store: TaskStore) -> None:
+    await store.submit_many([{"name": "t"} for _ in range(10)])
+    first = await store.list(limit=5)
+    assert len(first.items) == 5 and first.next_cursor is not None
+    second = await store.list(limit=5, cursor=first.next_cursor)
+    assert len(second.items) == 5 and second.next_cursor is None
+
+
+async def test_pagination_with_a_filter(store: TaskStore) -> None:
+    submitted = await store.submit_many(
+        [{"name": "t", "queue": "even" if i % 2 == 0 else "odd"} for i in range(30)]
+    )
+    for t in submitted[:10]:
+        await store.cancel(t.id)
+    pages = await _all_pages(store, limit=4, queue="even", status="queued")
+    seen = [t.id for p in pages for t in p]
+    expected = [t.id for t in submitted[10:] if t.queue == "even"]
+    assert seen == expected
+    assert all(t.queue == "even" and t.status is Status.QUEUED for p in pages for t in p)
+
+
+async def test_pagination_is_stable_while_tasks_are_inserted(store: TaskStore) -> None:
+    submitted = await store.submit_many([{"name": "t", "payload": i} for i in range(12)])
+    seen: list[str] = []
+    page = await store.list(limit=5)
+    seen += [t.id for t in page.items]
+    late: list[Task] = []
+    while page.next_cursor is not None:
+        late.append(await store.submit("late"))
+        late.append(await store.submit("late", priority=99))
+        page = await store.list(limit=5, cursor=page.next_cursor)
+        seen += [t.id for t in page.items]
+    assert len(seen) == len(set(seen))
+    assert seen[:12] == [t.id for t in submitted]
+    # everything inserted during the walk was reached, after the originals, in order
+    assert seen[12:] == [t.id for t in late]
+
+
+async def test_pagination_skips_nothing_when_listed_tasks_change(store: TaskStore) -> None:
+    submitted = await store.submit_many([{"name": "t", "queue": "q"} for _ in range(9)])
+    first = await store.list(limit=3)
+    await store.claim("q", worker_id="w", limit=5)  # status changes under the cursor
+    cursor = first.next_cursor
+    seen = [t.id for t in first.items]
+    while cursor is not None:
+        page = await store.list(limit=3, cursor=cursor)
+        seen += [t.id for t in page.items]
+        cursor = page.next_cursor
+    assert seen == [t.id for t in submitted]
+
+
+@pytest.mark.parametrize(
+    "cursor",
+    [
+        "garbage!!",
+        "",
+        "e30",  # base64 of "{}"
+        base64.urlsafe_b64encode(json.dumps({"s": "x"}).encode()).decode(),
+        base64.urlsafe_b64encode(b"\xff\xfe").decode(),
+    ],
+)
+async def test_invalid_cursor(store: TaskStore, cursor: str) -> None:
+    await store.submit("t")
+    with pytest.raises(InvalidArgument) as info:
+        await store.list(cursor=cursor)
+    assert info.value.field == "cursor"
+
+
+@pytest.mark.parametrize("limit", [0, -1, "10", 1.5, None])
+async def test_invalid_limit(store: TaskStore, limit: object) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        await store.list(limit=limit)  # type: ignore[arg-type]
+    assert info.value.field == "limit"
+
+
+async def test_invalid_status(store: TaskStore) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        await store.list(status="done")
+    assert info.value.field == "status"
