@@ -293,6 +293,10 @@ class TaskStore(abc.ABC):
         """Make a candidate-selection statement safe against concurrent claimers."""
 
     @abc.abstractmethod
+    def _lock_rows(self, stmt: Select[Any]) -> Select[Any]:
+        """Make a read lock the rows it returns until commit, waiting for holders."""
+
+    @abc.abstractmethod
     async def _lock_for_backfill(self, conn: AsyncConnection) -> None:
         """Wait out producers in flight so a new group's backfill misses none of them."""
 
@@ -1029,8 +1033,19 @@ class TaskStore(abc.ABC):
         available, which is what fair stream selection orders by.
         """
         for queue, grp, partition in sorted(set(keys)):
+            # Lock the stream row before reading its head: a transition committed by
+            # another transaction while we wait is then visible to the reads below,
+            # so nobody writes back a head computed from a stale view.
+            locked = self._lock_rows(q.stream_state(queue, grp, partition))
+            state = (await conn.execute(locked)).first()
+            if state is None:
+                await conn.execute(
+                    self._upsert(s)
+                    .values(queue=queue, grp=grp, partition=partition)
+                    .on_conflict_do_nothing(index_elements=["queue", "grp", "partition"])
+                )
+                state = (await conn.execute(locked)).first()
             head = (await conn.execute(q.stream_head(queue, grp, partition, self._now()))).first()
-            state = (await conn.execute(q.stream_state(queue, grp, partition))).first()
             available: int | None = None
             head_seq = None if head is None else head.task_seq
             priority = None if head is None else head.priority
@@ -1041,18 +1056,7 @@ class TaskStore(abc.ABC):
                         available = max(state.available_at, head.run_at)
                     else:
                         available = max(head.now, head.run_at)
-            if state is None:
-                await conn.execute(
-                    s.insert().values(
-                        queue=queue,
-                        grp=grp,
-                        partition=partition,
-                        head_seq=head_seq,
-                        priority=priority,
-                        available_at=available,
-                    )
-                )
-            else:
+            if state is None or (state.head_seq, state.available_at) != (head_seq, available):
                 await conn.execute(
                     update(s)
                     .where(s.c.queue == queue, s.c.grp == grp, s.c.partition == partition)
@@ -1288,6 +1292,9 @@ class TaskStore(abc.ABC):
             await self._refresh_streams(conn, [(row.queue, row.grp, row.partition)])
         if done:
             await self._notify(conn, {row.queue}, done=True, task_ids=[task_id])
+            if row.partition is not None:
+                # The stream's next task may be claimable now.
+                await self._notify(conn, {row.queue}, done=False)
         elif values.get("status") == q.QUEUED:
             await self._notify(conn, {row.queue}, done=False)
         return (await self._fetch_tasks(conn, grp, ids=[task_id]))[task_id]

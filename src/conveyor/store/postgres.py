@@ -8,35 +8,50 @@ What differs from SQLite, and only that:
 * no probe — an idle claim takes no lock worth avoiding;
 * the lock a new consumer group's backfill takes to wait out producers in flight,
   and the advisory lock that serialises migrations;
-* transient errors — serialization failures (40001) and deadlocks (40P01).
+* transient errors — serialization failures (40001) and deadlocks (40P01);
+* the wake channel — ``pg_notify`` in committing transactions and one LISTEN
+  connection per store (:mod:`conveyor.store.pg_listen`).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
 from sqlalchemy import BigInteger, ColumnElement, Select, cast, event, extract, func, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from conveyor.errors import InvalidArgument
+from conveyor.store import pg_listen
 from conveyor.store.base import TaskStore
 
 TRANSIENT_SQLSTATES = frozenset({"40001", "40P01"})
 ISOLATION_LEVELS = frozenset({"READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"})
 MIGRATION_LOCK = 0x636F6E76  # "conv"
 MAINTENANCE_LOCK = MIGRATION_LOCK + 1
+LISTEN_START_WAIT = 2.0  # seconds open() gives the listener before going on without it
 
 
 class PostgresStore(TaskStore):
     """conveyor on PostgreSQL (psycopg 3)."""
 
-    def __init__(self, url: str, *, isolation_level: str = "READ COMMITTED", **options: Any):
+    def __init__(
+        self,
+        url: str,
+        *,
+        isolation_level: str = "READ COMMITTED",
+        listen: bool = True,
+        **options: Any,
+    ):
         super().__init__(url, **options)
+        #: Whether to hold a LISTEN connection for wake-ups (False: waiters only poll;
+        #: for short-lived producers such as a CLI call). NOTIFY is sent either way.
+        self.listen = listen
+        self._listener: pg_listen.Listener | None = None
         level = str(isolation_level).upper().replace("_", " ")
         if level not in ISOLATION_LEVELS:
             raise InvalidArgument(
@@ -80,6 +95,9 @@ class PostgresStore(TaskStore):
     def _lock_candidates(self, stmt: Select[Any]) -> Select[Any]:
         return stmt.with_for_update(skip_locked=True)
 
+    def _lock_rows(self, stmt: Select[Any]) -> Select[Any]:
+        return stmt.with_for_update()
+
     async def _lock_for_backfill(self, conn: AsyncConnection) -> None:
         # Producers take the stream rows (partitioned submits) and then insert tasks.
         # SHARE locks on both, in that order, wait for every producer in flight and
@@ -118,3 +136,33 @@ class PostgresStore(TaskStore):
 
     def _upsert(self, table: Any) -> Any:
         return pg_insert(table)
+
+    async def _start_wake(self) -> None:
+        if not self.listen:
+            return
+        url = make_url(self.url).set(drivername="postgresql")
+        connect_args = self.engine_options.get("connect_args")
+        self._listener = pg_listen.Listener(
+            url.render_as_string(hide_password=False),
+            on_work=lambda queue: self._wake(queues=[queue]),
+            on_done=lambda task_id: self._wake(task_ids=None if task_id is None else [task_id]),
+            on_reset=lambda: self._wake(queues=None, task_ids=None),
+            connect_kwargs=connect_args if isinstance(connect_args, dict) else None,
+        )
+        await self._listener.start(wait=LISTEN_START_WAIT)
+
+    async def _stop_wake(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            await listener.stop()
+
+    async def _notify(
+        self,
+        conn: AsyncConnection,
+        queues: Iterable[str],
+        done: bool,
+        task_ids: Iterable[str] = (),
+    ) -> None:
+        params = pg_listen.notify_params(queues, done, task_ids)
+        if params is not None:
+            await conn.execute(pg_listen.NOTIFY, params)

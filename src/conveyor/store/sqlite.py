@@ -82,6 +82,10 @@ class SQLiteStore(TaskStore):
         # The whole claim runs under BEGIN IMMEDIATE: the single writer lock is the lock.
         return stmt
 
+    def _lock_rows(self, stmt: Select[Any]) -> Select[Any]:
+        # Writes run under BEGIN IMMEDIATE: nothing else can change the rows meanwhile.
+        return stmt
+
     async def _lock_for_backfill(self, conn: AsyncConnection) -> None:
         # One writer at a time: no producer can be in flight beside this transaction.
         return None
