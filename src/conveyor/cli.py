@@ -33,7 +33,6 @@ Errors are one line on stderr, ``error: ...`` followed by a hint; set
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import re
@@ -421,7 +420,8 @@ def worker(
             "name the module and the App in it, e.g. conveyor worker myapp.tasks:app",
         )
     try:
-        app_module = importlib.import_module("conveyor.app")
+        # Imported here: the other commands must not pay for (or depend on) the worker.
+        from conveyor.app import load_app
     except ModuleNotFoundError as exc:
         if exc.name != "conveyor.app":
             raise
@@ -434,9 +434,7 @@ def worker(
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        application = app_module.load_app(app_path)
-    except ConveyorError:
-        raise
+        application = load_app(app_path)
     except Exception as exc:
         raise CliError(
             EXIT_USAGE,
@@ -448,12 +446,20 @@ def worker(
 
 
 def _describe(exc: BaseException) -> str:
-    """``Type: message (at file:line)`` for an exception raised by user code."""
+    """``Type: message (at file:line)`` for an exception raised while loading user code."""
+    if isinstance(exc, ConveyorError):
+        return " ".join(str(exc).split())
     text = f"{type(exc).__name__}: {exc}"
-    frames = traceback.extract_tb(exc.__traceback__)
-    if frames:
-        last = frames[-1]
-        text += f" (at {last.filename}:{last.lineno})"
+    package = str(Path(__file__).parent)
+    # Point at the user's line, not at importlib's or conveyor's.
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if not f.filename.startswith(("<", package))
+    ]
+    # An ImportError names the module and a SyntaxError its file and line already.
+    if frames and not isinstance(exc, ImportError | SyntaxError):
+        text += f" (at {frames[-1].filename}:{frames[-1].lineno})"
     return " ".join(text.split())
 
 
