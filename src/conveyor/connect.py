@@ -148,6 +148,7 @@ class SyncStore:
     progress = _blocking(TaskStore.progress)
     succeed = _blocking(TaskStore.succeed)
     fail = _blocking(TaskStore.fail)
+    release = _blocking(TaskStore.release)
     subscribe = _blocking(TaskStore.subscribe)
     unsubscribe = _blocking(TaskStore.unsubscribe)
     groups = _blocking(TaskStore.groups)

@@ -1,0 +1,199 @@
+"""Postgres wake-ups: NOTIFY inside committing transactions, one LISTEN connection per store.
+
+Two channels, both scoped to the database (not the server):
+
+* ``conveyor_work`` — payload: a queue name. Sent when tasks become claimable
+  (submit, retry, a retryable failure, a release, a recovered lease).
+* ``conveyor_done`` — payload: a task id, or the empty string for "some tasks
+  finished, look again". Sent when tasks become terminal.
+
+``pg_notify`` runs inside the transaction that makes the change, so a listener
+hears it only after the change commits, and never for a rolled-back one.
+
+The listening side is a :class:`Listener`: its own psycopg ``AsyncConnection`` in
+autocommit mode, outside the SQLAlchemy pool (a pooled connection would carry the
+LISTEN to whoever borrowed it next). Notifications are an accelerator only: every
+waiter also polls, so the listener may be late, down or off without harming
+correctness. After a drop it reconnects with exponential backoff; if the server
+refuses LISTEN outright (a transaction-mode pooler, a hot standby) it turns itself
+off for good and logs once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Literal
+
+import psycopg
+from sqlalchemy import TextClause, text
+
+log = logging.getLogger("conveyor.listen")
+
+WORK_CHANNEL = "conveyor_work"
+DONE_CHANNEL = "conveyor_done"
+APPLICATION_NAME = "conveyor-listener"
+RETRY_FIRST = 0.1  # seconds before the first reconnect; doubles up to RETRY_MAX
+RETRY_MAX = 30.0
+IDLE_CHECK = 30.0  # a quiet connection is probed this often: a dead peer sends no error
+PROBE_TIMEOUT = 10.0
+# Kernel keepalives close a connection whose peer vanished without a FIN (a pulled
+# cable, a NAT that forgot us); the caller's conninfo may override them.
+KEEPALIVES: Mapping[str, Any] = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+}
+
+NOTIFY: TextClause = text(
+    "SELECT pg_notify(n.channel, n.payload) "
+    "FROM unnest(CAST(:channels AS text[]), CAST(:payloads AS text[])) AS n(channel, payload)"
+)
+
+State = Literal["idle", "listening", "down", "off", "stopped"]
+
+
+def notify_params(
+    queues: Iterable[str], done: bool, task_ids: Iterable[str]
+) -> dict[str, list[str]] | None:
+    """Bind parameters of :data:`NOTIFY` for one announcement; ``None`` if empty.
+
+    One statement sends every notification of the transaction. Postgres folds
+    identical notifications of one transaction into one.
+    """
+    if done:
+        ids = sorted(set(task_ids)) or [""]
+        return {"channels": [DONE_CHANNEL] * len(ids), "payloads": ids}
+    names = sorted(set(queues))
+    if not names:
+        return None
+    return {"channels": [WORK_CHANNEL] * len(names), "payloads": names}
+
+
+class Listener:
+    """One LISTEN connection, kept alive in a background task.
+
+    ``on_work(queue)`` and ``on_done(task_id or None)`` are called, on the event
+    loop, for each notification; ``on_reset()`` after a reconnect, because
+    announcements made while the connection was down are lost and every waiter
+    should look again.
+    """
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        on_work: Callable[[str], None],
+        on_done: Callable[[str | None], None],
+        on_reset: Callable[[], None],
+        connect_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._conninfo = conninfo
+        self._kwargs: dict[str, Any] = {
+            **KEEPALIVES,
+            "application_name": APPLICATION_NAME,
+            **(connect_kwargs or {}),
+        }
+        self._on_work = on_work
+        self._on_done = on_done
+        self._on_reset = on_reset
+        self._task: asyncio.Task[None] | None = None
+        self._tried = asyncio.Event()
+        #: ``listening`` while notifications flow; ``off`` once LISTEN was refused.
+        self.state: State = "idle"
+        #: The server process id of the LISTEN connection while it is up.
+        self.backend_pid: int | None = None
+        #: How many times the connection was re-established after a drop.
+        self.reconnects = 0
+
+    @property
+    def listening(self) -> bool:
+        """True while notifications can arrive."""
+        return self.state == "listening"
+
+    async def start(self, wait: float) -> None:
+        """Start listening in the background; give the first attempt up to ``wait``
+        seconds, so waiters of a freshly opened store already hear announcements."""
+        if self._task is not None:
+            return
+        self._task = asyncio.create_task(self._run(), name="conveyor-listener")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._tried.wait(), wait)
+
+    async def stop(self) -> None:
+        """Stop listening and close the connection."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.state = "stopped"
+
+    async def _run(self) -> None:
+        delay = RETRY_FIRST
+        connected_before = False
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    self._conninfo, autocommit=True, **self._kwargs
+                )
+            except (psycopg.Error, OSError) as exc:
+                self._down(f"cannot connect: {exc}", delay)
+                await asyncio.sleep(delay * (0.5 + random.random() / 2))
+                delay = min(delay * 2, RETRY_MAX)
+                continue
+            try:
+                try:
+                    await conn.execute(f"LISTEN {WORK_CHANNEL}")
+                    await conn.execute(f"LISTEN {DONE_CHANNEL}")
+                except psycopg.Error as exc:
+                    if isinstance(exc, psycopg.OperationalError) or conn.closed:
+                        raise
+                    # Deterministic refusal: retrying cannot help. Waiters poll.
+                    log.warning(
+                        "the server refused LISTEN (%s): wake-ups are off, workers poll", exc
+                    )
+                    self.state = "off"
+                    self._tried.set()
+                    return
+                self.state = "listening"
+                self.backend_pid = conn.info.backend_pid
+                self._tried.set()
+                delay = RETRY_FIRST
+                if connected_before:
+                    self.reconnects += 1
+                    log.info("listening again (pid %s)", self.backend_pid)
+                    self._on_reset()
+                connected_before = True
+                await self._pump(conn)
+            except (psycopg.Error, OSError, TimeoutError) as exc:
+                self._down(f"connection lost: {exc}", delay)
+            finally:
+                self.backend_pid = None
+                with contextlib.suppress(psycopg.Error, OSError):
+                    await conn.close()
+            await asyncio.sleep(delay * (0.5 + random.random() / 2))
+            delay = min(delay * 2, RETRY_MAX)
+
+    def _down(self, why: str, delay: float) -> None:
+        if self.state != "down":
+            log.warning("wake-up listener %s; polling meanwhile, retrying", why)
+        else:
+            log.debug("wake-up listener %s; retrying in %.1f s", why, delay)
+        self.state = "down"
+        self._tried.set()
+
+    async def _pump(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        while True:
+            async for note in conn.notifies(timeout=IDLE_CHECK):
+                if note.channel == WORK_CHANNEL:
+                    self._on_work(note.payload)
+                elif note.channel == DONE_CHANNEL:
+                    self._on_done(note.payload or None)
+            # Quiet for a while: make sure the peer is still there.
+            async with asyncio.timeout(PROBE_TIMEOUT):
+                await conn.execute("SELECT 1")
