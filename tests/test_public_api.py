@@ -26,6 +26,7 @@ from conveyor.store.sqlite import SQLiteStore
 
 EXPORTS = [
     "AlreadyExists",
+    "App",
     "Backoff",
     "ConfigurationError",
     "ConsumerGroup",

@@ -5,6 +5,7 @@ SQLite for development and embedded use, PostgreSQL for production; one API.
 
 from __future__ import annotations
 
+from conveyor.app import App
 from conveyor.connect import SyncStore, connect, connect_sync
 from conveyor.errors import (
     AlreadyExists,
@@ -22,6 +23,7 @@ from conveyor.store.base import TaskStore
 
 __all__ = [
     "AlreadyExists",
+    "App",
     "Backoff",
     "ConfigurationError",
     "ConsumerGroup",

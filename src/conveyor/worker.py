@@ -1,0 +1,679 @@
+"""The worker: claims tasks of an :class:`~conveyor.app.App`, runs their handlers,
+records the outcome.
+
+What it does, in order of a task's life:
+
+* **claim** in batches of up to the free capacity (``limit`` = free slots); an
+  empty claim sends it to sleep in :meth:`TaskStore.wait_for_work` until a
+  notification (in-process commit, Postgres NOTIFY) or ``poll_interval``;
+* **run**: coroutine handlers on the event loop, plain functions each in a
+  thread of their own. Tasks of one partition claimed together run one after
+  another, in order; if one of them does not finish for good (a retry is
+  scheduled, the lease is lost), the rest are handed back untouched, because
+  running them would overtake it;
+* **heartbeat** every third of the lease while a task is held (running or
+  waiting its turn in a partition batch);
+* **time out** at the task's ``timeout``: a coroutine is cancelled; a thread
+  cannot be killed in Python, so the attempt is recorded as timed out and the
+  thread is left to finish in the background, its result ignored;
+* **record**: ``succeed(result)``, or ``fail(error, retryable=True)`` (the store
+  applies the task's backoff and attempt budget and keeps the traceback). An
+  unknown task name is a terminal failure (``code="unknown_task"``), not a crash
+  loop. Every write carries ``attempt=`` so a stale attempt can never complete a
+  newer one; ``LostLease``/``TaskCancelled`` drop the task quietly;
+* **maintain**: ``store.maintain()`` every ``maintain_interval`` (the store makes
+  sure one caller at a time does the work);
+* **stop**: on :meth:`Worker.stop` (SIGINT/SIGTERM under
+  :meth:`App.run_worker`) it stops claiming, lets running tasks finish within
+  ``grace`` seconds, then hands the rest back with :meth:`TaskStore.release`
+  (claimable at once, the attempt not counted) and returns.
+
+Logs go to the ``conveyor.worker`` logger with ``task_id``, ``queue`` and
+``attempt`` as ``extra`` fields.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import itertools
+import logging
+import os
+import random
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from conveyor import _values as v
+from conveyor.app import TaskCall, TaskFunction, payload_arguments
+from conveyor.errors import (
+    ConveyorError,
+    InvalidArgument,
+    LostLease,
+    StoreUnavailable,
+    TaskCancelled,
+)
+from conveyor.models import Status, Task
+from conveyor.statements import DEFAULT_LEASE
+from conveyor.store.base import TaskStore
+
+if TYPE_CHECKING:
+    from conveyor.app import App
+
+log = logging.getLogger("conveyor.worker")
+
+T = TypeVar("T")
+
+WRITE_RETRIES = 6  # a final write that meets a database outage: ~6 s of retries
+FROM_THREAD_TIMEOUT = 60.0  # a sync handler's ctx call waits this long for the loop
+
+
+class TaskTimeout(ConveyorError):
+    """The handler ran past its task's ``timeout``; the attempt failed."""
+
+    code = "timeout"
+
+
+class UnknownTask(ConveyorError):
+    """No handler is registered under the task's name in this worker."""
+
+    code = "unknown_task"
+
+
+@dataclass(eq=False)
+class _Held:
+    """A task this worker holds a lease on."""
+
+    task: Task
+    interval: float  # seconds between heartbeats
+    next_beat: float  # monotonic time of the next heartbeat
+    handler: asyncio.Future[Any] | None = None
+    lost: bool = False
+    cancelled: bool = False
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        return {"task_id": self.task.id, "queue": self.task.queue, "attempt": self.task.attempt}
+
+
+class Context:
+    """What a handler receives first: the claimed task and ways to report on it.
+
+    Coroutine handlers use ``await ctx.progress(...)`` and ``await
+    ctx.submit_child(...)``. Plain (sync) handlers run in a thread and use the
+    blocking twins :meth:`progress_sync` and :meth:`submit_child_sync`, which
+    carry the call over to the worker's event loop.
+    """
+
+    def __init__(self, worker: Worker, held: _Held, loop: asyncio.AbstractEventLoop) -> None:
+        self._worker = worker
+        self._held = held
+        self._loop = loop
+
+    @property
+    def task(self) -> Task:
+        """The claimed task (``ctx.task.attempt`` tells which attempt this is)."""
+        return self._held.task
+
+    @property
+    def worker_id(self) -> str:
+        """The id of the worker running this task."""
+        return self._worker.worker_id
+
+    @property
+    def store(self) -> TaskStore:
+        """The store the worker claims from."""
+        return self._worker.store
+
+    async def progress(self, fraction: float | None = None, message: str | None = None) -> None:
+        """Record progress (a fraction in [0, 1]) and/or a message.
+
+        Raises :class:`LostLease` (or :class:`TaskCancelled`) when the task is no
+        longer this worker's; let it propagate and the worker drops the task.
+        """
+        task = self._held.task
+        await self._worker.store.progress(
+            task.id,
+            worker_id=self._worker.worker_id,
+            progress=fraction,
+            message=message,
+            group=self._worker.group,
+            attempt=task.attempt,
+        )
+
+    async def submit_child(
+        self, task: TaskFunction[Any, Any] | TaskCall[Any] | str, *args: Any, **kwargs: Any
+    ) -> Task:
+        """Submit a task whose parent is this one (``parent_id``/``root_id`` set,
+        ``correlation_id`` inherited). ``task`` is a task function, one with
+        options bound, or a task name (a name unknown to the app goes to the
+        ``default`` queue)."""
+        if isinstance(task, str):
+            known = self._worker.app.tasks.get(task)
+            call: TaskCall[Any] | None = None if known is None else TaskCall(known, {})
+        elif isinstance(task, TaskFunction):
+            call = TaskCall(task, {})
+        else:
+            call = task
+        parent = self._held.task
+        if call is None:
+            assert isinstance(task, str)
+            request: dict[str, Any] = {
+                "name": task,
+                "payload": {"args": list(args), "kwargs": dict(kwargs)},
+            }
+        else:
+            request = call.request(args, kwargs)
+        request["parent"] = parent.id
+        if request.get("correlation_id") is None and parent.correlation_id is not None:
+            request["correlation_id"] = parent.correlation_id
+        return await self._worker.store.submit(**request)
+
+    def progress_sync(self, fraction: float | None = None, message: str | None = None) -> None:
+        """:meth:`progress` for a sync handler (called from its thread)."""
+        self._from_thread(self.progress(fraction, message))
+
+    def submit_child_sync(
+        self, task: TaskFunction[Any, Any] | TaskCall[Any] | str, *args: Any, **kwargs: Any
+    ) -> Task:
+        """:meth:`submit_child` for a sync handler (called from its thread)."""
+        return self._from_thread(self.submit_child(task, *args, **kwargs))
+
+    def _from_thread(self, coro: Coroutine[Any, Any, T]) -> T:
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            coro.close()
+            raise RuntimeError("on the worker's event loop, await the async method instead")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(FROM_THREAD_TIMEOUT)
+
+
+def _in_thread(func: Callable[..., T], *args: Any, **kwargs: Any) -> asyncio.Future[T]:
+    """Run ``func`` in a new daemon thread; a future of its result on this loop.
+
+    Not ``asyncio.to_thread``: a timed-out handler cannot be stopped, and in the
+    shared executor it would hold a slot (and keep the interpreter from exiting)
+    until it returns. A daemon thread of its own blocks neither.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(result: T | None, error: BaseException | None) -> None:
+        if future.done():  # timed out or cancelled meanwhile: nobody is listening
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
+
+    def target() -> None:
+        try:
+            result = context.run(func, *args, **kwargs)
+        except BaseException as exc:
+            outcome: tuple[T | None, BaseException | None] = (None, exc)
+        else:
+            outcome = (result, None)
+        try:
+            loop.call_soon_threadsafe(settle, *outcome)
+        except RuntimeError:  # the loop is gone (the worker exited): drop it
+            pass
+
+    threading.Thread(target=target, name="conveyor-task", daemon=True).start()
+    return future
+
+
+class Worker:
+    """Runs an app's tasks from ``queues`` until :meth:`stop`; see the module docs.
+
+    ``lease`` (seconds) is the lease asked for each claim; ``None`` uses the
+    queue's configured lease, else 30 s. ``group`` consumes as that consumer
+    group (bus mode). ``maintain_interval=None`` leaves maintenance to others.
+    """
+
+    def __init__(
+        self,
+        app: App,
+        queues: str | Sequence[str] = "default",
+        *,
+        store: TaskStore | None = None,
+        concurrency: int = 10,
+        group: str | None = None,
+        lease: v.Duration | None = None,
+        poll_interval: v.Duration = 1.0,
+        grace: v.Duration = 30.0,
+        maintain_interval: v.Duration | None = 30.0,
+        worker_id: str | None = None,
+    ) -> None:
+        self.app = app
+        self.store = store if store is not None else app.store
+        self.queues = v.names("queues", queues)
+        self.concurrency = v.positive_int("concurrency", concurrency)
+        self.group = v.opt_name("group", group)
+        self.lease = None if lease is None else v.duration_seconds("lease", lease, allow_zero=False)
+        self.poll_interval = v.duration_seconds("poll_interval", poll_interval, allow_zero=False)
+        self.grace = v.duration_seconds("grace", grace)
+        self.maintain_interval = (
+            None
+            if maintain_interval is None
+            else v.duration_seconds("maintain_interval", maintain_interval, allow_zero=False)
+        )
+        self.worker_id = v.name(
+            "worker_id",
+            worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}",
+        )
+        self._held: dict[str, _Held] = {}
+        self._runners: set[asyncio.Task[None]] = set()
+        self._queue_leases: dict[str, float] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._forced: asyncio.Event | None = None
+        self._slot_freed: asyncio.Event | None = None
+        self._stop_calls = 0
+        self._running = False
+
+    # ----------------------------------------------------------- control
+    @property
+    def held(self) -> int:
+        """How many tasks the worker holds leases on right now."""
+        return len(self._held)
+
+    def stop(self) -> None:
+        """Ask the worker to stop (safe from any thread and from signal handlers).
+
+        The first call stops claiming and starts the grace period; a second one
+        ends the grace period at once.
+        """
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            self._stop_calls += 1
+            return
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if here is loop:
+            self._request_stop()
+        else:
+            loop.call_soon_threadsafe(self._request_stop)
+
+    def _request_stop(self) -> None:
+        self._stop_calls += 1
+        assert self._stopping is not None and self._forced is not None
+        if not self._stopping.is_set():
+            log.info("stopping: no more claims; %d task(s) in flight", len(self._held))
+            self._stopping.set()
+        elif not self._forced.is_set():
+            log.info("stopping now: the grace period is cut short")
+            self._forced.set()
+
+    async def run(self) -> None:
+        """Claim and run tasks until :meth:`stop`, then wind down and return."""
+        if self._running:
+            raise RuntimeError("this worker is already running")
+        self._running = True
+        self._loop = asyncio.get_running_loop()
+        self._stopping, self._forced = asyncio.Event(), asyncio.Event()
+        self._slot_freed = asyncio.Event()
+        for _ in range(self._stop_calls):  # stop() called before run()
+            self._request_stop()
+        try:
+            await self.store.open()
+            await self._refresh_leases()
+            background = [asyncio.create_task(self._heartbeat_loop(), name="conveyor-heartbeat")]
+            if self.maintain_interval is not None:
+                background.append(
+                    asyncio.create_task(self._maintain_loop(), name="conveyor-maintain")
+                )
+            log.info(
+                "worker %s started: queues %s, concurrency %d%s",
+                self.worker_id,
+                ",".join(self.queues),
+                self.concurrency,
+                f", group {self.group}" if self.group else "",
+            )
+            try:
+                await self._claim_loop()
+                await self._wind_down()
+            finally:
+                for job in background:
+                    job.cancel()
+                await asyncio.gather(*background, return_exceptions=True)
+            log.info("worker %s stopped", self.worker_id)
+        finally:
+            self._running = False
+
+    # ------------------------------------------------------------ claiming
+    async def _claim_loop(self) -> None:
+        assert self._stopping is not None and self._slot_freed is not None
+        failures = 0
+        while not self._stopping.is_set():
+            free = self.concurrency - len(self._held)
+            if free <= 0:
+                self._slot_freed.clear()
+                await self._until(self._slot_freed.wait())
+                continue
+            try:
+                tasks = await self.store.claim(
+                    self.queues,
+                    worker_id=self.worker_id,
+                    lease=self.lease,
+                    limit=free,
+                    group=self.group,
+                )
+            except (ConveyorError, OSError) as exc:
+                failures += 1
+                pause = min(self.poll_interval * 2 ** min(failures, 6), 30.0)
+                log.warning("claim failed (%s); trying again in %.1f s", exc, pause)
+                await self._until(asyncio.sleep(pause))
+                continue
+            failures = 0
+            if not tasks:
+                # Also wake when a slot frees: finishing a partitioned task can
+                # make the next one of its stream claimable.
+                self._slot_freed.clear()
+                await self._until(
+                    self.store.wait_for_work(self.queues, self.poll_interval),
+                    self._slot_freed.wait(),
+                )
+                continue
+            if self._stopping.is_set():
+                # Claimed while being asked to stop: nothing started, hand back now.
+                await asyncio.gather(*(self._release(self._hold(task)) for task in tasks))
+                break
+            self._dispatch(tasks)
+
+    async def _until(self, *waits: Awaitable[Any]) -> None:
+        """Wait for the first of ``waits`` or for stop, whichever comes first."""
+        assert self._stopping is not None
+        jobs = [asyncio.ensure_future(w) for w in (*waits, self._stopping.wait())]
+        try:
+            await asyncio.wait(jobs, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for job in jobs:
+                job.cancel()
+            await asyncio.gather(*jobs, return_exceptions=True)
+
+    def _hold(self, task: Task) -> _Held:
+        interval = self._lease_for(task.queue) / 3
+        held = _Held(task=task, interval=interval, next_beat=time.monotonic() + interval)
+        self._held[task.id] = held
+        return held
+
+    def _dispatch(self, tasks: list[Task]) -> None:
+        # A claim returns one stream's tasks (in order) or unpartitioned ones.
+        for partition, batch in itertools.groupby(tasks, key=lambda t: t.partition):
+            helds = [self._hold(task) for task in batch]
+            if partition is None:
+                for held in helds:
+                    self._start(self._run_one(held), held.task.id)
+            else:
+                self._start(self._run_stream(helds), f"{partition}:{helds[0].task.id}")
+
+    def _start(self, coro: Coroutine[Any, Any, None], label: str) -> None:
+        runner = asyncio.create_task(coro, name=f"conveyor-run-{label}")
+        self._runners.add(runner)
+        runner.add_done_callback(self._runners.discard)
+
+    def _let_go(self, held: _Held) -> None:
+        if self._held.get(held.task.id) is held:
+            del self._held[held.task.id]
+            assert self._slot_freed is not None
+            self._slot_freed.set()
+
+    # ------------------------------------------------------------- running
+    async def _run_one(self, held: _Held) -> None:
+        try:
+            await self._execute(held)
+        finally:
+            self._let_go(held)
+
+    async def _run_stream(self, helds: list[_Held]) -> None:
+        assert self._stopping is not None
+        for i, held in enumerate(helds):
+            try:
+                settled = await self._execute(held)
+            finally:
+                self._let_go(held)
+            rest = helds[i + 1 :]
+            if rest and (not settled or self._stopping.is_set()):
+                # A later task must not overtake one that will run again, and after
+                # stop() nothing new starts: hand the rest back, in order.
+                for later in rest:
+                    await self._release(later)
+                    self._let_go(later)
+                return
+
+    async def _execute(self, held: _Held) -> bool:
+        """Run one task and record its outcome. True when the task reached a
+        terminal status (so the next task of its stream may run)."""
+        task = held.task
+        fn = self.app.tasks.get(task.name)
+        if fn is None:
+            known = ", ".join(sorted(self.app.tasks)) or "none"
+            error = UnknownTask(
+                f"no task named {task.name!r} is registered in this worker's app (known: {known})"
+            )
+            log.error("unknown task %s", task.name, extra=held.extra)
+            return await self._fail(held, error, retryable=False)
+        args, kwargs = payload_arguments(task.payload)
+        ctx = Context(self, held, asyncio.get_running_loop())
+        if fn.is_async:
+            handler: asyncio.Future[Any] = asyncio.ensure_future(fn.func(ctx, *args, **kwargs))
+        else:
+            handler = _in_thread(fn.func, ctx, *args, **kwargs)
+        held.handler = handler
+        log.debug("running %s", task.name, extra=held.extra)
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(fn.timeout) as scope:
+                result = await handler
+        except LostLease as exc:
+            log.info("dropped: %s", exc, extra=held.extra)
+            return isinstance(exc, TaskCancelled)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if held.lost and (current is None or not current.cancelling()):
+                log.info("dropped: the lease was lost while running", extra=held.extra)
+                return held.cancelled
+            raise
+        except TimeoutError as exc:
+            if not scope.expired():
+                return await self._fail(held, exc, retryable=True)
+            if not fn.is_async:
+                log.warning(
+                    "timed out; the handler's thread cannot be stopped and is left to "
+                    "finish in the background",
+                    extra=held.extra,
+                )
+            return await self._fail(
+                held,
+                TaskTimeout(f"{task.name} ran past its timeout of {fn.timeout:g} s"),
+                retryable=True,
+            )
+        except Exception as exc:
+            log.info("attempt failed: %r", exc, extra=held.extra)
+            return await self._fail(held, exc, retryable=True)
+        finally:
+            held.handler = None
+        log.debug("succeeded in %.3f s", time.monotonic() - started, extra=held.extra)
+        return await self._succeed(held, result)
+
+    # -------------------------------------------------------------- writes
+    async def _succeed(self, held: _Held, result: Any) -> bool:
+        task = held.task
+        try:
+            await self._write(
+                held,
+                lambda: self.store.succeed(
+                    task.id,
+                    worker_id=self.worker_id,
+                    result=result,
+                    group=self.group,
+                    attempt=task.attempt,
+                ),
+            )
+        except InvalidArgument as exc:  # the result is not JSON
+            return await self._fail(held, exc, retryable=False)
+        except LostLease as exc:
+            log.info("dropped at completion: %s", exc, extra=held.extra)
+            return isinstance(exc, TaskCancelled)
+        except (ConveyorError, OSError) as exc:
+            log.error(
+                "could not record success (%s); the lease will run out", exc, extra=held.extra
+            )
+            return False
+        return True
+
+    async def _fail(self, held: _Held, error: BaseException, *, retryable: bool) -> bool:
+        task = held.task
+        try:
+            after = await self._write(
+                held,
+                lambda: self.store.fail(
+                    task.id,
+                    worker_id=self.worker_id,
+                    error=error,
+                    retryable=retryable,
+                    group=self.group,
+                    attempt=task.attempt,
+                ),
+            )
+        except LostLease as exc:
+            log.info("dropped at failure: %s", exc, extra=held.extra)
+            return isinstance(exc, TaskCancelled)
+        except (ConveyorError, OSError) as exc:
+            log.error(
+                "could not record failure (%s); the lease will run out", exc, extra=held.extra
+            )
+            return False
+        if after.status is Status.QUEUED:
+            log.info("will retry at %s", after.run_at.isoformat(), extra=held.extra)
+            return False
+        log.warning(
+            "failed for good: %s", after.error and after.error.get("message"), extra=held.extra
+        )
+        return True
+
+    async def _write(self, held: _Held, call: Callable[[], Awaitable[T]]) -> T:
+        """A final write, retried through a short database outage (the lease keeps
+        the task ours meanwhile; past it, recovery hands the task to others)."""
+        pause = 0.1
+        for attempt in range(WRITE_RETRIES + 1):
+            try:
+                return await call()
+            except StoreUnavailable as exc:
+                if attempt == WRITE_RETRIES:
+                    raise
+                log.warning("write failed (%s); retrying", exc, extra=held.extra)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 2.0)
+        raise AssertionError("unreachable")
+
+    async def _release(self, held: _Held) -> None:
+        task = held.task
+        try:
+            await self.store.release(
+                task.id, worker_id=self.worker_id, group=self.group, attempt=task.attempt
+            )
+            log.info("handed back", extra=held.extra)
+        except LostLease:
+            pass  # finished, recovered or cancelled meanwhile: nothing to hand back
+        except (ConveyorError, OSError) as exc:
+            log.warning("could not hand back (%s); the lease will run out", exc, extra=held.extra)
+        finally:
+            self._let_go(held)
+
+    # ---------------------------------------------------------- background
+    def _lease_for(self, queue: str) -> float:
+        if self.lease is not None:
+            return self.lease
+        return self._queue_leases.get(queue, DEFAULT_LEASE)
+
+    async def _refresh_leases(self) -> None:
+        """Learn the queues' configured lease lengths (only used when ``lease=None``)."""
+        if self.lease is not None:
+            return
+        for queue in self.queues:
+            try:
+                setting = (await self.store.get_queue(queue))["lease"]
+            except (ConveyorError, OSError) as exc:
+                log.warning("cannot read the settings of queue %s: %s", queue, exc)
+                continue
+            self._queue_leases[queue] = float(setting) if setting else DEFAULT_LEASE
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            now = time.monotonic()
+            due = [h for h in self._held.values() if h.next_beat <= now and not h.lost]
+            if due:
+                await asyncio.gather(*(self._beat(h) for h in due))
+            shortest = min((h.interval for h in self._held.values()), default=3.0)
+            await asyncio.sleep(min(1.0, shortest / 4))
+
+    async def _beat(self, held: _Held) -> None:
+        task = held.task
+        try:
+            await self.store.heartbeat(
+                task.id, worker_id=self.worker_id, group=self.group, attempt=task.attempt
+            )
+            held.next_beat = time.monotonic() + held.interval
+        except LostLease as exc:
+            held.lost = True
+            held.cancelled = isinstance(exc, TaskCancelled)
+            log.info("lease lost (%s); stopping the handler", exc, extra=held.extra)
+            if held.handler is not None:
+                held.handler.cancel()
+        except (ConveyorError, OSError) as exc:
+            # Try again soon; the lease has two more intervals of slack.
+            held.next_beat = time.monotonic() + min(1.0, held.interval / 3)
+            log.warning("heartbeat failed: %s", exc, extra=held.extra)
+
+    async def _maintain_loop(self) -> None:
+        assert self.maintain_interval is not None
+        # Spread the workers of a fleet started together over the interval.
+        await asyncio.sleep(random.uniform(0.0, self.maintain_interval))
+        while True:
+            try:
+                counts = await self.store.maintain()
+                if any(counts.get(k) for k in ("recovered", "expired", "evicted", "deleted")):
+                    log.info("maintenance: %s", counts)
+            except (ConveyorError, OSError) as exc:
+                log.warning("maintenance failed: %s", exc)
+            await self._refresh_leases()
+            await asyncio.sleep(self.maintain_interval)
+
+    # ------------------------------------------------------------ stopping
+    async def _wind_down(self) -> None:
+        """Let running tasks finish within the grace period, then hand back the rest."""
+        assert self._forced is not None
+        deadline = time.monotonic() + self.grace
+        if self._runners:
+            log.info("waiting up to %g s for %d task(s)", self.grace, len(self._held))
+        forced = asyncio.ensure_future(self._forced.wait())
+        try:
+            while not forced.done():
+                left = [r for r in self._runners if not r.done()]
+                remaining = deadline - time.monotonic()
+                if not left or remaining <= 0:
+                    break
+                await asyncio.wait(
+                    [*left, forced], timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                )
+        finally:
+            forced.cancel()
+        # Snapshot before cancelling: a cancelled runner lets go of its task.
+        leftovers = list(self._held.values())
+        pending = [r for r in self._runners if not r.done()]
+        for runner in pending:
+            runner.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        if leftovers:
+            log.info("handing back %d task(s)", len(leftovers))
+            await asyncio.gather(*(self._release(h) for h in leftovers))
