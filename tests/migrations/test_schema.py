@@ -1,0 +1,210 @@
+"""The Alembic revisions build exactly ``conveyor.schema``; version checks; concurrent
+first opens (SPEC §1). Each test gets a brand-new database on each backend."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Engine, create_engine, inspect, pool, text
+from sqlalchemy.engine import make_url
+
+import conveyor
+from _support import run_together
+from conveyor import ProtocolVersionMismatch
+from conveyor.migrations import SCRIPT_LOCATION, VERSION_TABLE
+from conveyor.schema import metadata
+
+ADMIN_URL = os.environ.get("CONVEYOR_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def _sync_engine(url: str) -> Engine:
+    parsed = make_url(url)
+    driver = "sqlite" if parsed.get_backend_name() == "sqlite" else "postgresql+psycopg"
+    return create_engine(parsed.set(drivername=driver), poolclass=pool.NullPool)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def fresh_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The URL of a database that has never seen conveyor."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'fresh.db'}"
+        return
+    request.getfixturevalue("pg_url")  # skips (or fails in CI) without a server
+    import psycopg
+
+    admin_dsn = make_url(ADMIN_URL).set(drivername="postgresql").render_as_string(False)
+    name = f"conveyor_schema_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield make_url(ADMIN_URL).set(database=name).render_as_string(False)
+    finally:
+        with psycopg.connect(admin_dsn, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _alembic(engine: Engine, *args: str) -> None:
+    cfg = Config()
+    cfg.set_main_option("script_location", SCRIPT_LOCATION)
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        if args[0] == "upgrade":
+            command.upgrade(cfg, args[1])
+        else:
+            command.downgrade(cfg, args[1])
+
+
+def _assert_matches_metadata(engine: Engine) -> None:
+    with engine.connect() as conn:
+        context = MigrationContext.configure(
+            conn, opts={"version_table": VERSION_TABLE, "compare_type": True}
+        )
+        diff = compare_metadata(context, metadata)
+        tables = set(inspect(conn).get_table_names())
+        versions = conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).all()
+    assert diff == [], f"the migrated schema differs from conveyor.schema: {diff}"
+    assert tables == set(metadata.tables) | {VERSION_TABLE}
+    assert len(versions) == 1
+    _assert_partial_indexes_match(engine)
+
+
+NOISE = {"and", "in", "any", "array", "text", "character", "varying"}
+
+
+def _where_words(clause: object) -> set[str]:
+    """The words of a partial index's WHERE clause, minus how each database spells it."""
+    if clause is None:
+        return set()
+    raw = str(getattr(clause, "text", clause)).lower()
+    return set(re.findall(r"'[^']*'|[a-z_]+", raw)) - NOISE
+
+
+def _assert_partial_indexes_match(engine: Engine) -> None:
+    """compare_metadata does not look at WHERE clauses of partial indexes: we do."""
+    dialect = engine.dialect.name
+    with engine.connect() as conn:
+        inspector = inspect(conn)
+        for table in metadata.sorted_tables:
+            reflected = {ix["name"]: ix for ix in inspector.get_indexes(table.name)}
+            for index in table.indexes:
+                found = reflected.get(index.name)
+                assert found is not None, f"index {index.name} is missing"
+                expected = _where_words(index.dialect_options[dialect].get("where"))
+                actual = _where_words(found.get("dialect_options", {}).get(f"{dialect}_where"))
+                assert actual == expected, f"{index.name}: WHERE {actual} != {expected}"
+
+
+def _conveyor_tables(engine: Engine) -> set[str]:
+    with engine.connect() as conn:
+        return {n for n in inspect(conn).get_table_names() if n.startswith("conveyor_")}
+
+
+def test_alembic_upgrade_head_builds_the_schema(fresh_url: str) -> None:
+    engine = _sync_engine(fresh_url)
+    try:
+        _alembic(engine, "upgrade", "head")
+        _assert_matches_metadata(engine)
+    finally:
+        engine.dispose()
+
+
+async def test_opening_a_store_builds_the_schema(fresh_url: str) -> None:
+    async with conveyor.connect(fresh_url) as store:
+        task = await store.submit("t")
+    engine = _sync_engine(fresh_url)
+    try:
+        _assert_matches_metadata(engine)
+    finally:
+        engine.dispose()
+    async with conveyor.connect(fresh_url) as again:  # reopening migrates nothing
+        assert await again.get(task.id) == task
+
+
+def test_downgrade_removes_everything_and_upgrade_rebuilds_it(fresh_url: str) -> None:
+    engine = _sync_engine(fresh_url)
+    try:
+        _alembic(engine, "upgrade", "head")
+        _alembic(engine, "downgrade", "base")
+        assert _conveyor_tables(engine) <= {VERSION_TABLE}
+        _alembic(engine, "upgrade", "head")
+        _assert_matches_metadata(engine)
+    finally:
+        engine.dispose()
+
+
+async def test_a_newer_protocol_version_is_refused(fresh_url: str) -> None:
+    async with conveyor.connect(fresh_url):
+        pass
+    engine = _sync_engine(fresh_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text("UPDATE conveyor_meta SET value = '999' WHERE key = 'protocol_version'")
+            )
+    finally:
+        engine.dispose()
+    for migrate in (True, False):
+        store = conveyor.connect(fresh_url, migrate=migrate)
+        with pytest.raises(ProtocolVersionMismatch) as info:
+            await store.open()
+        assert info.value.code == "protocol_version_mismatch"
+        await store.close()
+
+
+async def test_an_unknown_schema_revision_is_refused(fresh_url: str) -> None:
+    async with conveyor.connect(fresh_url):
+        pass
+    engine = _sync_engine(fresh_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(f"UPDATE {VERSION_TABLE} SET version_num = 'f00dfeedbeef'"))
+    finally:
+        engine.dispose()
+    store = conveyor.connect(fresh_url)
+    with pytest.raises(ProtocolVersionMismatch):
+        await store.open()
+    await store.close()
+    engine = _sync_engine(fresh_url)
+    try:
+        assert _conveyor_tables(engine) == set(metadata.tables) | {VERSION_TABLE}
+    finally:
+        engine.dispose()
+
+
+async def test_processes_opening_a_fresh_database_at_once(fresh_url: str) -> None:
+    outputs = await asyncio.to_thread(run_together, [["open", fresh_url] for _ in range(4)])
+    assert [json.loads(line) for line in outputs] == ["ok"] * 4
+    engine = _sync_engine(fresh_url)
+    try:
+        _assert_matches_metadata(engine)
+        with engine.connect() as conn:
+            rows = conn.execute(text("SELECT key, value FROM conveyor_meta")).all()
+        assert [tuple(r) for r in rows] == [("protocol_version", "2")]
+    finally:
+        engine.dispose()
+
+
+async def test_stores_opening_a_fresh_database_at_once(fresh_url: str) -> None:
+    stores = [conveyor.connect(fresh_url) for _ in range(4)]
+    try:
+        await asyncio.gather(*(s.open() for s in stores))
+        tasks = await asyncio.gather(*(s.submit("t", {"n": i}) for i, s in enumerate(stores)))
+        assert len({t.id for t in tasks}) == 4
+    finally:
+        await asyncio.gather(*(s.close() for s in stores))
+    engine = _sync_engine(fresh_url)
+    try:
+        _assert_matches_metadata(engine)
+    finally:
+        engine.dispose()
