@@ -57,37 +57,42 @@ def greatest(a: ColumnElement[Any], b: ColumnElement[Any]) -> ColumnElement[Any]
     return case((a > b, a), else_=b)
 
 
+def view_columns() -> list[ColumnElement[Any]]:
+    """Every column a :class:`Task` needs."""
+    return [
+        t.c.seq,
+        t.c.id,
+        t.c.name,
+        t.c.queue,
+        t.c.partition,
+        t.c.payload,
+        t.c.metadata,
+        t.c.priority,
+        d.c.max_attempts,
+        t.c.created_at,
+        t.c.key,
+        t.c.parent_id,
+        t.c.root_id,
+        t.c.correlation_id,
+        d.c.grp,
+        d.c.status,
+        d.c.attempt,
+        d.c.run_at,
+        d.c.started_at,
+        d.c.finished_at,
+        d.c.lease_expires_at,
+        d.c.worker_id,
+        d.c.progress,
+        d.c.progress_message,
+        d.c.result,
+        d.c.error,
+    ]
+
+
 def task_view(grp: str) -> Select[Any]:
-    """Every column a :class:`Task` needs, for queue mode (``grp=''``) or a group."""
+    """The task as queue mode (``grp=''``) or a group sees it."""
     return (
-        select(
-            t.c.seq,
-            t.c.id,
-            t.c.name,
-            t.c.queue,
-            t.c.partition,
-            t.c.payload,
-            t.c.metadata,
-            t.c.priority,
-            d.c.max_attempts,
-            t.c.created_at,
-            t.c.key,
-            t.c.parent_id,
-            t.c.root_id,
-            t.c.correlation_id,
-            d.c.grp,
-            d.c.status,
-            d.c.attempt,
-            d.c.run_at,
-            d.c.started_at,
-            d.c.finished_at,
-            d.c.lease_expires_at,
-            d.c.worker_id,
-            d.c.progress,
-            d.c.progress_message,
-            d.c.result,
-            d.c.error,
-        )
+        select(*view_columns())
         .select_from(t.join(d, d.c.task_seq == t.c.seq))
         .where(d.c.grp == grp)
     )
@@ -255,10 +260,15 @@ def take(
     *,
     worker_id: str,
     lease: float | None,
+    joined: bool,
 ) -> Update:
-    """Lease the given rows to ``worker_id``: running, attempt + 1, lease set."""
+    """Lease the given rows to ``worker_id``: running, attempt + 1, lease set.
+
+    ``joined`` returns the whole task view (an UPDATE … FROM the tasks table), for
+    backends whose RETURNING can read a joined table; otherwise just ``task_seq``.
+    """
     length = lease_seconds(lease)
-    return (
+    stmt = (
         update(d)
         .where(d.c.grp == grp, d.c.task_seq.in_(seqs), d.c.status == QUEUED)
         .values(
@@ -271,8 +281,10 @@ def take(
             progress=None,
             progress_message=None,
         )
-        .returning(d.c.task_seq)
     )
+    if joined:
+        return stmt.where(t.c.seq == d.c.task_seq).returning(*view_columns())
+    return stmt.returning(d.c.task_seq)
 
 
 def expired(now: Now, grp: str | None, queues: Sequence[str] | None) -> list[ColumnElement[bool]]:
@@ -285,23 +297,21 @@ def expired(now: Now, grp: str | None, queues: Sequence[str] | None) -> list[Col
     return cond
 
 
-def requeue_expired(now: Now, grp: str | None, queues: Sequence[str] | None) -> Update:
-    """Expired leases with attempts left: claimable again at once."""
+def recover_expired(now: Now, grp: str | None, queues: Sequence[str] | None, error: str) -> Update:
+    """Expired leases: claimable again at once while attempts remain, else ``failed``
+    with ``error`` (one statement for both outcomes)."""
+    last = d.c.attempt >= d.c.max_attempts
     return (
         update(d)
-        .where(*expired(now, grp, queues), d.c.attempt < d.c.max_attempts)
-        .values(status=QUEUED, lease_expires_at=None, worker_id=None)
-        .returning(d.c.queue, d.c.grp, d.c.partition)
-    )
-
-
-def fail_expired(now: Now, grp: str | None, queues: Sequence[str] | None, error: str) -> Update:
-    """Expired leases on their last attempt: terminal ``failed``."""
-    return (
-        update(d)
-        .where(*expired(now, grp, queues), d.c.attempt >= d.c.max_attempts)
-        .values(status="failed", lease_expires_at=None, finished_at=now, error=error)
-        .returning(d.c.queue, d.c.grp, d.c.partition)
+        .where(*expired(now, grp, queues))
+        .values(
+            status=case((last, literal("failed")), else_=literal(QUEUED)),
+            finished_at=case((last, now), else_=null()),
+            error=case((last, literal(error)), else_=d.c.error),
+            lease_expires_at=None,
+            worker_id=case((last, d.c.worker_id), else_=null()),
+        )
+        .returning(d.c.queue, d.c.grp, d.c.partition, d.c.status, d.c.task_seq)
     )
 
 

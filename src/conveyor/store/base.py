@@ -249,6 +249,9 @@ class TaskStore(abc.ABC):
 
     #: Whether ``claim`` asks a cheap read-only probe before taking the write lock.
     probe_before_claim: ClassVar[bool] = False
+    #: Whether UPDATE … RETURNING may return columns of a joined table (claims then
+    #: lease and read the tasks in one statement).
+    returning_joins: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -956,13 +959,16 @@ class TaskStore(abc.ABC):
         stream = (
             await conn.execute(self._lock_candidates(q.ready_streams(grp, names, now, partition)))
         ).first()
-        plain = None
-        if partition is None:
+        if stream is None and partition is not None:
+            return []
+        use_stream = stream is not None
+        if stream is not None and partition is None:
+            # Streams and unpartitioned work compete: priority, then who waited longest.
             plain = (await conn.execute(q.ready_plain(grp, names, now).limit(1))).first()
-        use_stream = stream is not None and (
-            plain is None
-            or (stream.priority, -stream.available_at) > (plain.priority, -plain.run_at)
-        )
+            use_stream = plain is None or (stream.priority, -stream.available_at) > (
+                plain.priority,
+                -plain.run_at,
+            )
         if use_stream:
             assert stream is not None
             rows = await conn.execute(q.stream_rows(stream.queue, grp, stream.partition, limit))
@@ -974,35 +980,41 @@ class TaskStore(abc.ABC):
                 seqs.append(row.task_seq)
             if not seqs:
                 return []
-            taken = builtins.list(
-                (
-                    await conn.execute(q.take(grp, seqs, now, worker_id=worker_id, lease=lease))
-                ).scalars()
-            )
+            taken = await self._take(conn, grp, seqs, worker_id, lease)
             await self._refresh_streams(conn, [(stream.queue, grp, stream.partition)])
-        elif plain is not None:
-            # A CTE, not an IN-subquery: Postgres may rescan a subquery once per outer
-            # row, and each rescan with SKIP LOCKED would pick further rows past LIMIT.
-            pick = self._lock_candidates(q.ready_plain(grp, names, now).limit(limit)).cte("pick")
-            sub = select(pick.c.task_seq).scalar_subquery()
-            taken = builtins.list(
-                (
-                    await conn.execute(q.take(grp, sub, now, worker_id=worker_id, lease=lease))
-                ).scalars()
-            )
-        else:
-            return []
+            return [task for _, task in sorted(taken, key=lambda pair: pair[0])]
+        # A CTE, not an IN-subquery: Postgres may rescan a subquery once per outer
+        # row, and each rescan with SKIP LOCKED would pick further rows past LIMIT.
+        pick = self._lock_candidates(q.ready_plain(grp, names, now).limit(limit)).cte("pick")
+        taken = await self._take(
+            conn, grp, select(pick.c.task_seq).scalar_subquery(), worker_id, lease
+        )
+        taken.sort(key=lambda pair: (-pair[1].priority, pair[1].run_at, pair[0]))
+        return [task for _, task in taken]
+
+    async def _take(
+        self,
+        conn: AsyncConnection,
+        grp: str,
+        seqs: Any,
+        worker_id: str,
+        lease: float | None,
+    ) -> builtins.list[tuple[int, Task]]:
+        """Lease the rows and return ``(seq, task)`` pairs, in one statement where the
+        backend's RETURNING can read the joined task row."""
+        stmt = q.take(
+            grp, seqs, self._now(), worker_id=worker_id, lease=lease, joined=self.returning_joins
+        )
+        result = await conn.execute(stmt)
+        if self.returning_joins:
+            return [(row.seq, _row_to_task(row)) for row in result]
+        taken = builtins.list(result.scalars())
         found = await self._fetch_tasks(conn, grp, seqs=taken)
-        if use_stream:
-            return [found[seq] for seq in sorted(found)]
-        order = sorted(found, key=lambda seq: (-found[seq].priority, found[seq].run_at, seq))
-        return [found[seq] for seq in order]
+        return builtins.list(found.items())
 
     async def _recover_tx(
         self, conn: AsyncConnection, grp: str | None, names: Sequence[str] | None
     ) -> tuple[int, int]:
-        now = self._now()
-        requeued = builtins.list(await conn.execute(q.requeue_expired(now, grp, names)))
         envelope = json.dumps(
             {
                 "type": "LeaseExpired",
@@ -1012,8 +1024,12 @@ class TaskStore(abc.ABC):
                 "traceback": None,
             }
         )
-        failed = builtins.list(await conn.execute(q.fail_expired(now, grp, names, envelope)))
-        touched = [tuple(r) for r in requeued + failed if r.partition is not None]
+        rows = builtins.list(
+            await conn.execute(q.recover_expired(self._now(), grp, names, envelope))
+        )
+        requeued = [r for r in rows if r.status == q.QUEUED]
+        failed = [r for r in rows if r.status != q.QUEUED]
+        touched = [(r.queue, r.grp, r.partition) for r in rows if r.partition is not None]
         await self._refresh_streams(conn, touched)
         if failed:
             await self._notify(conn, {r.queue for r in failed}, done=True)

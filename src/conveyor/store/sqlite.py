@@ -42,6 +42,8 @@ class SQLiteStore(TaskStore):
     """conveyor on a SQLite file (or ``:memory:`` for throwaway use)."""
 
     probe_before_claim: ClassVar[bool] = True
+    # SQLite's RETURNING may only name columns of the updated table.
+    returning_joins: ClassVar[bool] = False
 
     def __init__(
         self, url: str, *, busy_timeout: float = 10.0, synchronous: str = "NORMAL", **options: Any
