@@ -384,3 +384,22 @@ def delete_group(queue: str, grp: str) -> list[Delete]:
         delete(d).where(d.c.queue == queue, d.c.grp == grp),
         delete(s).where(s.c.queue == queue, s.c.grp == grp),
     ]
+
+
+def claimable(now: Now | int) -> list[ColumnElement[bool]]:
+    """Rows a claim could take now: queued and due, and unpartitioned or the head of
+    a free stream (a task blocked behind its stream's head is not claimable)."""
+    return [
+        d.c.status == QUEUED,
+        d.c.run_at <= now,
+        or_(
+            d.c.partition.is_(None),
+            exists().where(
+                s.c.queue == d.c.queue,
+                s.c.grp == d.c.grp,
+                s.c.partition == d.c.partition,
+                s.c.head_seq == d.c.task_seq,
+                s.c.available_at.is_not(None),
+            ),
+        ),
+    ]

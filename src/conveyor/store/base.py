@@ -1452,7 +1452,7 @@ class TaskStore(abc.ABC):
             )
             oldest_q = (
                 select(d.c.queue, d.c.grp, func.min(d.c.run_at))
-                .where(d.c.status == q.QUEUED, d.c.run_at <= now)
+                .where(*q.claimable(now))
                 .group_by(d.c.queue, d.c.grp)
             )
             if queue is not None:
