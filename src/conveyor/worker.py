@@ -94,6 +94,7 @@ class _Held:
     handler: asyncio.Future[Any] | None = None
     lost: bool = False
     cancelled: bool = False
+    finishing: bool = False  # the outcome is being written; a LostLease then is ours
 
     @property
     def extra(self) -> dict[str, Any]:
@@ -564,6 +565,7 @@ class Worker:
     async def _write(self, held: _Held, call: Callable[[], Awaitable[T]]) -> T:
         """A final write, retried through a short database outage (the lease keeps
         the task ours meanwhile; past it, recovery hands the task to others)."""
+        held.finishing = True
         pause = 0.1
         for attempt in range(WRITE_RETRIES + 1):
             try:
@@ -578,6 +580,7 @@ class Worker:
 
     async def _release(self, held: _Held) -> None:
         task = held.task
+        held.finishing = True
         try:
             await self.store.release(
                 task.id, worker_id=self.worker_id, group=self.group, attempt=task.attempt
@@ -614,7 +617,12 @@ class Worker:
             due = [h for h in self._held.values() if h.next_beat <= now and not h.lost]
             if due:
                 await asyncio.gather(*(self._beat(h) for h in due))
-            shortest = min((h.interval for h in self._held.values()), default=3.0)
+            # Tick at a quarter of the shortest interval, counting queues with nothing
+            # held yet, so a task claimed while idle gets its first beat on time.
+            shortest = min(
+                (h.interval for h in self._held.values()),
+                default=min(self._lease_for(q) for q in self.queues) / 3,
+            )
             await asyncio.sleep(min(1.0, shortest / 4))
 
     async def _beat(self, held: _Held) -> None:
@@ -625,6 +633,8 @@ class Worker:
             )
             held.next_beat = time.monotonic() + held.interval
         except LostLease as exc:
+            if held.finishing:
+                return  # our own succeed/fail/release got there first
             held.lost = True
             held.cancelled = isinstance(exc, TaskCancelled)
             log.info("lease lost (%s); stopping the handler", exc, extra=held.extra)

@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import psycopg
@@ -91,8 +91,10 @@ class Listener:
         on_done: Callable[[str | None], None],
         on_reset: Callable[[], None],
         connect_kwargs: Mapping[str, Any] | None = None,
+        channels: Sequence[str] = (WORK_CHANNEL, DONE_CHANNEL),
     ) -> None:
         self._conninfo = conninfo
+        self._channels = tuple(channels)
         self._kwargs: dict[str, Any] = {
             **KEEPALIVES,
             "application_name": APPLICATION_NAME,
@@ -148,8 +150,8 @@ class Listener:
                 continue
             try:
                 try:
-                    await conn.execute(f"LISTEN {WORK_CHANNEL}")
-                    await conn.execute(f"LISTEN {DONE_CHANNEL}")
+                    for channel in self._channels:  # constants, never user input
+                        await conn.execute(f"LISTEN {channel}")
                 except psycopg.Error as exc:
                     if isinstance(exc, psycopg.OperationalError) or conn.closed:
                         raise

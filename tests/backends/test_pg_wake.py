@@ -1,0 +1,189 @@
+"""Postgres wake-ups: NOTIFY from one store reaches the LISTEN connection of another.
+
+Every test uses two stores on one database — as two processes would — so an
+in-process wake-up cannot be what wakes the waiter; and each uses its own queue
+names, so tests sharing the session's database do not disturb each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import psycopg
+import pytest
+from sqlalchemy.engine import make_url
+
+import conveyor
+from conveyor import Status
+from conveyor.store import pg_listen
+from conveyor.store.postgres import PostgresStore
+from conveyor.worker import Context
+
+
+def _dsn(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+@pytest.fixture
+def queue() -> str:
+    return f"wake-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+async def waiter(pg_url: str) -> AsyncIterator[PostgresStore]:
+    """The store whose listener is under test."""
+    async with conveyor.connect(pg_url) as st:
+        assert isinstance(st, PostgresStore)
+        yield st
+
+
+@pytest.fixture
+async def other(pg_url: str) -> AsyncIterator[PostgresStore]:
+    """Another store, standing in for another process; it does not listen."""
+    async with conveyor.connect(pg_url, listen=False) as st:
+        assert isinstance(st, PostgresStore)
+        yield st
+
+
+async def test_a_notification_wakes_an_idle_waiter_of_that_queue_only(
+    waiter: PostgresStore, other: PostgresStore, queue: str
+) -> None:
+    assert waiter._listener is not None and waiter._listener.listening
+    assert other._listener is None
+    # Another queue's work does not wake us.
+    sleeper = asyncio.create_task(waiter.wait_for_work([queue], 0.6))
+    await asyncio.sleep(0.1)
+    await other.submit("x", queue=f"{queue}-elsewhere")
+    assert await sleeper is False
+    # Our queue's does, long before the 5 s poll would.
+    sleeper = asyncio.create_task(waiter.wait_for_work([queue, "unrelated"], 5))
+    await asyncio.sleep(0.1)
+    sent = time.monotonic()
+    await other.submit("x", queue=queue)
+    assert await asyncio.wait_for(sleeper, 2) is True
+    assert time.monotonic() - sent < 1.0
+
+
+async def test_a_notification_that_lands_before_the_wait_is_not_lost(
+    waiter: PostgresStore, other: PostgresStore, queue: str
+) -> None:
+    # The worker's window between an empty claim and its sleep.
+    assert await waiter.claim(queue, worker_id="w") == []
+    await other.submit("x", queue=queue)
+    await asyncio.sleep(0.3)  # the notification arrives while nobody waits
+    started = time.monotonic()
+    assert await waiter.wait_for_work([queue], 5) is True
+    assert time.monotonic() - started < 0.1
+
+
+async def test_worker_picks_up_work_well_under_its_poll_interval(
+    pg_url: str, other: PostgresStore, queue: str
+) -> None:
+    app = conveyor.App(pg_url)
+
+    @app.task(queue=queue)
+    async def ping(ctx: Context) -> str:
+        return "pong"
+
+    worker = app.worker(queue, poll_interval=5)
+    job = asyncio.create_task(worker.run())
+    try:
+        await asyncio.sleep(0.5)  # idle now: its next poll is ~5 s away
+        latencies = []
+        for _ in range(3):
+            sent = time.monotonic()
+            task = await other.submit(ping.name, queue=queue)
+            done = await other.wait(task.id, timeout=5)
+            latencies.append(time.monotonic() - sent)
+            assert done.status is Status.SUCCEEDED and done.result == "pong"
+        assert max(latencies) < 1.0, latencies
+    finally:
+        worker.stop()
+        await asyncio.wait_for(job, 10)
+        await app.close()
+
+
+async def test_wait_returns_promptly_on_a_completion_by_another_store(
+    waiter: PostgresStore, other: PostgresStore, queue: str
+) -> None:
+    task = await other.submit("x", queue=queue)
+    [claimed] = await other.claim(queue, worker_id="w")
+    assert waiter._done_waker is not None
+    # The notification itself reaches a waiter on that task id.
+    with waiter._done_waker.watch([task.id]) as watch:
+        await other.progress(task.id, worker_id="w", progress=0.5)  # not terminal: silent
+        assert await watch.wait(0.3) is False
+        waiting = asyncio.create_task(waiter.wait(task.id, timeout=10))
+        await asyncio.sleep(1.2)  # wait()'s own polling has backed off to its cap by now
+        sent = time.monotonic()
+        await other.succeed(task.id, worker_id="w", attempt=claimed.attempt, result=1)
+        assert await watch.wait(2) is True
+    done = await asyncio.wait_for(waiting, 2)
+    assert done.status is Status.SUCCEEDED and time.monotonic() - sent < 0.5
+
+
+async def test_listener_reconnects_after_its_backend_is_terminated(
+    waiter: PostgresStore, other: PostgresStore, pg_url: str, queue: str
+) -> None:
+    listener = waiter._listener
+    assert listener is not None and listener.listening
+    old_pid = listener.backend_pid
+    with psycopg.connect(_dsn(pg_url), autocommit=True) as admin:
+        row = admin.execute(
+            "SELECT pid, query FROM pg_stat_activity WHERE pid = %s AND application_name = %s",
+            (old_pid, pg_listen.APPLICATION_NAME),
+        ).fetchone()
+        assert row is not None and row[1].upper().startswith("LISTEN")
+        admin.execute("SELECT pg_terminate_backend(%s)", (old_pid,))
+    deadline = time.monotonic() + 10
+    while not (listener.listening and listener.backend_pid not in (None, old_pid)):
+        assert time.monotonic() < deadline, "the listener did not come back"
+        await asyncio.sleep(0.05)
+    assert listener.reconnects == 1
+    sleeper = asyncio.create_task(waiter.wait_for_work([queue], 5))
+    await asyncio.sleep(0.1)
+    await other.submit("x", queue=queue)
+    assert await asyncio.wait_for(sleeper, 2) is True
+
+
+async def test_a_refused_listen_turns_the_listener_off_for_good(pg_url: str) -> None:
+    woken: list[str | None] = []
+    # A LISTEN the server rejects deterministically, as a transaction-mode pooler would.
+    listener = pg_listen.Listener(
+        _dsn(pg_url),
+        on_work=woken.append,
+        on_done=woken.append,
+        on_reset=lambda: None,
+        channels=["not a channel"],
+    )
+    await listener.start(wait=5)
+    try:
+        assert listener.state == "off" and not listener.listening
+        await asyncio.sleep(0.3)
+        assert listener.state == "off" and listener.reconnects == 0
+    finally:
+        await listener.stop()
+
+
+async def test_an_unreachable_server_means_polling_not_failure(pg_url: str, queue: str) -> None:
+    listener = pg_listen.Listener(
+        _dsn(make_url(pg_url).set(port=1).render_as_string(hide_password=False)),
+        on_work=lambda q: None,
+        on_done=lambda t: None,
+        on_reset=lambda: None,
+    )
+    await listener.start(wait=2)
+    try:
+        assert listener.state == "down"
+    finally:
+        await listener.stop()
+    # And a store without a listener still serves waiters by polling.
+    async with conveyor.connect(pg_url, listen=False) as lonely:
+        assert await lonely.wait_for_work([queue], 0.2) is False
+        task = await lonely.submit("x", queue=queue)
+        [claimed] = await lonely.claim(queue, worker_id="w")
+        await lonely.succeed(task.id, worker_id="w", attempt=claimed.attempt)
+        assert (await lonely.wait(task.id, timeout=2)).status is Status.SUCCEEDED

@@ -1,0 +1,487 @@
+"""The App and the worker, in one process, on both backends (SPEC §2.6)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+
+import conveyor
+from conveyor import LostLease, Status
+from conveyor.app import load_app, payload_arguments
+from conveyor.errors import ConfigurationError
+from conveyor.worker import Context, Worker
+
+
+@pytest.fixture
+async def app(store_url: str) -> AsyncIterator[conveyor.App]:
+    application = conveyor.App(store_url)
+    try:
+        yield application
+    finally:
+        await application.close()
+
+
+@asynccontextmanager
+async def running(worker: Worker) -> AsyncIterator[Worker]:
+    """Run ``worker`` in the background for the block; stop it and wait at the end."""
+    job = asyncio.create_task(worker.run())
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        await asyncio.wait_for(job, 15)
+
+
+async def test_tasks_run_and_results_are_stored(app: conveyor.App) -> None:
+    seen: list[int] = []
+
+    @app.task(queue="math")
+    async def add(ctx: Context, a: int, b: int = 0) -> dict[str, int]:
+        seen.append(ctx.task.attempt)
+        await ctx.progress(0.5, "halfway")
+        return {"sum": a + b}
+
+    async with running(app.worker("math", concurrency=3, poll_interval=0.2)):
+        handles = [await add.submit(i, b=10) for i in range(5)]
+        done = [await app.store.wait(h.id, timeout=10) for h in handles]
+    assert [d.status for d in done] == [Status.SUCCEEDED] * 5
+    assert [d.result for d in done] == [{"sum": i + 10} for i in range(5)]
+    assert all(d.progress == 0.5 and d.progress_message == "halfway" for d in done)
+    assert handles[0].payload == {"args": [0], "kwargs": {"b": 10}}
+    assert handles[0].name == f"{__name__}.test_tasks_run_and_results_are_stored.<locals>.add"
+    assert seen == [1] * 5
+
+
+async def test_task_function_is_still_callable_and_options_apply(app: conveyor.App) -> None:
+    @app.task(name="greet", queue="q", priority=3, max_attempts=7)
+    async def greet(ctx: Any, who: str) -> str:
+        return f"hi {who}"
+
+    assert await greet(None, "you") == "hi you"
+    plain = await greet.submit("a")
+    assert (plain.name, plain.queue, plain.priority, plain.max_attempts) == ("greet", "q", 3, 7)
+    bound = greet.with_options(key="k1", priority=9, queue="other", correlation_id="c", delay=60)
+    t = await bound.submit("b")
+    assert (t.key, t.priority, t.queue, t.correlation_id) == ("k1", 9, "other", "c")
+    assert t.run_at > plain.run_at
+    again = await bound.submit("b")  # the key reuses the first task
+    assert again.id == t.id
+    child = await greet.with_options(parent=t, metadata={"m": 1}).submit("c")
+    assert (child.parent_id, child.root_id, child.metadata) == (t.id, t.id, {"m": 1})
+
+
+async def test_submit_sync_from_a_thread(app: conveyor.App) -> None:
+    @app.task(queue="q")
+    def job(ctx: Context, n: int) -> int:
+        return n
+
+    task = await asyncio.to_thread(job.submit_sync, 41)
+    stored = await app.store.get(task.id)
+    assert stored is not None and stored.payload == {"args": [41], "kwargs": {}}
+    part = await asyncio.to_thread(job.with_options(partition="p").submit_sync, 1)
+    assert part.partition == "p"
+
+
+async def test_retries_use_the_backoff_then_succeed(app: conveyor.App) -> None:
+    attempts: list[tuple[int, float]] = []
+
+    @app.task(queue="q", backoff=0.05, max_attempts=3)
+    async def flaky(ctx: Context) -> str:
+        attempts.append((ctx.task.attempt, time.monotonic()))
+        if ctx.task.attempt < 3:
+            raise RuntimeError(f"boom {ctx.task.attempt}")
+        return "ok"
+
+    async with running(app.worker("q", poll_interval=0.05)):
+        task = await flaky.submit()
+        done = await app.store.wait(task.id, timeout=10)
+    assert done.status is Status.SUCCEEDED and done.result == "ok" and done.attempt == 3
+    assert [a for a, _ in attempts] == [1, 2, 3]
+    # Each retry waited for its backoff (0.05 s, jitter only shortens it by up to 20 %).
+    assert all(b - a >= 0.035 for (_, a), (_, b) in itertools.pairwise(attempts))
+    assert done.error is not None and done.error["message"] == "boom 2"
+
+
+async def test_attempts_exhausted_is_failed_with_the_traceback(app: conveyor.App) -> None:
+    @app.task(queue="q", backoff=0.01, max_attempts=2)
+    async def broken(ctx: Context) -> None:
+        raise KeyError("missing")
+
+    async with running(app.worker("q", poll_interval=0.05)):
+        task = await broken.submit()
+        done = await app.store.wait(task.id, timeout=10)
+    assert done.status is Status.FAILED and done.attempt == 2
+    assert done.error is not None
+    assert done.error["type"] == "KeyError" and done.error["retryable"] is True
+    assert "in broken" in done.error["traceback"]
+
+
+async def test_timeout_fails_the_attempt(app: conveyor.App) -> None:
+    cancelled = asyncio.Event()
+
+    @app.task(queue="q", timeout=0.2, max_attempts=1)
+    async def slow(ctx: Context) -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    release = threading.Event()
+
+    @app.task(queue="q", timeout=0.2, max_attempts=1)
+    def slow_sync(ctx: Context) -> None:
+        release.wait(30)  # a thread cannot be killed: it finishes after the timeout
+
+    async with running(app.worker("q", poll_interval=0.05)):
+        a = await slow.submit()
+        b = await slow_sync.submit()
+        started = time.monotonic()
+        done_a = await app.store.wait(a.id, timeout=10)
+        done_b = await app.store.wait(b.id, timeout=10)
+        elapsed = time.monotonic() - started
+        release.set()
+    assert elapsed < 5
+    assert cancelled.is_set()
+    for done in (done_a, done_b):
+        assert done.status is Status.FAILED
+        assert done.error is not None and done.error["code"] == "timeout"
+        assert "timeout of 0.2 s" in done.error["message"]
+
+
+async def test_timeout_is_retryable(app: conveyor.App) -> None:
+    @app.task(queue="q", timeout=0.2, max_attempts=2, backoff=0.01)
+    async def first_slow(ctx: Context) -> int:
+        if ctx.task.attempt == 1:
+            await asyncio.sleep(30)
+        return ctx.task.attempt
+
+    async with running(app.worker("q", poll_interval=0.05)):
+        done = await app.store.wait((await first_slow.submit()).id, timeout=10)
+    assert (done.status, done.result) == (Status.SUCCEEDED, 2)
+
+
+async def test_sync_handler_runs_in_a_thread(app: conveyor.App) -> None:
+    loop_thread = threading.get_ident()
+    threads: list[int] = []
+
+    @app.task(queue="q")
+    def child(ctx: Context, n: int) -> int:
+        return n * 2
+
+    @app.task(queue="q")
+    def parent(ctx: Context, n: int) -> str:
+        threads.append(threading.get_ident())
+        time.sleep(0.05)  # blocking is fine here: the event loop keeps going
+        ctx.progress_sync(0.9, "nearly")
+        return ctx.submit_child_sync(child, n).id
+
+    async with running(app.worker("q", concurrency=4, poll_interval=0.05)):
+        task = await parent.submit(21)
+        done = await app.store.wait(task.id, timeout=10)
+        kid = await app.store.wait(done.result, timeout=10)
+    assert threads and threads[0] != loop_thread
+    assert done.status is Status.SUCCEEDED and done.progress == 0.9
+    assert (kid.status, kid.result, kid.parent_id, kid.root_id) == (
+        Status.SUCCEEDED,
+        42,
+        task.id,
+        task.id,
+    )
+
+
+async def test_submit_child_by_name_and_function(app: conveyor.App) -> None:
+    @app.task(name="leaf", queue="q")
+    async def leaf(ctx: Context, x: int) -> int:
+        return x + 1
+
+    @app.task(queue="q")
+    async def root(ctx: Context) -> list[str]:
+        a = await ctx.submit_child(leaf, 1)
+        b = await ctx.submit_child("leaf", x=2)
+        c = await ctx.submit_child(leaf.with_options(priority=5), 3)
+        return [a.id, b.id, c.id]
+
+    async with running(app.worker("q", poll_interval=0.05)):
+        task = await root.with_options(correlation_id="corr").submit()
+        done = await app.store.wait(task.id, timeout=10)
+        kids = [await app.store.wait(i, timeout=10) for i in done.result]
+    assert [k.result for k in kids] == [2, 3, 4]
+    assert all(k.parent_id == task.id and k.correlation_id == "corr" for k in kids)
+    assert kids[2].priority == 5
+
+
+async def test_unknown_task_name_is_a_terminal_failure(app: conveyor.App) -> None:
+    async with running(app.worker("q", poll_interval=0.05)):
+        task = await app.store.submit("nobody.knows", {"x": 1}, queue="q", max_attempts=5)
+        done = await app.store.wait(task.id, timeout=10)
+    assert done.status is Status.FAILED and done.attempt == 1
+    assert done.error is not None
+    assert done.error["code"] == "unknown_task" and done.error["retryable"] is False
+    assert "nobody.knows" in done.error["message"]
+
+
+async def test_result_that_is_not_json_fails_for_good(app: conveyor.App) -> None:
+    @app.task(queue="q")
+    async def weird(ctx: Context) -> object:
+        return object()
+
+    async with running(app.worker("q", poll_interval=0.05)):
+        done = await app.store.wait((await weird.submit()).id, timeout=10)
+    assert done.status is Status.FAILED and done.attempt == 1
+    assert done.error is not None and done.error["code"] == "invalid_argument"
+
+
+async def test_partition_stream_runs_in_order(app: conveyor.App) -> None:
+    order: list[int] = []
+    running_now = 0
+    overlap = False
+
+    @app.task(queue="q", backoff=0.05)
+    async def step(ctx: Context, i: int) -> None:
+        nonlocal running_now, overlap
+        running_now += 1
+        overlap = overlap or running_now > 1
+        try:
+            await asyncio.sleep(0.01)
+            if i == 3 and ctx.task.attempt == 1:
+                raise RuntimeError("once")  # its retry must not be overtaken by 4, 5, ...
+            order.append(i)
+        finally:
+            running_now -= 1
+
+    handles = [await step.with_options(partition="cust-7").submit(i) for i in range(8)]
+    async with running(app.worker("q", concurrency=4, poll_interval=0.05)):
+        done = [await app.store.wait(h.id, timeout=10) for h in handles]
+    assert all(d.status is Status.SUCCEEDED for d in done)
+    assert order == list(range(8))
+    assert not overlap
+    assert done[3].attempt == 2 and {d.attempt for i, d in enumerate(done) if i != 3} == {1}
+
+
+async def test_partition_from_a_function_of_the_arguments(app: conveyor.App) -> None:
+    @app.task(queue="q", partition=lambda customer, **_: f"cust-{customer}")
+    async def bill(ctx: Context, customer: int, amount: int) -> None:
+        return None
+
+    t = await bill.submit(7, amount=3)
+    assert t.partition == "cust-7"
+    assert (await bill.with_options(partition="x").submit(7, amount=1)).partition == "x"
+
+
+async def test_claims_in_batches_up_to_concurrency(app: conveyor.App) -> None:
+    gate = asyncio.Event()
+    peak = 0
+    now = 0
+
+    @app.task(queue="q")
+    async def hold(ctx: Context) -> None:
+        nonlocal peak, now
+        now += 1
+        peak = max(peak, now)
+        await gate.wait()
+        now -= 1
+
+    handles = [await hold.submit() for _ in range(7)]
+    async with running(app.worker("q", concurrency=3, poll_interval=0.05)) as worker:
+        for _ in range(200):
+            if worker.held == 3:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        assert worker.held == 3 and peak == 3
+        gate.set()
+        done = [await app.store.wait(h.id, timeout=10) for h in handles]
+    assert all(d.status is Status.SUCCEEDED for d in done) and peak == 3
+
+
+async def test_an_in_process_submit_wakes_an_idle_worker_at_once(app: conveyor.App) -> None:
+    @app.task(queue="q")
+    async def ping(ctx: Context) -> str:
+        return "pong"
+
+    async with running(app.worker("q", poll_interval=30)):
+        await asyncio.sleep(0.2)  # the worker is asleep now, for up to 30 s
+        started = time.monotonic()
+        done = await app.store.wait((await ping.submit()).id, timeout=5)
+        latency = time.monotonic() - started
+    assert done.result == "pong" and latency < 1.0
+
+
+async def test_cancel_while_running_stops_the_handler(app: conveyor.App) -> None:
+    started = asyncio.Event()
+    stopped = asyncio.Event()
+
+    @app.task(queue="q")
+    async def endless(ctx: Context) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            stopped.set()
+            raise
+
+    # lease 0.6 s: a heartbeat every 0.2 s notices the cancellation.
+    async with running(app.worker("q", lease=0.6, poll_interval=0.05)) as worker:
+        task = await endless.submit()
+        await asyncio.wait_for(started.wait(), 5)
+        await app.store.cancel(task.id)
+        await asyncio.wait_for(stopped.wait(), 5)
+        for _ in range(100):
+            if worker.held == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert worker.held == 0
+    final = await app.store.get(task.id)
+    assert final is not None and final.status is Status.CANCELLED
+
+
+async def test_heartbeats_keep_a_long_task_leased(app: conveyor.App) -> None:
+    @app.task(queue="q")
+    async def long(ctx: Context) -> int:
+        await asyncio.sleep(1.2)  # twice the lease
+        return ctx.task.attempt
+
+    async with running(app.worker("q", lease=0.6, poll_interval=0.05)):
+        task = await long.submit()
+        done = await app.store.wait(task.id, timeout=10)
+    assert (done.status, done.result, done.attempt) == (Status.SUCCEEDED, 1, 1)
+
+
+async def test_stop_hands_back_what_outlives_the_grace_period(app: conveyor.App) -> None:
+    started = asyncio.Event()
+
+    @app.task(queue="q")
+    async def stuck(ctx: Context) -> None:
+        started.set()
+        await asyncio.sleep(30)
+
+    @app.task(queue="q")
+    async def quick(ctx: Context) -> str:
+        started.set()
+        await asyncio.sleep(0.1)
+        return "done"
+
+    worker = app.worker("q", concurrency=2, grace=0.5, poll_interval=0.05)
+    job = asyncio.create_task(worker.run())
+    a = await stuck.submit()
+    b = await quick.submit()
+    for _ in range(200):
+        if worker.held == 2:
+            break
+        await asyncio.sleep(0.01)
+    began = time.monotonic()
+    worker.stop()
+    await asyncio.wait_for(job, 10)
+    assert 0.4 < time.monotonic() - began < 3
+    back = await app.store.get(a.id)
+    assert back is not None
+    assert (back.status, back.attempt, back.worker_id, back.lease_expires_at) == (
+        Status.QUEUED,
+        0,
+        None,
+        None,
+    )
+    finished = await app.store.get(b.id)
+    assert finished is not None and finished.status is Status.SUCCEEDED
+    [again] = await app.store.claim("q", worker_id="other")  # claimable at once
+    assert again.id == a.id and again.attempt == 1
+
+
+async def test_second_stop_cuts_the_grace_period_short(app: conveyor.App) -> None:
+    started = asyncio.Event()
+
+    @app.task(queue="q")
+    async def stuck(ctx: Context) -> None:
+        started.set()
+        await asyncio.sleep(30)
+
+    worker = app.worker("q", grace=20, poll_interval=0.05)
+    job = asyncio.create_task(worker.run())
+    task = await stuck.submit()
+    await asyncio.wait_for(started.wait(), 5)
+    worker.stop()
+    await asyncio.sleep(0.1)
+    worker.stop()
+    await asyncio.wait_for(job, 5)
+    back = await app.store.get(task.id)
+    assert back is not None and back.status is Status.QUEUED
+
+
+async def test_group_worker_consumes_as_its_group(app: conveyor.App) -> None:
+    @app.task(queue="bus")
+    async def event(ctx: Context, n: int) -> str:
+        return f"{ctx.task.group}:{n}"
+
+    await app.store.subscribe("bus", "audit")
+    task = await event.submit(1)
+    async with running(app.worker("bus", group="audit", poll_interval=0.05)):
+        done = await app.store.wait(task.id, group="audit", timeout=10)
+    assert done.result == "audit:1"
+    queue_mode = await app.store.get(task.id)
+    assert queue_mode is not None and queue_mode.status is Status.QUEUED
+
+
+async def test_release_gives_the_attempt_back(store: conveyor.TaskStore) -> None:
+    task = await store.submit("x", queue="q")
+    [claimed] = await store.claim("q", worker_id="w1")
+    with pytest.raises(LostLease):
+        await store.release(task.id, worker_id="someone-else")
+    with pytest.raises(LostLease):
+        await store.release(task.id, worker_id="w1", attempt=2)
+    back = await store.release(task.id, worker_id="w1", attempt=claimed.attempt)
+    assert (back.status, back.attempt, back.worker_id, back.lease_expires_at) == (
+        Status.QUEUED,
+        0,
+        None,
+        None,
+    )
+    assert back.run_at >= claimed.run_at
+    [again] = await store.claim("q", worker_id="w2")
+    assert again.attempt == 1
+    with pytest.raises(LostLease):
+        await store.release(task.id, worker_id="w1")
+
+
+def test_payload_arguments() -> None:
+    assert payload_arguments(None) == ([], {})
+    assert payload_arguments({"args": [1], "kwargs": {"a": 2}}) == ([1], {"a": 2})
+    assert payload_arguments({"args": [1]}) == ([1], {})
+    assert payload_arguments({"to": "a@b.c"}) == ([], {"to": "a@b.c"})
+    assert payload_arguments([1, 2]) == ([1, 2], {})
+    assert payload_arguments(5) == ([5], {})
+
+
+def test_load_app(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "myapp_for_load.py").write_text(
+        "import conveyor\napp = conveyor.App('sqlite://')\nnot_app = 3\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert isinstance(load_app("myapp_for_load:app"), conveyor.App)
+    with pytest.raises(ConfigurationError):
+        load_app("myapp_for_load:not_app")
+    with pytest.raises(ConfigurationError):
+        load_app("myapp_for_load:missing")
+    with pytest.raises(ConfigurationError):
+        load_app("no-colon")
+    with pytest.raises(ModuleNotFoundError):
+        load_app("no_such_module_here:app")
+
+
+def test_duplicate_task_names_are_refused() -> None:
+    app = conveyor.App("sqlite://")
+
+    @app.task(name="same")
+    async def one(ctx: Context) -> None: ...
+
+    with pytest.raises(ConfigurationError):
+
+        @app.task(name="same")
+        async def two(ctx: Context) -> None: ...
