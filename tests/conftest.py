@@ -63,8 +63,12 @@ def pg_url() -> Iterator[str]:
 def _truncate(url: str) -> None:
     import psycopg
 
-    with psycopg.connect(_psycopg_dsn(url), autocommit=True) as conn:
-        conn.execute(f"TRUNCATE {TABLES} RESTART IDENTITY")
+    # DELETE, not TRUNCATE: on these tiny tables it is ~10x faster (TRUNCATE rewrites
+    # the catalog and syncs it), and it runs before every Postgres test. Children
+    # come before parents in TABLES, so one transaction empties them all.
+    with psycopg.connect(_psycopg_dsn(url)) as conn:
+        for table in TABLES.split(", "):
+            conn.execute(f"DELETE FROM {table}")
 
 
 @pytest.fixture(params=BACKENDS)
