@@ -38,6 +38,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 from rich.table import Table
+from sqlalchemy.engine import make_url
 
 import conveyor
 from conveyor.models import Status, Task
@@ -354,7 +355,8 @@ def _summary(outcome: Outcome, console: Console, *, temporary: bool, keep: bool)
             f"ordering checked: [bold green]✓[/] all {streams} partitions processed in "
             "submit order; every delivery succeeded"
         )
+    safe_url = make_url(outcome.url).render_as_string(hide_password=True)
     if temporary and keep:
-        console.print(f"database kept: try [bold]conveyor stats --url {escape(outcome.url)}[/]")
+        console.print(f"database kept: try [bold]conveyor stats --url {escape(safe_url)}[/]")
     elif not temporary:
-        console.print(f"inspect it: [bold]conveyor stats --url {escape(outcome.url)}[/]")
+        console.print(f"inspect it: [bold]conveyor stats --url {escape(safe_url)}[/]")
