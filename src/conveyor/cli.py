@@ -78,7 +78,7 @@ EXIT_CODES_HELP = (
     "error · 5 protocol mismatch · 130 interrupted."
 )
 
-STATUS_STYLE = {
+_STATUS_STYLE = {
     Status.QUEUED: "cyan",
     Status.RUNNING: "yellow",
     Status.SUCCEEDED: "green",
@@ -98,6 +98,7 @@ class CliError(Exception):
         self.hint = hint
 
 
+#: The typer application; `main` runs it with conveyor's own error reporting.
 cli = typer.Typer(
     name="conveyor",
     help=(
@@ -111,18 +112,18 @@ cli = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-UrlOption = Annotated[
+_UrlOption = Annotated[
     str | None,
     typer.Option(
         "--url",
-        help="Database URL. [default: $CONVEYOR_URL, else sqlite:///conveyor.db]",
+        help="Database URL (default: $CONVEYOR_URL, else sqlite:///conveyor.db).",
         show_default=False,
     ),
 ]
-JsonOption = Annotated[
+_JsonOption = Annotated[
     bool, typer.Option("--json", help="Print JSON (for programs) instead of a table.")
 ]
-GroupOption = Annotated[
+_GroupOption = Annotated[
     str | None,
     typer.Option("--group", "-g", help="Act as this consumer group (default: queue mode)."),
 ]
@@ -215,7 +216,7 @@ def _age(seconds: float | None) -> str:
 
 
 def _status(status: Status) -> str:
-    return f"[{STATUS_STYLE.get(status, '')}]{status.value}[/]"
+    return f"[{_STATUS_STYLE.get(status, '')}]{status.value}[/]"
 
 
 def _compact(value: Any) -> str:
@@ -311,7 +312,7 @@ def _root(
 
 
 @cli.command()
-def migrate(url: UrlOption = None, as_json: JsonOption = False) -> None:
+def migrate(url: _UrlOption = None, as_json: _JsonOption = False) -> None:
     """Apply pending schema migrations and print the schema revision."""
     from alembic.script import ScriptDirectory
 
@@ -399,10 +400,10 @@ def worker(
     concurrency: Annotated[
         int, typer.Option("--concurrency", "-c", min=1, help="Tasks run at once.")
     ] = 10,
-    group: GroupOption = None,
+    group: _GroupOption = None,
     url: Annotated[
         str | None,
-        typer.Option("--url", help="Database URL. [default: the App's URL]", show_default=False),
+        typer.Option("--url", help="Database URL (default: the App's URL).", show_default=False),
     ] = None,
 ) -> None:
     """Run a worker for an App until SIGINT/SIGTERM, then exit 0."""
@@ -465,21 +466,28 @@ def _describe(exc: BaseException) -> str:
 
 @cli.command()
 def submit(
-    name: Annotated[str, typer.Argument(help="The task name.")],
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The task name.")],
     payload: Annotated[
         str | None,
-        typer.Option("--payload", "-p", help="JSON payload; @FILE reads a file, - reads stdin."),
+        typer.Option(
+            "--payload",
+            "-p",
+            metavar="JSON",
+            help="JSON payload; @FILE reads a file, - reads stdin.",
+        ),
     ] = None,
     queue: Annotated[str, typer.Option("--queue", "-q", help="Queue.")] = "default",
     priority: Annotated[int, typer.Option("--priority", help="Higher runs first.")] = 0,
     delay: Annotated[
-        float | None, typer.Option("--delay", min=0, help="Seconds before it may run.")
+        float | None,
+        typer.Option("--delay", min=0, metavar="SECONDS", help="Seconds before it may run."),
     ] = None,
     key: Annotated[str | None, typer.Option("--key", "-k", help="Idempotency key.")] = None,
     conflict: Annotated[
         str,
         typer.Option(
             "--conflict",
+            metavar="reuse|reject|replace",
             help="When --key exists: reuse (return it), reject (exit 3) or replace.",
         ),
     ] = "reuse",
@@ -490,10 +498,10 @@ def submit(
         int | None, typer.Option("--max-attempts", min=1, help="Attempts before failing.")
     ] = None,
     metadata: Annotated[
-        str | None, typer.Option("--metadata", help="JSON object of metadata.")
+        str | None, typer.Option("--metadata", metavar="JSON", help="JSON object of metadata.")
     ] = None,
-    url: UrlOption = None,
-    as_json: JsonOption = False,
+    url: _UrlOption = None,
+    as_json: _JsonOption = False,
 ) -> None:
     """Submit a task."""
     data = _parse_json("--payload", payload)
@@ -530,9 +538,9 @@ def submit(
 @cli.command()
 def get(
     task_id: Annotated[str, typer.Argument(metavar="ID", help="The task id.")],
-    group: GroupOption = None,
-    url: UrlOption = None,
-    as_json: JsonOption = False,
+    group: _GroupOption = None,
+    url: _UrlOption = None,
+    as_json: _JsonOption = False,
 ) -> None:
     """Show one task (as queue mode sees it, or as --group sees it)."""
     with _store(url) as store:
@@ -557,13 +565,13 @@ def list_tasks(
     partition: Annotated[
         str | None, typer.Option("--partition", help="Only this partition.")
     ] = None,
-    group: GroupOption = None,
+    group: _GroupOption = None,
     limit: Annotated[int, typer.Option("--limit", "-l", min=1, max=10_000, help="Page size.")] = 50,
     cursor: Annotated[
         str | None, typer.Option("--cursor", help="Continue after a previous page.")
     ] = None,
-    url: UrlOption = None,
-    as_json: JsonOption = False,
+    url: _UrlOption = None,
+    as_json: _JsonOption = False,
 ) -> None:
     """List tasks in submit order, one page at a time."""
     with _store(url) as store:
@@ -609,8 +617,8 @@ def list_tasks(
 @cli.command()
 def cancel(
     task_id: Annotated[str, typer.Argument(metavar="ID", help="The task id.")],
-    url: UrlOption = None,
-    as_json: JsonOption = False,
+    url: _UrlOption = None,
+    as_json: _JsonOption = False,
 ) -> None:
     """Cancel a task, for queue mode and every group."""
     with _store(url) as store:
@@ -631,12 +639,12 @@ def cancel(
 @cli.command()
 def retry(
     task_id: Annotated[str, typer.Argument(metavar="ID", help="The task id.")],
-    group: GroupOption = None,
+    group: _GroupOption = None,
     reset_attempts: Annotated[
         bool, typer.Option("--reset-attempts", help="Restore the full attempt budget.")
     ] = False,
-    url: UrlOption = None,
-    as_json: JsonOption = False,
+    url: _UrlOption = None,
+    as_json: _JsonOption = False,
 ) -> None:
     """Queue a failed, cancelled or evicted task again."""
     with _store(url) as store:
@@ -658,8 +666,8 @@ def retry(
 @cli.command()
 def stats(
     queue: Annotated[str | None, typer.Option("--queue", "-q", help="Only this queue.")] = None,
-    url: UrlOption = None,
-    as_json: JsonOption = False,
+    url: _UrlOption = None,
+    as_json: _JsonOption = False,
 ) -> None:
     """Per queue: counts by status, oldest claimable age, per-group lag, settings."""
     with _store(url) as store:
@@ -736,7 +744,7 @@ def demo(
         str | None,
         typer.Option(
             "--url",
-            help="Run on this database. [default: a temporary SQLite file]",
+            help="Run on this database (default: a temporary SQLite file).",
             show_default=False,
         ),
     ] = None,
