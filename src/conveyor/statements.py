@@ -14,10 +14,12 @@ from sqlalchemy import (
     BigInteger,
     ColumnElement,
     Delete,
+    Integer,
     Select,
     String,
     Update,
     and_,
+    bindparam,
     case,
     cast,
     delete,
@@ -42,6 +44,7 @@ QUEUED = "queued"
 RUNNING = "running"
 ACTIVE = (QUEUED, RUNNING)
 DEFAULT_LEASE = 30.0
+DEFAULT_MAX_ATTEMPTS = 3
 QUEUE_MODE = ""  # the delivery ``grp`` of queue mode; group names are never empty
 
 Now = ColumnElement[int]
@@ -106,6 +109,32 @@ def task_seq_of(task_id: str) -> ColumnElement[Any]:
 def queue_settings(names: Sequence[str]) -> Select[Any]:
     """Stored settings of the given queues."""
     return select(qs).where(qs.c.queue.in_(names))
+
+
+def insert_tasks(now: Now) -> Insert:
+    """The multi-row task INSERT. Per row, ``b_max_attempts``/``b_backoff`` fall back
+    to the queue's stored settings (then to the defaults), and ``run_at`` is
+    ``b_run_at`` or ``now + b_delay`` microseconds."""
+    setting = select(qs).where(qs.c.queue == bindparam("b_queue")).subquery()
+    return (
+        t.insert()
+        .values(
+            max_attempts=func.coalesce(
+                bindparam("b_max_attempts", type_=Integer),
+                select(setting.c.max_attempts).scalar_subquery(),
+                literal(DEFAULT_MAX_ATTEMPTS),
+            ),
+            backoff=func.coalesce(
+                bindparam("b_backoff", type_=String), select(setting.c.backoff).scalar_subquery()
+            ),
+            created_at=now,
+            run_at=func.coalesce(
+                bindparam("b_run_at", type_=BigInteger),
+                now + bindparam("b_delay", type_=BigInteger),
+            ),
+        )
+        .returning(t.c.seq, t.c.id, t.c.max_attempts, t.c.created_at, t.c.run_at, t.c.root_id)
+    )
 
 
 def fan_out(seqs: Sequence[int]) -> Insert:

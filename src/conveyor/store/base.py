@@ -605,20 +605,21 @@ class TaskStore(abc.ABC):
         if replaced:
             await self._cancel_tx(conn, replaced)
 
+        found: dict[str, Task] = {}
         if new:
-            await self._insert_tasks(conn, new)
+            found.update(await self._insert_tasks(conn, new))
         ids = [r.id if r.key is None else chosen[r.key] for r in reqs]
-        found = await self._fetch_tasks(conn, q.QUEUE_MODE, ids=ids)
+        reused = [i for i in ids if i not in found]
+        if reused:
+            found.update(await self._fetch_tasks(conn, q.QUEUE_MODE, ids=reused))
         if new:
             await self._notify(conn, {r.queue for r in new}, done=False)
         return [found[i] for i in ids]
 
-    async def _insert_tasks(self, conn: AsyncConnection, reqs: list[_Request]) -> None:
-        queues = sorted({r.queue for r in reqs})
-        settings = {}
-        if any(r.max_attempts is None or r.backoff is None for r in reqs):
-            rows = await conn.execute(q.queue_settings(queues))
-            settings = {row.queue: row for row in rows}
+    async def _insert_tasks(
+        self, conn: AsyncConnection, reqs: builtins.list[_Request]
+    ) -> dict[str, Task]:
+        """Insert the task rows and their delivery rows; the new tasks by id."""
         parents: dict[str, str] = {}
         parent_ids = sorted({r.parent_id for r in reqs if r.parent_id is not None})
         if parent_ids:
@@ -645,15 +646,10 @@ class TaskStore(abc.ABC):
                 where=false(),
             )
             await conn.execute(lock)
-        now = await self._current_now_us(conn)
-        rows = []
+        params: builtins.list[dict[str, Any]] = []
         for r in reqs:
-            conf = settings.get(r.queue)
-            max_attempts = r.max_attempts or (conf.max_attempts if conf is not None else None)
-            backoff = r.backoff or (conf.backoff if conf is not None else None)
-            run_at = r.run_at_us if r.run_at_us is not None else now + (r.delay_us or 0)
             root = r.id if r.parent_id is None else parents.get(r.parent_id, r.parent_id)
-            rows.append(
+            params.append(
                 {
                     "id": r.id,
                     "name": r.name,
@@ -662,18 +658,50 @@ class TaskStore(abc.ABC):
                     "payload": r.payload,
                     "metadata": r.metadata,
                     "priority": r.priority,
-                    "max_attempts": max_attempts or DEFAULT_MAX_ATTEMPTS,
-                    "backoff": backoff,
-                    "created_at": now,
-                    "run_at": run_at,
                     "key": r.key,
                     "parent_id": r.parent_id,
                     "root_id": root,
                     "correlation_id": r.correlation_id,
+                    "b_queue": r.queue,
+                    "b_max_attempts": r.max_attempts,
+                    "b_backoff": r.backoff,
+                    "b_run_at": r.run_at_us,
+                    "b_delay": r.delay_us or 0,
                 }
             )
-        result = await conn.execute(t.insert().returning(t.c.seq), rows)
-        seqs = list(result.scalars())
+        # One multi-row INSERT; the queue's defaults and the clock are read in it.
+        result = await conn.execute(q.insert_tasks(self._now()), params)
+        inserted = {row.id: row for row in result}
+        seqs = [row.seq for row in inserted.values()]
+        out: dict[str, Task] = {}
+        for r in reqs:
+            row = inserted[r.id]
+            out[r.id] = Task(
+                id=r.id,
+                name=r.name,
+                queue=r.queue,
+                partition=r.partition,
+                payload=json.loads(r.payload),
+                metadata=json.loads(r.metadata),
+                priority=r.priority,
+                status=Status.QUEUED,
+                attempt=0,
+                max_attempts=row.max_attempts,
+                run_at=v.from_us(int(row.run_at)),
+                created_at=v.from_us(int(row.created_at)),
+                started_at=None,
+                finished_at=None,
+                lease_expires_at=None,
+                worker_id=None,
+                progress=None,
+                progress_message=None,
+                result=None,
+                error=None,
+                key=r.key,
+                parent_id=r.parent_id,
+                root_id=row.root_id,
+                correlation_id=r.correlation_id,
+            )
         await conn.execute(q.fan_out(seqs))
         if stream_keys:
             touched = await conn.execute(
@@ -682,6 +710,7 @@ class TaskStore(abc.ABC):
                 .distinct()
             )
             await self._refresh_streams(conn, [tuple(row) for row in touched])
+        return out
 
     async def get(self, task_id: str, *, group: str | None = None) -> Task | None:
         """The task as queue mode (or ``group``) sees it; ``None`` if unknown."""
