@@ -274,6 +274,7 @@ class TaskStore(abc.ABC):
         self._engine: AsyncEngine | None = None
         self._open_lock: asyncio.Lock | None = None
         self._known_groups: set[tuple[str, str]] = set()
+        self._busy: set[tuple[str, tuple[str, ...], str | None]] = set()
         self._work_waker: _Waker | None = None
         self._done_waker: _Waker | None = None
 
@@ -952,13 +953,24 @@ class TaskStore(abc.ABC):
             for queue in names:
                 if (queue, group) not in self._known_groups:
                     await self.subscribe(queue, group, start="all", _if_missing=True)
-        if self.probe_before_claim and not await self._run(
-            lambda conn: self._probe(conn, grp, names, partition), write=False
+        # The probe spares idle claimers the write lock; right after a claim that found
+        # work, the next one most likely finds work too, so it goes straight in.
+        busy_key = (grp, tuple(names), partition)
+        if (
+            self.probe_before_claim
+            and busy_key not in self._busy
+            and not await self._run(
+                lambda conn: self._probe(conn, grp, names, partition), write=False
+            )
         ):
             return []
         claimed = await self._run(
             lambda conn: self._claim_tx(conn, grp, names, worker_id, lease_s, limit, partition)
         )
+        if claimed:
+            self._busy.add(busy_key)
+        else:
+            self._busy.discard(busy_key)
         return claimed
 
     async def _probe(
