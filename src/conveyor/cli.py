@@ -72,6 +72,8 @@ EXIT_UNAVAILABLE = 4
 EXIT_PROTOCOL = 5
 EXIT_INTERRUPTED = 130
 
+CONNECT_TIMEOUT = 10  # seconds a command waits for a PostgreSQL server to answer
+
 EXIT_CODES_HELP = (
     "Exit codes: 0 ok · 1 not found (or another failure) · 2 bad input or usage · "
     "3 conflict (idempotency key exists) · 4 database unavailable or configuration "
@@ -159,7 +161,17 @@ def _shown_url(url: str | None) -> str:
 
 @contextmanager
 def _store(url: str | None) -> Iterator[SyncStore]:
-    store = conveyor.connect_sync(url)
+    from sqlalchemy.engine import make_url
+
+    dialect, async_url = resolve_url(url)
+    options: dict[str, Any] = {}
+    if dialect == "postgresql":
+        # One short call: no LISTEN connection to set up, and an unreachable host
+        # fails within seconds instead of waiting out the TCP timeout.
+        options["listen"] = False
+        if "connect_timeout" not in make_url(async_url).query:
+            options["engine_options"] = {"connect_args": {"connect_timeout": CONNECT_TIMEOUT}}
+    store = conveyor.connect_sync(url, **options)
     try:
         store.open()
         yield store
@@ -374,9 +386,12 @@ def _current_revisions(url: str | None) -> list[str]:
     dialect, async_url = resolve_url(url)
     # A short-lived blocking engine: the store's own engine is async and private.
     sync_url = make_url(async_url)
+    connect_args: dict[str, Any] = {}
     if dialect == "sqlite":
         sync_url = sync_url.set(drivername="sqlite")
-    engine = create_engine(sync_url)
+    elif "connect_timeout" not in sync_url.query:
+        connect_args["connect_timeout"] = CONNECT_TIMEOUT
+    engine = create_engine(sync_url, connect_args=connect_args)
     try:
         with engine.connect() as conn:
             context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
