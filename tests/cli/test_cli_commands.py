@@ -9,17 +9,19 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import conveyor
 from conveyor import Status
 
-EXIT_NOT_FOUND, EXIT_USAGE, EXIT_CONFLICT, EXIT_UNAVAILABLE = 1, 2, 3, 4
+EXIT_NOT_FOUND, EXIT_USAGE, EXIT_CONFLICT, EXIT_UNAVAILABLE, EXIT_PROTOCOL = 1, 2, 3, 4, 5
 
 
 def run_cli(
@@ -241,6 +243,12 @@ def test_migrate_a_fresh_sqlite_file(tmp_path: Path) -> None:
     assert "none (empty database)" in proc.stderr and "revision" in proc.stdout
     again = ok_json("migrate", url=url)
     assert again["before"] == [again["head"]] and again["applied"] == []
+
+    # A database written by an incompatible conveyor is refused with exit 5.
+    with closing(sqlite3.connect(tmp_path / "fresh.db")) as db, db:
+        db.execute("UPDATE conveyor_meta SET value = '999' WHERE key = 'protocol_version'")
+    line = assert_one_line_error(run_cli("list", url=url), EXIT_PROTOCOL)
+    assert "999" in line
 
 
 def test_worker_runs_an_app_until_sigterm(store_url: str, tmp_path: Path) -> None:
