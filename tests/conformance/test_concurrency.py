@@ -28,12 +28,13 @@ async def test_asyncio_claimers_take_each_task_exactly_once(store: TaskStore) ->
     async def claimer(n: int) -> None:
         worker = f"w{n}"
         limit = 1 + n % 3
+        # The tasks are never finished: a long lease keeps each one leased to its first
+        # claimer, so any second delivery would show up as a duplicate claim.
         while batch := await store.claim("q", worker_id=worker, limit=limit, lease=60):
             for task in batch:
                 assert task.worker_id == worker and task.status is Status.RUNNING
                 claims.append((task.id, task.attempt))
                 per_worker[worker] += 1
-                await store.succeed(task.id, worker_id=worker, attempt=task.attempt)
 
     await asyncio.gather(*(claimer(n) for n in range(CLAIMERS)))
 
@@ -42,8 +43,8 @@ async def test_asyncio_claimers_take_each_task_exactly_once(store: TaskStore) ->
     assert all(attempt == 1 for _, attempt in claims)
     assert len(per_worker) >= 2, "the claimers did not actually run side by side"
     stats = {s.queue: s.counts for s in await store.stats()}
-    assert stats["q"]["succeeded"] == TASKS
-    assert stats["q"]["queued"] == stats["q"]["running"] == 0
+    assert stats["q"]["running"] == TASKS
+    assert stats["q"]["queued"] == 0
 
 
 async def test_asyncio_claimers_with_crashes_recover_every_task(store: TaskStore) -> None:
@@ -104,10 +105,10 @@ def _assert_leases_never_overlap(claims: list[dict[str, Any]], lease: float) -> 
 
 
 async def test_processes_never_hold_one_task_at_once(store: TaskStore, store_url: str) -> None:
-    count = 150
+    count = 100
     lease = 0.5
     submitted = await store.submit_many([{"name": "job", "queue": "mp"} for _ in range(count)])
-    argvs = [["claim", store_url, "mp", f"proc{n}", str(lease), "10"] for n in range(3)]
+    argvs = [["claim", store_url, "mp", f"proc{n}", str(lease), "10"] for n in range(2)]
     outputs = await asyncio.to_thread(run_together, argvs)
     claims: list[dict[str, Any]] = []
     for line in outputs:
