@@ -151,11 +151,12 @@ def _print_json(data: Any) -> None:
 
 def _shown_url(url: str | None) -> str:
     from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
 
     raw = url or os.environ.get("CONVEYOR_URL") or DEFAULT_URL
     try:
         return make_url(raw).render_as_string(hide_password=True)
-    except Exception:
+    except ArgumentError:
         return raw
 
 
@@ -188,10 +189,11 @@ def _parse_json(option: str, text: str | None) -> Any:
     elif text.startswith("@"):
         try:
             source = Path(text[1:]).read_text(encoding="utf-8")
-        except OSError as exc:
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             raise CliError(
                 EXIT_USAGE,
-                f"{option}: cannot read {text[1:]!r}: {exc.strerror or exc}",
+                f"{option}: cannot read {text[1:]!r}: {reason}",
                 f"give {option} @PATH of a readable JSON file, or the JSON itself",
             ) from None
     try:
