@@ -693,6 +693,7 @@ def stats(
             empty = {s.value: 0 for s in Status}
             reports = [QueueStats(queue=queue, counts=empty, oldest_claimable_age=None)]
         settings = {r.queue: store.get_queue(r.queue) for r in reports}
+        history = store.maintenance_history(limit=1)
     for conf in settings.values():
         conf.pop("queue", None)
     if as_json:
@@ -704,6 +705,127 @@ def stats(
         return
     for report in reports:
         out.print(_stats_table(report, settings[report.queue]))
+    if history:
+        last = history[0]
+        out.print(
+            f"[dim]last maintenance {_when(last['ran_at'])}: recovered {last['recovered']}, "
+            f"expired {last['expired']}, evicted {last['evicted']}, "
+            f"deleted {last['deleted']}[/]"
+        )
+
+
+queue_cli = typer.Typer(
+    help="Per-queue settings: defaults for submit and claim, eviction and retention.",
+    no_args_is_help=True,
+)
+cli.add_typer(queue_cli, name="queue")
+
+@queue_cli.command("set")
+def queue_set(
+    queue: Annotated[str, typer.Argument(metavar="QUEUE", help="The queue.")],
+    lease: Annotated[
+        float | None, typer.Option("--lease", help="Default lease, seconds.", show_default=False)
+    ] = None,
+    max_attempts: Annotated[
+        int | None,
+        typer.Option("--max-attempts", help="Default attempts per task.", show_default=False),
+    ] = None,
+    backoff: Annotated[
+        str | None,
+        typer.Option(
+            "--backoff",
+            help='Retry backoff: seconds, or JSON like \'{"base": 2, "max": 600}\'.',
+            show_default=False,
+        ),
+    ] = None,
+    retention: Annotated[
+        float | None,
+        typer.Option(
+            "--retention",
+            help="Delete finished tasks after this many seconds.",
+            show_default=False,
+        ),
+    ] = None,
+    max_wait: Annotated[
+        float | None,
+        typer.Option(
+            "--max-wait",
+            help="Evict tasks unclaimed this many seconds after run_at.",
+            show_default=False,
+        ),
+    ] = None,
+    queue_mode: Annotated[
+        bool | None,
+        typer.Option(
+            "--queue-mode/--groups-only",
+            help="--groups-only: queue-mode state never holds retention back.",
+            show_default=False,
+        ),
+    ] = None,
+    url: _UrlOption = None,
+    as_json: _JsonOption = False,
+) -> None:
+    """Store settings for QUEUE; options not given keep their value."""
+    parsed_backoff: Any = None
+    if backoff is not None:
+        parsed_backoff = _parse_json("--backoff", backoff)
+    with _store(url) as store:
+        settings = store.configure_queue(
+            queue,
+            lease=lease,
+            max_attempts=max_attempts,
+            backoff=parsed_backoff,
+            retention=retention,
+            max_wait=max_wait,
+            queue_mode=queue_mode,
+        )
+    _show_settings(settings, as_json)
+
+
+@queue_cli.command("show")
+def queue_show(
+    queue: Annotated[str, typer.Argument(metavar="QUEUE", help="The queue.")],
+    url: _UrlOption = None,
+    as_json: _JsonOption = False,
+) -> None:
+    """Show the stored settings of QUEUE."""
+    with _store(url) as store:
+        settings = store.get_queue(queue)
+    _show_settings(settings, as_json)
+
+
+def _show_settings(settings: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        _print_json(settings)
+        return
+    table = Table(
+        box=box.SIMPLE_HEAD,
+        title=f"queue [bold]{escape(settings['queue'])}[/]",
+        title_justify="left",
+    )
+    table.add_column("setting")
+    table.add_column("value")
+    for name, value in settings.items():
+        if name != "queue":
+            table.add_row(name, "default" if value is None else _setting(value))
+    _out().print(table)
+
+
+@cli.command()
+def maintain(url: _UrlOption = None, as_json: _JsonOption = False) -> None:
+    """Run one maintenance pass: lease recovery, eviction, retention."""
+    with _store(url) as store:
+        counts = store.maintain()
+    if as_json:
+        _print_json(counts)
+        return
+    if counts.get("skipped"):
+        _out().print("[dim]another process is running maintenance right now: skipped[/]")
+        return
+    _out().print(
+        f"recovered {counts['recovered']}, expired {counts['expired']}, "
+        f"evicted {counts['evicted']}, deleted {counts['deleted']}"
+    )
 
 
 def _stats_table(report: QueueStats, settings: dict[str, Any]) -> Table:

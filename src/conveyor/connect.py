@@ -157,6 +157,7 @@ class SyncStore:
     get_queue = _blocking(TaskStore.get_queue)
     recover = _blocking(TaskStore.recover)
     maintain = _blocking(TaskStore.maintain)
+    maintenance_history = _blocking(TaskStore.maintenance_history)
 
 
 def connect_sync(url: str | None = None, **options: Any) -> SyncStore:

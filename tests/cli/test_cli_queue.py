@@ -1,0 +1,51 @@
+"""`conveyor queue set|show` and `conveyor maintain`, as a user runs them."""
+
+from __future__ import annotations
+
+import time
+
+from test_cli_commands import EXIT_USAGE, assert_one_line_error, ok_json, run_all, run_cli
+
+import conveyor
+from conveyor import Status
+
+
+def test_queue_settings_round_trip(store_url: str) -> None:
+    settings = ok_json(
+        "queue", "set", "emails", "--lease", "60", "--max-attempts", "5",
+        "--backoff", '{"base": 2, "max": 600}', "--retention", "86400", "--groups-only",
+        url=store_url,
+    )
+    assert settings["lease"] == 60 and settings["max_attempts"] == 5
+    assert settings["backoff"]["base"] == 2 and settings["backoff"]["max"] == 600
+    assert settings["retention"] == 86400 and settings["queue_mode"] is False
+    # options not given keep their value
+    again = ok_json("queue", "set", "emails", "--max-wait", "30", url=store_url)
+    assert again["lease"] == 60 and again["max_wait"] == 30
+    shown, table, bad = run_all(
+        ("queue", "show", "emails", "--json"),
+        ("queue", "show", "emails"),
+        ("queue", "set", "emails", "--max-attempts", "0"),
+        url=store_url,
+    )
+    assert ok_json("queue", "show", "emails", url=store_url) == again
+    assert shown.returncode == 0 and "max_wait" in table.stdout and "30s" in table.stdout
+    assert "max_attempts" in assert_one_line_error(bad, EXIT_USAGE)
+    # the defaults are used by submit
+    with conveyor.connect_sync(store_url) as store:
+        task = store.submit("t", queue="emails")
+    assert task.max_attempts == 5
+
+
+def test_maintain_runs_a_pass_and_stats_shows_it(store_url: str) -> None:
+    with conveyor.connect_sync(store_url) as store:
+        store.configure_queue("q", max_wait=1)
+        task = store.submit("t", queue="q")
+    time.sleep(1.2)  # the CLI process runs on the real clock: let max_wait pass
+    counts = ok_json("maintain", url=store_url)
+    assert counts["evicted"] == 1 and counts["skipped"] == 0
+    stats = run_cli("stats", url=store_url)
+    assert stats.returncode == 0 and "last maintenance" in stats.stdout
+    with conveyor.connect_sync(store_url) as store:
+        got = store.get(task.id)
+    assert got is not None and got.status is Status.EVICTED
