@@ -52,7 +52,7 @@ def test_four_processes_hammering_one_file(tmp_path: Path) -> None:
         for me in range(4)
     ]
     outputs = [p.communicate(timeout=120) for p in procs]
-    for proc, (out, err) in zip(procs, outputs, strict=True):
+    for proc, (_out, err) in zip(procs, outputs, strict=True):
         assert proc.returncode == 0, err
         assert "locked" not in err and "busy" not in err
     done = sum(json.loads(out.strip().splitlines()[-1])["done"] for out, _ in outputs)
