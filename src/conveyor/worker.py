@@ -95,6 +95,7 @@ class _Held:
     lost: bool = False
     cancelled: bool = False
     finishing: bool = False  # the outcome is being written; a LostLease then is ours
+    beating: bool = False  # a heartbeat is in flight
 
     @property
     def extra(self) -> dict[str, Any]:
@@ -271,6 +272,7 @@ class Worker:
         )
         self._held: dict[str, _Held] = {}
         self._runners: set[asyncio.Task[None]] = set()
+        self._beats: set[asyncio.Task[None]] = set()
         self._queue_leases: dict[str, float] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
@@ -343,9 +345,10 @@ class Worker:
                 await self._claim_loop()
                 await self._wind_down()
             finally:
-                for job in background:
+                jobs = [*background, *self._beats]
+                for job in jobs:
                     job.cancel()
-                await asyncio.gather(*background, return_exceptions=True)
+                await asyncio.gather(*jobs, return_exceptions=True)
             log.info("worker %s stopped", self.worker_id)
         finally:
             self._running = False
@@ -614,9 +617,11 @@ class Worker:
     async def _heartbeat_loop(self) -> None:
         while True:
             now = time.monotonic()
-            due = [h for h in self._held.values() if h.next_beat <= now and not h.lost]
-            if due:
-                await asyncio.gather(*(self._beat(h) for h in due))
+            for held in self._held.values():
+                if held.next_beat <= now and not (held.lost or held.beating):
+                    # One task each, so a slow write for one lease delays no other.
+                    held.beating = True
+                    self._start_beat(held)
             # Tick at a quarter of the shortest interval, counting queues with nothing
             # held yet, so a task claimed while idle gets its first beat on time.
             shortest = min(
@@ -624,6 +629,11 @@ class Worker:
                 default=min(self._lease_for(q) for q in self.queues) / 3,
             )
             await asyncio.sleep(min(1.0, shortest / 4))
+
+    def _start_beat(self, held: _Held) -> None:
+        beat = asyncio.create_task(self._beat(held), name=f"conveyor-beat-{held.task.id}")
+        self._beats.add(beat)
+        beat.add_done_callback(self._beats.discard)
 
     async def _beat(self, held: _Held) -> None:
         task = held.task
@@ -644,6 +654,8 @@ class Worker:
             # Try again soon; the lease has two more intervals of slack.
             held.next_beat = time.monotonic() + min(1.0, held.interval / 3)
             log.warning("heartbeat failed: %s", exc, extra=held.extra)
+        finally:
+            held.beating = False
 
     async def _maintain_loop(self) -> None:
         assert self.maintain_interval is not None
