@@ -20,6 +20,9 @@ from conveyor.errors import InvalidArgument
 from conveyor.models import Backoff
 
 MAX_NAME_LENGTH = 255
+# Longest accepted duration: beyond it ``now + d`` overflows the stored microseconds
+# (and Python's datetime), which the drivers would report as an opaque error.
+MAX_DURATION = 100 * 366 * 86_400.0  # about a century
 US = 1_000_000
 
 Duration = int | float | timedelta
@@ -39,6 +42,8 @@ def duration_seconds(field: str, value: Any, *, allow_zero: bool = True) -> floa
         raise InvalidArgument(field, f"must be a finite duration, got {value!r}")
     if seconds < 0 or (seconds == 0 and not allow_zero):
         raise InvalidArgument(field, f"must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+    if seconds > MAX_DURATION:
+        raise InvalidArgument(field, f"must be at most {MAX_DURATION:.0f} s (a century)")
     return seconds
 
 
@@ -75,8 +80,19 @@ def name(field: str, value: Any) -> str:
         raise InvalidArgument(
             field, f"must be at most {MAX_NAME_LENGTH} characters, got {len(value)}"
         )
+    return text(field, value)
+
+
+def text(field: str, value: Any) -> str:
+    """A string both databases can store: no NUL, no lone surrogates."""
+    if not isinstance(value, str):
+        raise InvalidArgument(field, f"must be a string, got {value!r}")
     if "\x00" in value:
         raise InvalidArgument(field, "must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgument(field, "must be valid Unicode (no lone surrogates)") from None
     return value
 
 
@@ -99,7 +115,9 @@ def names(field: str, value: Any) -> list[str]:
 def to_json(field: str, value: Any) -> str:
     """Serialise ``value`` as strict JSON (no NaN), or raise naming the field."""
     try:
-        return json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+        encoded = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+        encoded.encode("utf-8")  # lone surrogates serialise but no database stores them
+        return encoded
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(field, f"must be JSON-serialisable ({exc})") from None
 

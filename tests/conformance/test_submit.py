@@ -86,6 +86,7 @@ async def test_explicit_fields_are_stored(store: TaskStore) -> None:
         [1, "two", None, [3.25]],
         {"nested": {"list": [1, 2, {"x": None}], "flag": False}, "emoji": "🚀"},
         {"quote'": 'double"', "sql": "'; DROP TABLE conveyor_tasks; --"},
+        {"nul\x00key": "nul\x00value", "control": "\t\n\x1b"},
     ],
 )
 async def test_payload_round_trips_as_json(store: TaskStore, payload: Any) -> None:

@@ -1159,8 +1159,8 @@ class TaskStore(abc.ABC):
                 or not (0.0 <= float(progress) <= 1.0)
             ):
                 raise InvalidArgument("progress", f"must be a number in [0, 1], got {progress!r}")
-        if message is not None and not isinstance(message, str):
-            raise InvalidArgument("message", f"must be a string, got {message!r}")
+        if message is not None:
+            message = v.text("message", message)
 
         def values(now: ColumnElement[int]) -> dict[str, Any]:
             out: dict[str, Any] = {}
