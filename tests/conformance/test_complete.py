@@ -231,3 +231,20 @@ async def test_error_that_is_not_json_is_refused(store: TaskStore) -> None:
         await store.fail(claimed.id, worker_id="w", error=12345)  # type: ignore[arg-type]
     assert info.value.field == "error"
     assert await store.get(claimed.id) == claimed
+
+
+async def test_backoff_grows_exponentially_and_is_capped_at_an_hour(store: TaskStore) -> None:
+    await store.submit("t", queue="q", max_attempts=16)
+    for attempt in range(1, 15):
+        [held] = await store.claim("q", worker_id="w")
+        assert held.attempt == attempt
+        offset = timedelta(seconds=store.clock_offset)
+        before = utcnow() + offset
+        failed = await store.fail(held.id, worker_id="w", error=f"attempt {attempt}")
+        after = utcnow() + offset
+        assert failed.status is Status.QUEUED
+        undisturbed = min(2.0 ** (attempt - 1), 3600.0)
+        low, high = _delay_bounds(failed.run_at, before, after)
+        assert low <= undisturbed + SLACK, f"attempt {attempt}: waited {low} s"
+        assert high >= undisturbed / 2 - SLACK, f"attempt {attempt}: waited {high} s"
+        store.clock_offset += high + 0.01

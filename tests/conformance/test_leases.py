@@ -221,3 +221,23 @@ async def test_matching_attempt_is_accepted(store: TaskStore) -> None:
         await store.succeed(claimed.id, worker_id="w", attempt=2)
     done = await store.succeed(claimed.id, worker_id="w", attempt=1)
     assert done.status is Status.SUCCEEDED
+
+
+@pytest.mark.xfail(
+    reason="attempt numbers restart after retry(reset_attempts=True), so a stale execution "
+    "of attempt 1 passes the fence of the new attempt 1 when the same worker re-claims",
+    strict=True,
+)
+async def test_fencing_survives_a_retry_with_reset_attempts(store: TaskStore) -> None:
+    task = await store.submit("t", queue="q", max_attempts=1)
+    [stale] = await store.claim("q", worker_id="w1", lease=0.2)
+    store.clock_offset = 1
+    await store.maintain()  # the lease ran out on the last attempt: failed
+    expired = await store.get(task.id)
+    assert expired is not None and expired.status is Status.FAILED
+    await store.retry(task.id, reset_attempts=True)
+    [fresh] = await store.claim("q", worker_id="w1", lease=30)
+    # The first execution, long expired, reports in: it must not complete the new one.
+    with pytest.raises(LostLease):
+        await store.succeed(task.id, worker_id="w1", result="stale", attempt=stale.attempt)
+    assert await store.get(task.id) == fresh
