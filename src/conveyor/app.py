@@ -287,7 +287,9 @@ class App:
     ) -> TaskFunction[..., R] | Callable[[Callable[..., R]], TaskFunction[..., R]]:
         """Register a task function (``@app.task`` or ``@app.task(...)``).
 
-        ``name`` defaults to ``module.qualname``. ``max_attempts`` and ``backoff``
+        ``name`` defaults to ``module.qualname`` — give one explicitly when producers
+        and workers may import the function under different module names (a script
+        run as ``__main__``). ``max_attempts`` and ``backoff``
         are stored with each submitted task (``None``: the queue's setting, else
         the store default); ``timeout`` is enforced by the worker per attempt;
         ``partition`` puts every run in one stream, or names the stream from the
