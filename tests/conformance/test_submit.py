@@ -271,3 +271,13 @@ async def test_submit_many_unknown_argument(store: TaskStore) -> None:
         await store.submit_many([{"name": "a"}, {"name": "b", "colour": "red"}])
     assert info.value.field == "colour"
     await assert_empty(store)
+
+
+async def test_store_can_be_closed_and_reopened(store_url: str) -> None:
+    store = conveyor.connect(store_url)
+    async with store:
+        task = await store.submit("t")
+    async with store:
+        assert await store.get(task.id) == task
+    assert await store.get(task.id) == task  # the first call opens it again
+    await store.close()
