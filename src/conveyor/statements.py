@@ -357,6 +357,15 @@ def owned(task_id: str, grp: str, worker_id: str, attempt: int | None) -> list[C
     return cond
 
 
+def active() -> ColumnElement[bool]:
+    """``status IN ('queued', 'running')`` with the values written inline.
+
+    SQLite uses a partial index only when it can prove the query implies the index's
+    WHERE; it substitutes a bound ``status = ?`` but not a bound ``IN (?, ?)`` list,
+    and would then walk the primary key through the whole finished history."""
+    return d.c.status.in_([literal(value, literal_execute=True) for value in ACTIVE])
+
+
 def stream_head(queue: str, grp: str, partition: str, now: Now) -> Select[Any]:
     """The first active row of a stream, with the clock reading."""
     return (
@@ -365,7 +374,7 @@ def stream_head(queue: str, grp: str, partition: str, now: Now) -> Select[Any]:
             d.c.grp == grp,
             d.c.queue == queue,
             d.c.partition == partition,
-            d.c.status.in_(ACTIVE),
+            active(),
         )
         .order_by(d.c.task_seq)
         .limit(1)
@@ -379,7 +388,7 @@ def stream_running(queue: str, grp: str, partition: str) -> Select[Any]:
             d.c.grp == grp,
             d.c.queue == queue,
             d.c.partition == partition,
-            d.c.status.in_(ACTIVE),
+            active(),
             d.c.status == RUNNING,
         )
     )
@@ -393,7 +402,7 @@ def stream_rows(queue: str, grp: str, partition: str, limit: int) -> Select[Any]
             d.c.grp == grp,
             d.c.queue == queue,
             d.c.partition == partition,
-            d.c.status.in_(ACTIVE),
+            active(),
         )
         .order_by(d.c.task_seq)
         .limit(limit)
