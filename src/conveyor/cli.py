@@ -34,6 +34,7 @@ Errors are one line on stderr, ``error: ...`` followed by a hint; set
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import sys
@@ -422,8 +423,19 @@ def worker(
         str | None,
         typer.Option("--url", help="Database URL (default: the App's URL).", show_default=False),
     ] = None,
+    log_level: Annotated[
+        str, typer.Option("--log-level", help="debug, info, warning or error.")
+    ] = "info",
 ) -> None:
     """Run a worker for an App until SIGINT/SIGTERM, then exit 0."""
+    level = logging.getLevelName(log_level.upper())
+    if not isinstance(level, int):
+        raise CliError(
+            EXIT_USAGE, f"unknown --log-level {log_level!r}", "use debug, info, warning or error"
+        )
+    # A worker is watched through its log: timestamps, level, logger, message.
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("alembic").setLevel(max(level, logging.WARNING))
     names = [q.strip() for q in queues.split(",")]
     if not names or any(not q for q in names):
         raise CliError(
@@ -719,6 +731,7 @@ queue_cli = typer.Typer(
     no_args_is_help=True,
 )
 cli.add_typer(queue_cli, name="queue")
+
 
 @queue_cli.command("set")
 def queue_set(
