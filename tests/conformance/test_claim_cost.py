@@ -23,7 +23,7 @@ from conveyor.schema import streams as s
 from conveyor.store.base import TaskStore
 
 Q = "history"
-HISTORY = 20_000
+HISTORY = 10_000  # x 2 views finished = 20k finished delivery rows
 CHUNK = 5_000
 API_PARTITIONS = 50  # partitioned history submitted through the API
 OLD_STREAMS = 3_000  # finished streams of earlier partitions (stream rows only)
@@ -35,7 +35,7 @@ AVAILABLE = "ix_conveyor_streams_available"
 
 
 async def load(store: TaskStore) -> None:
-    """20k finished tasks for queue mode and group ``g``; group ``other`` lags behind
+    """10k tasks finished for queue mode and group ``g``; group ``other`` lags behind
     with all of them still queued; a little live work on top."""
     await store.subscribe(Q, "g")
     await store.subscribe(Q, "other")
@@ -157,10 +157,7 @@ async def test_claim_statements_use_the_partial_indexes(store: TaskStore, backen
             except AssertionError as exc:
                 raise AssertionError(f"{name} for group {grp!r}: {exc}") from None
 
-
-async def test_claims_are_right_on_top_of_the_history(store: TaskStore) -> None:
-    await load(store)
-
+    # And the claims themselves still do the right thing on top of the history.
     async def count(conn: AsyncConnection) -> int:
         return int((await conn.execute(select(func.count()).select_from(d))).scalar_one())
 
