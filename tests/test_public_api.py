@@ -79,7 +79,8 @@ def test_status_values() -> None:
     ]
     assert isinstance(Status.QUEUED, str)
     assert Status("failed") is Status.FAILED
-    assert Status.SUCCEEDED == "succeeded"
+    assert str(Status.SUCCEEDED) == "succeeded"
+    assert "succeeded" in {Status.SUCCEEDED}  # hashes and compares as its string
 
 
 @pytest.mark.parametrize("cls", list(CODES), ids=lambda c: c.__name__)

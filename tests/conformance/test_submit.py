@@ -30,7 +30,7 @@ async def test_new_task_has_the_documented_defaults(store: TaskStore) -> None:
     assert task.payload is None
     assert task.metadata == {}
     assert task.priority == 0
-    assert task.status is Status.QUEUED and task.status == "queued"
+    assert task.status is Status.QUEUED and task.status.value == "queued"
     assert task.attempt == 0
     assert task.max_attempts == 3
     assert task.started_at is None and task.finished_at is None
