@@ -290,16 +290,26 @@ def take(
     worker_id: str,
     lease: float | None,
     joined: bool,
+    queues: Sequence[str],
 ) -> Update:
     """Lease the given rows to ``worker_id``: running, attempt + 1, lease set.
 
     ``joined`` returns the whole task view (an UPDATE … FROM the tasks table), for
     backends whose RETURNING can read a joined table; otherwise just ``task_seq``.
+    ``queues`` (the claimed queues) is redundant for the result but not for the plan:
+    without it SQLite (no ANALYZE statistics) serves ``grp = ? AND status = ?`` from
+    the status index by ``grp`` alone, reading every row the group ever had; with it,
+    each row is one probe of (grp, queue, status, task_seq).
     """
     length = lease_seconds(lease)
     stmt = (
         update(d)
-        .where(d.c.grp == grp, d.c.task_seq.in_(seqs), d.c.status == QUEUED)
+        .where(
+            d.c.grp == grp,
+            d.c.queue.in_(queues),
+            d.c.task_seq.in_(seqs),
+            d.c.status == QUEUED,
+        )
         .values(
             status=RUNNING,
             attempt=d.c.attempt + 1,

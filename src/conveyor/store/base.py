@@ -1021,14 +1021,14 @@ class TaskStore(abc.ABC):
                 seqs.append(row.task_seq)
             if not seqs:
                 return []
-            taken = await self._take(conn, grp, seqs, worker_id, lease)
+            taken = await self._take(conn, grp, seqs, worker_id, lease, [stream.queue])
             await self._refresh_streams(conn, [(stream.queue, grp, stream.partition)])
             return [task for _, task in sorted(taken, key=lambda pair: pair[0])]
         # A CTE, not an IN-subquery: Postgres may rescan a subquery once per outer
         # row, and each rescan with SKIP LOCKED would pick further rows past LIMIT.
         pick = self._lock_candidates(q.ready_plain(grp, names, now).limit(limit)).cte("pick")
         taken = await self._take(
-            conn, grp, select(pick.c.task_seq).scalar_subquery(), worker_id, lease
+            conn, grp, select(pick.c.task_seq).scalar_subquery(), worker_id, lease, names
         )
         taken.sort(key=lambda pair: (-pair[1].priority, pair[1].run_at, pair[0]))
         return [task for _, task in taken]
@@ -1040,11 +1040,18 @@ class TaskStore(abc.ABC):
         seqs: Any,
         worker_id: str,
         lease: float | None,
+        queues: Sequence[str],
     ) -> builtins.list[tuple[int, Task]]:
         """Lease the rows and return ``(seq, task)`` pairs, in one statement where the
         backend's RETURNING can read the joined task row."""
         stmt = q.take(
-            grp, seqs, self._now(), worker_id=worker_id, lease=lease, joined=self.returning_joins
+            grp,
+            seqs,
+            self._now(),
+            worker_id=worker_id,
+            lease=lease,
+            joined=self.returning_joins,
+            queues=queues,
         )
         result = await conn.execute(stmt)
         if self.returning_joins:
