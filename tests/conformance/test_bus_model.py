@@ -41,6 +41,7 @@ class Delivery:
 
     status: str = "queued"
     attempt: int = 0
+    budget: int = 0  # extra attempts granted by retry(reset_attempts=True)
     tick: int = 0  # order of run_at among this view's deliveries
     future: bool = False  # run_at far ahead: not claimable in this example
     worker: str | None = None
@@ -223,7 +224,7 @@ class BusModel(RuleBasedStateMachine):
             attempt=d.attempt,
         )
         d.worker = None
-        if retryable and d.attempt < t.max_attempts:
+        if retryable and d.attempt < t.max_attempts + d.budget:
             d.status, d.tick, d.future = "queued", next(self.ticks), delayed
         else:
             d.status = "failed"
@@ -272,8 +273,9 @@ class BusModel(RuleBasedStateMachine):
         d = t.views[view]
         d.status, d.tick, d.future = "queued", next(self.ticks), False
         if reset:
-            d.attempt = 0
+            d.budget = d.attempt
         assert got is not None and (got.status, got.attempt) == ("queued", d.attempt)
+        assert got.max_attempts == t.max_attempts + d.budget
 
     # ---------------------------------------------------------- invariant
     @invariant()

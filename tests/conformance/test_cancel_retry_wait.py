@@ -113,9 +113,11 @@ async def test_retry_with_reset_attempts(store: TaskStore) -> None:
     assert failed is not None and failed.status is Status.FAILED and failed.attempt == 2
     retried = await store.retry(task.id, reset_attempts=True)
     assert retried is not None
-    assert retried.status is Status.QUEUED and retried.attempt == 0
+    # attempt numbers keep counting (they are the fencing token); the budget grows
+    assert retried.status is Status.QUEUED and retried.attempt == 2
+    assert retried.max_attempts == 4
     [again] = await store.claim("q", worker_id="w")
-    assert again.attempt == 1
+    assert again.attempt == 3
     # the full budget is back: the first failure is retried again
     requeued = await store.fail(again.id, worker_id="w", error="once more", delay=0)
     assert requeued.status is Status.QUEUED
@@ -154,6 +156,7 @@ async def test_retry_by_key(store: TaskStore) -> None:
     retried = await store.retry_by_key("k", reset_attempts=True)
     assert retried is not None and retried.id == task.id
     assert retried.status is Status.QUEUED and retried.attempt == 0
+    assert retried.max_attempts == task.max_attempts
     [again] = await store.claim("q", worker_id="w")
     assert again.id == task.id
 

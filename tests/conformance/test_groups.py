@@ -293,7 +293,7 @@ async def test_retry_with_delay_and_retry_call_are_per_group(store: TaskStore) -
     reset = await store.fail(t.id, worker_id="w", group="a", error="x", retryable=False)
     assert reset.status is Status.FAILED
     fresh = await store.retry(task.id, group="a", reset_attempts=True)
-    assert fresh is not None and fresh.attempt == 0
+    assert fresh is not None and fresh.attempt == 3 and fresh.max_attempts == 3 + 2
 
 
 async def test_cancel_withdraws_for_queue_mode_and_every_group(store: TaskStore) -> None:

@@ -223,11 +223,6 @@ async def test_matching_attempt_is_accepted(store: TaskStore) -> None:
     assert done.status is Status.SUCCEEDED
 
 
-@pytest.mark.xfail(
-    reason="attempt numbers restart after retry(reset_attempts=True), so a stale execution "
-    "of attempt 1 passes the fence of the new attempt 1 when the same worker re-claims",
-    strict=True,
-)
 async def test_fencing_survives_a_retry_with_reset_attempts(store: TaskStore) -> None:
     task = await store.submit("t", queue="q", max_attempts=1)
     [stale] = await store.claim("q", worker_id="w1", lease=0.2)

@@ -848,8 +848,10 @@ class TaskStore(abc.ABC):
         self, task_id: str, *, reset_attempts: bool = False, group: str | None = None
     ) -> Task | None:
         """Put a failed, cancelled or evicted task back in the queue (for queue mode
-        or ``group``). It runs at least once more; ``reset_attempts`` restores the
-        full attempt budget. Other statuses are left unchanged. ``None`` if unknown.
+        or ``group``). It runs at least once more. ``reset_attempts`` grants a fresh
+        budget of the task's ``max_attempts`` from here (``max_attempts`` grows;
+        attempt numbers keep counting, so ``attempt=`` fencing stays sound). Other
+        statuses are left unchanged. ``None`` if unknown.
         """
         grp = _group_key(group)
         task_id = v.name("task_id", task_id)
@@ -864,7 +866,11 @@ class TaskStore(abc.ABC):
                 "worker_id": None,
             }
             if reset_attempts:
-                values["attempt"] = 0
+                # A fresh budget of the task's max_attempts, counted on from the current
+                # attempt: attempt numbers never repeat, so the fence of a stale run can
+                # never match a newer one.
+                budget = select(t.c.max_attempts).where(t.c.seq == d.c.task_seq)
+                values["max_attempts"] = d.c.attempt + budget.scalar_subquery()
             rows = builtins.list(
                 await conn.execute(
                     update(d)
