@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+import conveyor
 from conveyor import ConsumerGroup, InvalidArgument, LostLease, NotFound, Status, TaskCancelled
 from conveyor.models import Task
 from conveyor.store.base import TaskStore
@@ -498,3 +499,21 @@ async def test_task_cancelled_before_subscribe_arrives_cancelled(store: TaskStor
     again = await store.retry(gone.id, group="late")
     assert again is not None and again.status is Status.QUEUED
     assert [t.id for t in await store.claim(Q, worker_id="w", group="late")] == [gone.id]
+
+
+async def test_claim_after_another_store_unsubscribed_subscribes_again(
+    store: TaskStore, store_url: str
+) -> None:
+    """Which process ended a subscription does not matter: the next claim by the group
+    is a first claim by an unknown group, and subscribes it with start="all"."""
+    old = await store.submit("e", queue=Q)
+    [t] = await store.claim(Q, worker_id="w", group="g")
+    await store.succeed(t.id, worker_id="w", group="g")
+    async with conveyor.connect(store_url) as admin:
+        assert await admin.unsubscribe(Q, "g") is True
+        assert await admin.get(old.id, group="g") is None
+    new = await store.submit("e", queue=Q)
+    got = await store.claim(Q, worker_id="w", group="g", limit=10)
+    assert [x.id for x in got] == [old.id, new.id]
+    [group] = await store.groups(Q)
+    assert group.active

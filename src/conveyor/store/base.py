@@ -977,7 +977,34 @@ class TaskStore(abc.ABC):
             self._busy.add(busy_key)
         else:
             self._busy.discard(busy_key)
+            if group is not None and await self._forget_ended_groups(names, group):
+                # Another store ended the subscription: claim as an unknown group would.
+                return await self.claim(
+                    names,
+                    worker_id=worker_id,
+                    lease=lease,
+                    limit=limit,
+                    group=group,
+                    partition=partition,
+                )
         return claimed
+
+    async def _forget_ended_groups(self, names: Sequence[str], group: str) -> bool:
+        """Drop cached subscriptions of ``group`` that are no longer active (another
+        store unsubscribed it); True if there were any."""
+
+        async def work(conn: AsyncConnection) -> set[str]:
+            rows = await conn.execute(
+                select(g.c.queue).where(
+                    g.c.name == group, g.c.queue.in_(names), g.c.active.is_(True)
+                )
+            )
+            return set(rows.scalars())
+
+        active = await self._run(work, write=False)
+        ended = [(qn, group) for qn in names if qn not in active]
+        self._known_groups.difference_update(ended)
+        return bool(ended)
 
     async def _probe(
         self, conn: AsyncConnection, grp: str, names: Sequence[str], partition: str | None
