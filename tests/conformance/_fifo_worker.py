@@ -50,7 +50,7 @@ async def main(url: str, queue: str, total: int, log_path: str, name: str) -> in
                     [stats] = await store.stats(queue)
                     if stats.counts["succeeded"] >= total:
                         return 0
-                    await asyncio.sleep(0.005)
+                    await asyncio.sleep(0.02)
                     continue
                 batch_no += 1
                 batch = f"{name}-{batch_no}"
