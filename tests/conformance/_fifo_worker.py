@@ -2,12 +2,13 @@
 
     python _fifo_worker.py URL QUEUE TOTAL LOG_PATH WORKER_NAME
 
-Claims from QUEUE (queue mode) until TOTAL tasks of the queue have succeeded,
-fails about a quarter of its attempts (retryable, short delay, and releases the
-rest of the batch so it comes back in order), and writes one JSON line per
-event to LOG_PATH: ``done`` with (partition, seq, claimed_at, finished_at,
-batch) in database-clock microseconds, ``failed``, or ``violation`` when a claim
-finds another running task in its stream.
+Opens its store, prints ``ready`` and waits for a line on stdin (so both
+processes start at once), then claims from QUEUE (queue mode) until TOTAL tasks
+of the queue have succeeded. It fails about a quarter of its attempts (retryable,
+short delay, and releases the rest of the batch so it comes back in order) and
+writes one JSON line per event to LOG_PATH: ``done`` with (partition, seq,
+claimed_at, finished_at, batch) in database-clock microseconds, ``failed``, or
+``violation`` when a claim finds another running task in its stream.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ def us(moment: datetime | None) -> int:
 
 async def main(url: str, queue: str, total: int, log_path: str, name: str) -> int:
     rng = random.Random(name)
-    deadline = time.monotonic() + 80
     batch_no = 0
     with open(log_path, "w") as log:
 
@@ -42,6 +42,10 @@ async def main(url: str, queue: str, total: int, log_path: str, name: str) -> in
             log.flush()
 
         async with conveyor.connect(url) as store:
+            # Start together: say we are ready, wait for the word.
+            print("ready", flush=True)
+            await asyncio.to_thread(sys.stdin.readline)
+            deadline = time.monotonic() + 80
             while time.monotonic() < deadline:
                 got = await store.claim(
                     queue, worker_id=name, limit=rng.choice([1, 2, 4]), lease=LEASE

@@ -432,15 +432,33 @@ def test_strict_fifo_across_two_processes(store_url: str, tmp_path: Path) -> Non
     procs = [
         subprocess.Popen(
             [sys.executable, WORKER_SCRIPT, store_url, Q, str(parts * per), str(log), str(n)],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
         for n, log in enumerate(logs)
     ]
-    for proc in procs:
-        _, err = proc.communicate(timeout=100)
-        assert proc.returncode == 0, err
+    try:
+        for proc in procs:  # both have opened their store ...
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            assert line.strip() == "ready", (line, proc.stderr.read() if proc.stderr else "")
+        for proc in procs:  # ... and start at the same moment
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        for proc in procs:
+            _, err = proc.communicate(timeout=100)
+            assert proc.returncode == 0, err
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            for pipe in (proc.stdin, proc.stdout, proc.stderr):
+                if pipe is not None and not pipe.closed:
+                    pipe.close()
     records = [json.loads(line) for log in logs for line in log.read_text().splitlines()]
     violations = [r for r in records if r["kind"] == "violation"]
     assert violations == []
@@ -450,9 +468,7 @@ def test_strict_fifo_across_two_processes(store_url: str, tmp_path: Path) -> Non
     assert sum(r["kind"] == "failed" for r in records) > 5
     per_part: dict[str, list[tuple[int, int, int, str]]] = defaultdict(list)
     for r in done:
-        per_part[r["partition"]].append(
-            (r["finished_at"], r["claimed_at"], r["seq"], r["batch"])
-        )
+        per_part[r["partition"]].append((r["finished_at"], r["claimed_at"], r["seq"], r["batch"]))
     assert sorted(per_part) == [f"p{p}" for p in range(parts)]
     for part, log in per_part.items():
         log.sort()
