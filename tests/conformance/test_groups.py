@@ -517,3 +517,13 @@ async def test_claim_after_another_store_unsubscribed_subscribes_again(
     assert [x.id for x in got] == [old.id, new.id]
     [group] = await store.groups(Q)
     assert group.active
+
+
+async def test_a_group_claiming_several_queues_is_subscribed_to_each(store: TaskStore) -> None:
+    t1 = await store.submit("e", queue="q1")
+    t2 = await store.submit("e", queue="q2")
+    got = await store.claim(["q1", "q2"], worker_id="w", group="g", limit=10)
+    assert sorted(t.id for t in got) == sorted([t1.id, t2.id])
+    assert [(g.queue, g.name) for g in await store.groups()] == [("q1", "g"), ("q2", "g")]
+    t3 = await store.submit("e", queue="q2")
+    assert [t.id for t in await store.claim("q2", worker_id="w", group="g")] == [t3.id]

@@ -477,3 +477,16 @@ def test_strict_fifo_across_two_processes(store_url: str, tmp_path: Path) -> Non
         for prev, nxt in itertools.pairwise(log):
             if prev[3] != nxt[3]:
                 assert nxt[1] > prev[0], (part, prev, nxt)
+
+
+async def test_priority_orders_streams_and_unpartitioned_work(store: TaskStore) -> None:
+    old_plain = await store.submit("plain", queue=Q, priority=0)
+    old_stream = await store.submit("step", queue=Q, partition="low", priority=0)
+    urgent = await store.submit("step", queue=Q, partition="high", priority=5)
+    urgent_plain = await store.submit("plain", queue=Q, priority=9)
+    order = []
+    while got := await store.claim(Q, worker_id="w"):
+        order += ids(got)
+        await store.succeed(got[0].id, worker_id="w")
+    assert order[:2] == [urgent_plain.id, urgent.id]
+    assert sorted(order[2:]) == sorted([old_plain.id, old_stream.id])
