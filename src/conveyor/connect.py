@@ -147,6 +147,7 @@ class SyncStore:
     heartbeat = _blocking(TaskStore.heartbeat)
     progress = _blocking(TaskStore.progress)
     succeed = _blocking(TaskStore.succeed)
+    succeed_many = _blocking(TaskStore.succeed_many)
     fail = _blocking(TaskStore.fail)
     release = _blocking(TaskStore.release)
     subscribe = _blocking(TaskStore.subscribe)

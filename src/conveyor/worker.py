@@ -231,6 +231,70 @@ def _in_thread(func: Callable[..., T], *args: Any, **kwargs: Any) -> asyncio.Fut
     return future
 
 
+class _Acks:
+    """Group commit for successes: finished tasks are acknowledged together.
+
+    The first finisher becomes the leader and writes every success queued so
+    far in one transaction (:meth:`TaskStore.succeed_many`, still fenced per
+    task), and again for those that arrived meanwhile, until none are left. Under
+    load one commit serves many tasks; alone, a task is acknowledged at once.
+    """
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.pending: list[tuple[Task, Any, asyncio.Future[Task | ConveyorError]]] = []
+        self.leading = False
+
+    async def succeed(self, task: Task, result: Any) -> Task:
+        """Acknowledge ``task``; raises what its own write met (LostLease, ...)."""
+        future: asyncio.Future[Task | ConveyorError] = asyncio.get_running_loop().create_future()
+        self.pending.append((task, result, future))
+        if not self.leading:
+            self.leading = True
+            try:
+                while self.pending:
+                    batch, self.pending = self.pending, []
+                    await self._flush(batch)
+            finally:
+                self.leading = False
+                for _, _, waiting in self.pending:  # only if the leader was cancelled
+                    if not waiting.done():
+                        waiting.set_exception(StoreUnavailable("acknowledgement interrupted"))
+                self.pending = []
+        outcome = await future
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    async def _flush(
+        self, batch: list[tuple[Task, Any, asyncio.Future[Task | ConveyorError]]]
+    ) -> None:
+        w = self.worker
+        items = [
+            {
+                "task_id": task.id,
+                "worker_id": w.worker_id,
+                "result": result,
+                "group": w.group,
+                "attempt": task.attempt,
+            }
+            for task, result, _ in batch
+        ]
+        try:
+            outcomes: list[Task | ConveyorError] = await w.store.succeed_many(items)
+        except BaseException as exc:
+            for _, _, future in batch:
+                if not future.done():
+                    if isinstance(exc, Exception):
+                        future.set_exception(exc)
+                    else:
+                        future.cancel()
+            raise
+        for (_, _, future), outcome in zip(batch, outcomes, strict=True):
+            if not future.done():
+                future.set_result(outcome)
+
+
 class Worker:
     """Runs an app's tasks from ``queues`` until :meth:`stop`; see the module docs.
 
@@ -271,6 +335,7 @@ class Worker:
             worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}",
         )
         self._held: dict[str, _Held] = {}
+        self._acks = _Acks(self)
         self._runners: set[asyncio.Task[None]] = set()
         self._beats: set[asyncio.Task[None]] = set()
         self._queue_leases: dict[str, float] = {}
@@ -513,16 +578,7 @@ class Worker:
     async def _succeed(self, held: _Held, result: Any) -> bool:
         task = held.task
         try:
-            await self._write(
-                held,
-                lambda: self.store.succeed(
-                    task.id,
-                    worker_id=self.worker_id,
-                    result=result,
-                    group=self.group,
-                    attempt=task.attempt,
-                ),
-            )
+            await self._write(held, lambda: self._acks.succeed(task, result))
         except InvalidArgument as exc:  # the result is not JSON
             return await self._fail(held, exc, retryable=False)
         except LostLease as exc:

@@ -1373,28 +1373,97 @@ class TaskStore(abc.ABC):
         values: dict[str, Any],
         *,
         done: bool,
+        notify: bool = True,
     ) -> Task:
-        rows = builtins.list(
-            await conn.execute(
-                update(d)
-                .where(*q.owned(task_id, grp, worker_id, attempt))
-                .values(**values)
-                .returning(d.c.queue, d.c.grp, d.c.partition)
-            )
-        )
-        if not rows:
+        stmt = update(d).where(*q.owned(task_id, grp, worker_id, attempt)).values(**values)
+        if self.returning_joins:
+            stmt = stmt.where(t.c.seq == d.c.task_seq).returning(*q.view_columns())
+        else:
+            stmt = stmt.returning(d.c.queue, d.c.grp, d.c.partition)
+        row = (await conn.execute(stmt)).first()
+        if row is None:
             await self._explain_lost(conn, task_id, grp)
-        row = rows[0]
+        assert row is not None
         if row.partition is not None and "status" in values:
-            await self._refresh_streams(conn, [(row.queue, row.grp, row.partition)])
-        if done:
-            await self._notify(conn, {row.queue}, done=True, task_ids=[task_id])
-            if row.partition is not None:
-                # The stream's next task may be claimable now.
+            await self._refresh_streams(conn, [(row.queue, grp, row.partition)])
+        if notify:
+            if done:
+                await self._notify(conn, {row.queue}, done=True, task_ids=[task_id])
+            if (done and row.partition is not None) or values.get("status") == q.QUEUED:
+                # New work: a retry, or the stream's next task may be claimable now.
                 await self._notify(conn, {row.queue}, done=False)
-        elif values.get("status") == q.QUEUED:
-            await self._notify(conn, {row.queue}, done=False)
+        if self.returning_joins:
+            return _row_to_task(row)
         return (await self._fetch_tasks(conn, grp, ids=[task_id]))[task_id]
+
+    async def succeed_many(
+        self, items: Iterable[Mapping[str, Any]]
+    ) -> builtins.list[Task | ConveyorError]:
+        """Acknowledge many leased tasks in one transaction (the worker's fast path).
+
+        Each item is a mapping with :meth:`succeed`'s arguments: ``task_id``,
+        ``worker_id``, and optionally ``result``, ``group``, ``attempt``. Each is
+        ownership-checked and fenced on its own; the outcome per item, in order,
+        is the finished :class:`Task` or the error that item met
+        (:class:`LostLease`, :class:`TaskCancelled`, :class:`NotFound`, or
+        :class:`InvalidArgument` for a result that is not JSON) — one item's
+        failure does not hold back the others.
+        """
+        outcomes: builtins.list[Task | ConveyorError | None] = []
+        todo: builtins.list[tuple[int, str, str, str, int | None, str]] = []
+        for i, item in enumerate(items):
+            if not isinstance(item, Mapping):
+                raise InvalidArgument(f"items[{i}]", "must be a dict of succeed() arguments")
+            unknown = set(item) - {"task_id", "worker_id", "result", "group", "attempt"}
+            if unknown:
+                raise InvalidArgument(sorted(unknown)[0], "is not an argument of succeed()")
+            task_id = v.name("task_id", item.get("task_id"))
+            worker_id = v.name("worker_id", item.get("worker_id"))
+            grp = _group_key(item.get("group"))
+            attempt = item.get("attempt")
+            if attempt is not None:
+                attempt = v.positive_int("attempt", attempt)
+            try:
+                encoded = v.to_json("result", item.get("result"))
+            except InvalidArgument as exc:
+                outcomes.append(exc)
+                continue
+            outcomes.append(None)
+            todo.append((i, task_id, worker_id, grp, attempt, encoded))
+        if not todo:
+            return [o for o in outcomes if o is not None]
+
+        async def work(conn: AsyncConnection) -> builtins.list[Task | ConveyorError]:
+            out = builtins.list(outcomes)
+            now = self._now()
+            finished: builtins.list[Task] = []
+            for i, task_id, worker_id, grp, attempt, encoded in todo:
+                values = {
+                    "status": "succeeded",
+                    "result": encoded,
+                    "finished_at": now,
+                    "lease_expires_at": None,
+                }
+                try:
+                    task = await self._owned_update(
+                        conn, task_id, grp, worker_id, attempt, values, done=True, notify=False
+                    )
+                except (LostLease, NotFound) as exc:
+                    out[i] = exc
+                    continue
+                out[i] = task
+                finished.append(task)
+            if finished:
+                queues = {task.queue for task in finished}
+                await self._notify(conn, queues, done=True, task_ids=[x.id for x in finished])
+                streams = {task.queue for task in finished if task.partition is not None}
+                if streams:
+                    await self._notify(conn, streams, done=False)
+            return [o for o in out if o is not None]
+
+        result = await self._run(work)
+        self._wake_local(work=any(isinstance(o, Task) and o.partition for o in result))
+        return result
 
     async def _explain_lost(self, conn: AsyncConnection, task_id: str, grp: str) -> None:
         status = (
