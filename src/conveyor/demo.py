@@ -250,6 +250,7 @@ async def _worker(
         if not claimed:
             await store.wait_for_work(queues, IDLE_WAIT)
             continue
+        acks: list[dict[str, Any]] = []
         for task in claimed:
             await asyncio.sleep(0)  # stands in for real work; lets the others interleave
             if task.name == "flaky_job" and task.attempt == 1 and group is None:
@@ -265,13 +266,20 @@ async def _worker(
             if task.partition is not None:
                 # Recorded before the write: the order in which work happened.
                 outcome.order[task.partition].append(int(task.payload["n"]))
-            await store.succeed(
-                task.id,
-                worker_id=worker_id,
-                result=_result(task),
-                group=group,
-                attempt=task.attempt,
+            acks.append(
+                {
+                    "task_id": task.id,
+                    "worker_id": worker_id,
+                    "result": _result(task),
+                    "group": group,
+                    "attempt": task.attempt,
+                }
             )
+        # One commit acknowledges the whole batch, each task still fenced on its own.
+        for result in await store.succeed_many(acks):
+            if isinstance(result, Exception):
+                outcome.problems.append(f"an acknowledgement failed: {result}")
+                continue
             outcome.done[mode] += 1
             progress.advance(bars[mode])
 

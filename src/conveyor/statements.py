@@ -376,6 +376,34 @@ def active() -> ColumnElement[bool]:
     return d.c.status.in_([literal(value, literal_execute=True) for value in ACTIVE])
 
 
+def succeed_owned(
+    grp: str, worker_id: str, items: Sequence[tuple[int, int | None, str]], now: Now
+) -> Update:
+    """Finish many rows leased to ``worker_id`` in one statement. Each item is
+    ``(task_seq, attempt or None, result JSON)``; a row whose attempt differs
+    from its item's (the fence) or that is no longer leased is left alone."""
+    seqs = [seq for seq, _, _ in items]
+    fence = case(
+        *(
+            (d.c.task_seq == seq, literal(a) if a is not None else d.c.attempt)
+            for seq, a, _ in items
+        ),
+        else_=literal(-1),
+    )
+    result = case(*((d.c.task_seq == seq, literal(r)) for seq, _, r in items), else_=d.c.result)
+    return (
+        update(d)
+        .where(
+            d.c.grp == grp,
+            d.c.task_seq.in_(seqs),
+            d.c.status == RUNNING,
+            d.c.worker_id == worker_id,
+            d.c.attempt == fence,
+        )
+        .values(status="succeeded", result=result, finished_at=now, lease_expires_at=None)
+    )
+
+
 def stream_head(queue: str, grp: str, partition: str, now: Now) -> Select[Any]:
     """The first active row of a stream, with the clock reading."""
     return (

@@ -1435,30 +1435,52 @@ class TaskStore(abc.ABC):
 
         async def work(conn: AsyncConnection) -> builtins.list[Task | ConveyorError]:
             out = builtins.list(outcomes)
-            now = self._now()
-            finished: builtins.list[Task] = []
+            ids = sorted({item[1] for item in todo})
+            seq_of = {
+                row.id: row.seq
+                for row in await conn.execute(select(t.c.id, t.c.seq).where(t.c.id.in_(ids)))
+            }
+            owners: dict[tuple[str, str], builtins.list[tuple[int, str, int | None, str]]] = {}
             for i, task_id, worker_id, grp, attempt, encoded in todo:
-                values = {
-                    "status": "succeeded",
-                    "result": encoded,
-                    "finished_at": now,
-                    "lease_expires_at": None,
-                }
-                try:
-                    task = await self._owned_update(
-                        conn, task_id, grp, worker_id, attempt, values, done=True, notify=False
+                owners.setdefault((worker_id, grp), []).append((i, task_id, attempt, encoded))
+            finished: builtins.list[Task] = []
+            streams: set[tuple[str, str, str]] = set()
+            for (worker_id, grp), mine in owners.items():
+                known = [m for m in mine if m[1] in seq_of]
+                rows = []
+                if known:
+                    stmt = q.succeed_owned(
+                        grp, worker_id, [(seq_of[m[1]], m[2], m[3]) for m in known], self._now()
                     )
-                except (LostLease, NotFound) as exc:
-                    out[i] = exc
-                    continue
-                out[i] = task
-                finished.append(task)
+                    if self.returning_joins:
+                        stmt = stmt.where(t.c.seq == d.c.task_seq).returning(*q.view_columns())
+                    else:
+                        stmt = stmt.returning(d.c.task_seq, d.c.queue, d.c.partition)
+                    rows = builtins.list(await conn.execute(stmt))
+                done_seqs = {row.task_seq if not self.returning_joins else row.seq for row in rows}
+                for row in rows:
+                    if row.partition is not None:
+                        streams.add((row.queue, grp, row.partition))
+                if self.returning_joins:
+                    tasks_by_seq = {row.seq: _row_to_task(row) for row in rows}
+                else:
+                    tasks_by_seq = await self._fetch_tasks(conn, grp, seqs=sorted(done_seqs))
+                for i, task_id, _attempt, _encoded in mine:
+                    seq = seq_of.get(task_id)
+                    if seq is not None and seq in tasks_by_seq:
+                        out[i] = tasks_by_seq[seq]
+                        finished.append(tasks_by_seq[seq])
+                        continue
+                    try:
+                        await self._explain_lost(conn, task_id, grp)
+                    except (LostLease, NotFound) as exc:
+                        out[i] = exc
+            await self._refresh_streams(conn, streams)
             if finished:
                 queues = {task.queue for task in finished}
                 await self._notify(conn, queues, done=True, task_ids=[x.id for x in finished])
-                streams = {task.queue for task in finished if task.partition is not None}
                 if streams:
-                    await self._notify(conn, streams, done=False)
+                    await self._notify(conn, {key[0] for key in streams}, done=False)
             return [o for o in out if o is not None]
 
         result = await self._run(work)
