@@ -14,12 +14,10 @@ from sqlalchemy import (
     BigInteger,
     ColumnElement,
     Delete,
-    Integer,
     Select,
     String,
     Update,
     and_,
-    bindparam,
     case,
     cast,
     delete,
@@ -111,29 +109,12 @@ def queue_settings(names: Sequence[str]) -> Select[Any]:
     return select(qs).where(qs.c.queue.in_(names))
 
 
-def insert_tasks(now: Now) -> Insert:
-    """The multi-row task INSERT. Per row, ``b_max_attempts``/``b_backoff`` fall back
-    to the queue's stored settings (then to the defaults), and ``run_at`` is
-    ``b_run_at`` or ``now + b_delay`` microseconds."""
-    setting = select(qs).where(qs.c.queue == bindparam("b_queue")).subquery()
-    return (
-        t.insert()
-        .values(
-            max_attempts=func.coalesce(
-                bindparam("b_max_attempts", type_=Integer),
-                select(setting.c.max_attempts).scalar_subquery(),
-                literal(DEFAULT_MAX_ATTEMPTS),
-            ),
-            backoff=func.coalesce(
-                bindparam("b_backoff", type_=String), select(setting.c.backoff).scalar_subquery()
-            ),
-            created_at=now,
-            run_at=func.coalesce(
-                bindparam("b_run_at", type_=BigInteger),
-                now + bindparam("b_delay", type_=BigInteger),
-            ),
-        )
-        .returning(t.c.seq, t.c.id, t.c.max_attempts, t.c.created_at, t.c.run_at, t.c.root_id)
+def submit_context(queues: Sequence[str], now: Now) -> Select[Any]:
+    """The clock reading and the stored settings of ``queues``, in one round trip
+    (at least one row, even when no queue has settings)."""
+    one = select(literal(1).label("one")).subquery("one")
+    return select(now.label("now"), qs.c.queue, qs.c.max_attempts, qs.c.backoff).select_from(
+        one.outerjoin(qs, qs.c.queue.in_(queues))
     )
 
 

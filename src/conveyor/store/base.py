@@ -647,9 +647,16 @@ class TaskStore(abc.ABC):
                 where=false(),
             )
             await conn.execute(lock)
+        context = builtins.list(
+            await conn.execute(q.submit_context(sorted({r.queue for r in reqs}), self._now()))
+        )
+        now = int(context[0].now)
+        settings = {row.queue: row for row in context if row.queue is not None}
         params: builtins.list[dict[str, Any]] = []
         for r in reqs:
             root = r.id if r.parent_id is None else parents.get(r.parent_id, r.parent_id)
+            conf = settings.get(r.queue)
+            max_attempts = r.max_attempts or (conf.max_attempts if conf is not None else None)
             params.append(
                 {
                     "id": r.id,
@@ -659,24 +666,21 @@ class TaskStore(abc.ABC):
                     "payload": r.payload,
                     "metadata": r.metadata,
                     "priority": r.priority,
+                    "max_attempts": max_attempts or DEFAULT_MAX_ATTEMPTS,
+                    "backoff": r.backoff or (conf.backoff if conf is not None else None),
+                    "created_at": now,
+                    "run_at": r.run_at_us if r.run_at_us is not None else now + (r.delay_us or 0),
                     "key": r.key,
                     "parent_id": r.parent_id,
                     "root_id": root,
                     "correlation_id": r.correlation_id,
-                    "b_queue": r.queue,
-                    "b_max_attempts": r.max_attempts,
-                    "b_backoff": r.backoff,
-                    "b_run_at": r.run_at_us,
-                    "b_delay": r.delay_us or 0,
                 }
             )
-        # One multi-row INSERT; the queue's defaults and the clock are read in it.
-        result = await conn.execute(q.insert_tasks(self._now()), params)
-        inserted = {row.id: row for row in result}
-        seqs = [row.seq for row in inserted.values()]
+        # One multi-row INSERT of plain values.
+        result = await conn.execute(t.insert().returning(t.c.seq), params)
+        seqs = builtins.list(result.scalars())
         out: dict[str, Task] = {}
-        for r in reqs:
-            row = inserted[r.id]
+        for r, row in zip(reqs, params, strict=True):
             out[r.id] = Task(
                 id=r.id,
                 name=r.name,
@@ -687,9 +691,9 @@ class TaskStore(abc.ABC):
                 priority=r.priority,
                 status=Status.QUEUED,
                 attempt=0,
-                max_attempts=row.max_attempts,
-                run_at=v.from_us(int(row.run_at)),
-                created_at=v.from_us(int(row.created_at)),
+                max_attempts=row["max_attempts"],
+                run_at=v.from_us(row["run_at"]),
+                created_at=v.from_us(now),
                 started_at=None,
                 finished_at=None,
                 lease_expires_at=None,
@@ -700,7 +704,7 @@ class TaskStore(abc.ABC):
                 error=None,
                 key=r.key,
                 parent_id=r.parent_id,
-                root_id=row.root_id,
+                root_id=row["root_id"],
                 correlation_id=r.correlation_id,
             )
         await conn.execute(q.fan_out(seqs))
