@@ -18,6 +18,7 @@ from sqlalchemy import (
     String,
     Update,
     and_,
+    bindparam,
     case,
     cast,
     delete,
@@ -357,31 +358,28 @@ def active() -> ColumnElement[bool]:
     return d.c.status.in_([literal(value, literal_execute=True) for value in ACTIVE])
 
 
-def succeed_owned(
-    grp: str, worker_id: str, items: Sequence[tuple[int, int | None, str]], now: Now
-) -> Update:
-    """Finish many rows leased to ``worker_id`` in one statement. Each item is
-    ``(task_seq, attempt or None, result JSON)``; a row whose attempt differs
-    from its item's (the fence) or that is no longer leased is left alone."""
-    seqs = [seq for seq, _, _ in items]
-    fence = case(
-        *(
-            (d.c.task_seq == seq, literal(a) if a is not None else d.c.attempt)
-            for seq, a, _ in items
-        ),
-        else_=literal(-1),
+def leased_to(grp: str, worker_id: str) -> Select[Any]:
+    """Rows of ``grp`` leased to ``worker_id`` among the expanding ``seqs``."""
+    return select(d.c.task_seq, d.c.attempt, d.c.queue, d.c.partition).where(
+        d.c.grp == grp,
+        d.c.worker_id == worker_id,
+        d.c.status == RUNNING,
+        d.c.task_seq.in_(bindparam("seqs", expanding=True)),
     )
-    result = case(*((d.c.task_seq == seq, literal(r)) for seq, _, r in items), else_=d.c.result)
+
+
+def finish_row(grp: str, now: Now) -> Update:
+    """Mark one row (``b_seq``) ``succeeded`` with ``b_result``: run as an executemany
+    over rows the caller has already checked and locked."""
     return (
         update(d)
-        .where(
-            d.c.grp == grp,
-            d.c.task_seq.in_(seqs),
-            d.c.status == RUNNING,
-            d.c.worker_id == worker_id,
-            d.c.attempt == fence,
+        .where(d.c.grp == grp, d.c.task_seq == bindparam("b_seq"))
+        .values(
+            status="succeeded",
+            result=bindparam("b_result"),
+            finished_at=now,
+            lease_expires_at=None,
         )
-        .values(status="succeeded", result=result, finished_at=now, lease_expires_at=None)
     )
 
 

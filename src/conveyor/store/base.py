@@ -1450,30 +1450,33 @@ class TaskStore(abc.ABC):
             finished: builtins.list[Task] = []
             streams: set[tuple[str, str, str]] = set()
             for (worker_id, grp), mine in owners.items():
-                known = [m for m in mine if m[1] in seq_of]
-                rows = []
-                if known:
-                    stmt = q.succeed_owned(
-                        grp, worker_id, [(seq_of[m[1]], m[2], m[3]) for m in known], self._now()
+                wanted = sorted({seq_of[m[1]] for m in mine if m[1] in seq_of})
+                held = {}
+                if wanted:
+                    locked = self._lock_rows(q.leased_to(grp, worker_id))
+                    held = {
+                        row.task_seq: row for row in await conn.execute(locked, {"seqs": wanted})
+                    }
+                # The fence, per task: leased to this worker, on the attempt given.
+                ok: dict[int, str] = {}
+                for _i, task_id, attempt, encoded in mine:
+                    row = held.get(seq_of.get(task_id, -1))
+                    if row is not None and (attempt is None or row.attempt == attempt):
+                        ok.setdefault(row.task_seq, encoded)
+                if ok:
+                    await conn.execute(
+                        q.finish_row(grp, self._now()),
+                        [{"b_seq": seq, "b_result": res} for seq, res in ok.items()],
                     )
-                    if self.returning_joins:
-                        stmt = stmt.where(t.c.seq == d.c.task_seq).returning(*q.view_columns())
-                    else:
-                        stmt = stmt.returning(d.c.task_seq, d.c.queue, d.c.partition)
-                    rows = builtins.list(await conn.execute(stmt))
-                done_seqs = {row.task_seq if not self.returning_joins else row.seq for row in rows}
-                for row in rows:
-                    if row.partition is not None:
-                        streams.add((row.queue, grp, row.partition))
-                if self.returning_joins:
-                    tasks_by_seq = {row.seq: _row_to_task(row) for row in rows}
-                else:
-                    tasks_by_seq = await self._fetch_tasks(conn, grp, seqs=sorted(done_seqs))
+                    for seq in ok:
+                        if held[seq].partition is not None:
+                            streams.add((held[seq].queue, grp, held[seq].partition))
+                tasks_by_seq = await self._fetch_tasks(conn, grp, seqs=sorted(ok)) if ok else {}
                 for i, task_id, _attempt, _encoded in mine:
-                    seq = seq_of.get(task_id)
-                    if seq is not None and seq in tasks_by_seq:
-                        out[i] = tasks_by_seq[seq]
-                        finished.append(tasks_by_seq[seq])
+                    found = tasks_by_seq.get(seq_of.get(task_id, -1))
+                    if found is not None:
+                        out[i] = found
+                        finished.append(found)
                         continue
                     try:
                         await self._explain_lost(conn, task_id, grp)
