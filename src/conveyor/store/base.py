@@ -748,11 +748,17 @@ class TaskStore(abc.ABC):
     ) -> dict[Any, Task]:
         stmt = q.task_view(grp)
         if ids is not None:
-            stmt = stmt.where(t.c.id.in_(set(ids)))
+            wanted = sorted(set(ids))
+            # The delivery side by its primary key too: the plan must not depend on
+            # the planner's row estimates (a fresh table has none).
+            stmt = stmt.where(
+                t.c.id.in_(wanted), d.c.task_seq.in_(select(t.c.seq).where(t.c.id.in_(wanted)))
+            )
             keyf = "id"
         else:
             assert seqs is not None
-            stmt = stmt.where(t.c.seq.in_(seqs))
+            # Both sides, so the planner can drive the join from either primary key.
+            stmt = stmt.where(t.c.seq.in_(seqs), d.c.task_seq.in_(seqs))
             keyf = "seq"
         rows = await conn.execute(stmt)
         return {row._mapping[keyf]: _row_to_task(row) for row in rows}
