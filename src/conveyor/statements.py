@@ -48,6 +48,19 @@ QUEUE_MODE = ""  # the delivery ``grp`` of queue mode; group names are never emp
 
 Now = ColumnElement[int]
 
+#: The delivery columns a new row is seeded with (the rest start NULL).
+SEEDED = [
+    "task_seq",
+    "grp",
+    "queue",
+    "partition",
+    "priority",
+    "max_attempts",
+    "status",
+    "attempt",
+    "run_at",
+]
+
 
 def seconds_to_us(seconds: ColumnElement[Any] | float) -> ColumnElement[int]:
     """Seconds (a number or SQL expression) as integer microseconds."""
@@ -159,20 +172,7 @@ def fan_out(seqs: Sequence[int]) -> Insert:
         )
         .where(t.c.seq.in_(seqs))
     )
-    return d.insert().from_select(
-        [
-            "task_seq",
-            "grp",
-            "queue",
-            "partition",
-            "priority",
-            "max_attempts",
-            "status",
-            "attempt",
-            "run_at",
-        ],
-        source,
-    )
+    return d.insert().from_select(SEEDED, source)
 
 
 def backfill(queue: str, grp: str, start_at: int | None) -> Insert:
@@ -204,21 +204,7 @@ def backfill(queue: str, grp: str, start_at: int | None) -> Insert:
             ~exists().where(mine.c.task_seq == t.c.seq, mine.c.grp == grp),
         )
     )
-    return d.insert().from_select(
-        [
-            "task_seq",
-            "grp",
-            "queue",
-            "partition",
-            "priority",
-            "max_attempts",
-            "status",
-            "attempt",
-            "run_at",
-            "finished_at",
-        ],
-        source,
-    )
+    return d.insert().from_select([*SEEDED, "finished_at"], source)
 
 
 def ready_plain(grp: str, queues: Sequence[str], now: Now) -> Select[Any]:
