@@ -190,7 +190,7 @@ async def test_claim_statements_use_the_partial_indexes(store: TaskStore, backen
 
         # The lease UPDATE: row by row through a key, never through the group's rows.
         pick = lock(q.ready_plain(grp, [Q], now).limit(10)).cte("pick")
-        leases = {
+        leases: dict[str, Any] = {
             "take (plain)": select(pick.c.task_seq).scalar_subquery(),
             "take (stream)": [1, 2, 3],
         }
