@@ -409,6 +409,7 @@ async def test_unsubscribe_stops_delivery(store: TaskStore) -> None:
     new = await store.submit("e", queue=Q)
     assert await store.get(new.id, group="a") is None
     assert await store.get(old.id, group="a") is None  # its state is dropped
+    assert await store.claim(Q, worker_id="w", group="a") == []  # not subscribed again
     [group] = await store.groups(Q)
     assert group.active is False
     # Queue mode is untouched.
@@ -501,11 +502,12 @@ async def test_task_cancelled_before_subscribe_arrives_cancelled(store: TaskStor
     assert [t.id for t in await store.claim(Q, worker_id="w", group="late")] == [gone.id]
 
 
-async def test_claim_after_another_store_unsubscribed_subscribes_again(
+async def test_a_group_unsubscribed_elsewhere_stays_unsubscribed_until_subscribe(
     store: TaskStore, store_url: str
 ) -> None:
-    """Which process ended a subscription does not matter: the next claim by the group
-    is a first claim by an unknown group, and subscribes it with start="all"."""
+    """Unsubscribing is an operator's decision: a worker still claiming as the group
+    (here with a cached subscription, in another store) gets nothing and does not
+    bring the group back; an explicit subscribe() does, from its start."""
     old = await store.submit("e", queue=Q)
     [t] = await store.claim(Q, worker_id="w", group="g")
     await store.succeed(t.id, worker_id="w", group="g")
@@ -513,10 +515,13 @@ async def test_claim_after_another_store_unsubscribed_subscribes_again(
         assert await admin.unsubscribe(Q, "g") is True
         assert await admin.get(old.id, group="g") is None
     new = await store.submit("e", queue=Q)
+    assert await store.claim(Q, worker_id="w", group="g", limit=10) == []
+    [group] = await store.groups(Q)
+    assert not group.active
+    async with conveyor.connect(store_url) as admin:
+        await admin.subscribe(Q, "g", start="all")
     got = await store.claim(Q, worker_id="w", group="g", limit=10)
     assert [x.id for x in got] == [old.id, new.id]
-    [group] = await store.groups(Q)
-    assert group.active
 
 
 async def test_a_group_claiming_several_queues_is_subscribed_to_each(store: TaskStore) -> None:

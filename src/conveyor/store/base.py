@@ -987,34 +987,7 @@ class TaskStore(abc.ABC):
             self._busy.add(busy_key)
         else:
             self._busy.discard(busy_key)
-            if group is not None and await self._forget_ended_groups(names, group):
-                # Another store ended the subscription: claim as an unknown group would.
-                return await self.claim(
-                    names,
-                    worker_id=worker_id,
-                    lease=lease,
-                    limit=limit,
-                    group=group,
-                    partition=partition,
-                )
         return claimed
-
-    async def _forget_ended_groups(self, names: Sequence[str], group: str) -> bool:
-        """Drop cached subscriptions of ``group`` that are no longer active (another
-        store unsubscribed it); True if there were any."""
-
-        async def work(conn: AsyncConnection) -> set[str]:
-            rows = await conn.execute(
-                select(g.c.queue).where(
-                    g.c.name == group, g.c.queue.in_(names), g.c.active.is_(True)
-                )
-            )
-            return set(rows.scalars())
-
-        active = await self._run(work, write=False)
-        ended = [(qn, group) for qn in names if qn not in active]
-        self._known_groups.difference_update(ended)
-        return bool(ended)
 
     async def _probe(
         self, conn: AsyncConnection, grp: str, names: Sequence[str], partition: str | None
@@ -1524,7 +1497,8 @@ class TaskStore(abc.ABC):
         """Register ``group`` on ``queue``: it receives every task from ``start`` on
         (``"all"``: the retained history; ``"new"``: tasks submitted after this call
         returns; a datetime: tasks created since then). Subscribing an active group
-        again changes nothing and returns it."""
+        again changes nothing and returns it; subscribing an unsubscribed one starts
+        it over from ``start``. (A claim subscribes only a group never seen before.)"""
         queue = v.name("queue", queue)
         group = v.name("group", group)
         if isinstance(start, datetime):
@@ -1538,7 +1512,9 @@ class TaskStore(abc.ABC):
             row = (
                 await conn.execute(select(g).where(g.c.queue == queue, g.c.name == group))
             ).first()
-            if row is not None and row.active:
+            if row is not None and (row.active or _if_missing):
+                # An unsubscribed group stays so until subscribe() is called: a stray
+                # worker's claim must not bring it back and replay the history.
                 return self._group(row), False
             now = await self._current_now_us(conn)
             begin = now if start == "new" else start_at
