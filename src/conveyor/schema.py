@@ -33,6 +33,7 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    SmallInteger,
     String,
     Table,
     Text,
@@ -110,6 +111,9 @@ deliveries = Table(
     Column("progress_message", Text, nullable=True),
     Column("result", Text, nullable=True),
     Column("error", Text, nullable=True),
+    # 1 once maintain() has added this finished row to conveyor_counts; 0 otherwise
+    # (every queued or running row, and finished rows not yet counted).
+    Column("rolled", SmallInteger, nullable=False, server_default=text("0")),
 )
 # Unordered claimable work: the claim reads this index in claim order and stops.
 Index(
@@ -149,6 +153,16 @@ Index(
     deliveries.c.status,
     deliveries.c.task_seq,
 )
+# Rows not rolled up into conveyor_counts: the active ones plus the recently
+# finished. stats() counts these and adds the rolled-up totals.
+Index(
+    "ix_conveyor_deliveries_unrolled",
+    deliveries.c.queue,
+    deliveries.c.grp,
+    deliveries.c.status,
+    postgresql_where=text("rolled = 0"),
+    sqlite_where=text("rolled = 0"),
+)
 Index(
     "ix_conveyor_deliveries_finished",
     deliveries.c.queue,
@@ -174,6 +188,15 @@ Index(
     streams.c.available_at,
     postgresql_where=text("available_at IS NOT NULL"),
     sqlite_where=text("available_at IS NOT NULL"),
+)
+
+counts = Table(
+    "conveyor_counts",
+    metadata,
+    Column("queue", String(NAME), primary_key=True),
+    Column("grp", String(NAME), primary_key=True),
+    Column("status", String(16), primary_key=True),
+    Column("n", BigInteger, nullable=False),
 )
 
 groups = Table(

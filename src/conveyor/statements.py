@@ -25,6 +25,7 @@ from sqlalchemy import (
     exists,
     func,
     literal,
+    literal_column,
     null,
     or_,
     select,
@@ -33,6 +34,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.dml import Insert
 
+from conveyor.schema import counts as cn
 from conveyor.schema import deliveries as d
 from conveyor.schema import groups as g
 from conveyor.schema import queues as qs
@@ -420,11 +422,18 @@ def stream_state(queue: str, grp: str, partition: str) -> Select[Any]:
 
 
 def delete_group(queue: str, grp: str) -> list[Delete]:
-    """Remove a group's delivery and stream rows."""
+    """Remove a group's delivery, stream and count rows."""
     return [
         delete(d).where(d.c.queue == queue, d.c.grp == grp),
         delete(s).where(s.c.queue == queue, s.c.grp == grp),
+        delete(cn).where(cn.c.queue == queue, cn.c.grp == grp),
     ]
+
+
+def unrolled() -> list[ColumnElement[bool]]:
+    """Rows not yet folded into ``conveyor_counts``. Written as a literal so SQLite
+    matches it to the partial index ``ix_conveyor_deliveries_unrolled``."""
+    return [d.c.rolled == literal_column("0")]
 
 
 def claimable(now: Now | int) -> list[ColumnElement[bool]]:

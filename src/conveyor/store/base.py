@@ -56,6 +56,7 @@ from conveyor.models import (
     Task,
 )
 from conveyor.schema import PROTOCOL_VERSION, meta
+from conveyor.schema import counts as cn
 from conveyor.schema import deliveries as d
 from conveyor.schema import groups as g
 from conveyor.schema import keys as k
@@ -72,6 +73,8 @@ CONFLICTS = ("reuse", "reject", "replace")
 DEFAULT_MAX_ATTEMPTS = 3
 MAX_LIMIT = 10_000
 PURGE_BATCH = 1_000
+ROLLUP_BATCH = 5_000
+TERMINAL = ("succeeded", "failed", "cancelled", "evicted")
 TRANSIENT_RETRIES = 8
 POLL_CAP = 0.5  # wait() never sleeps longer than this between looks
 SUBMIT_FIELDS = frozenset(
@@ -881,15 +884,24 @@ class TaskStore(abc.ABC):
                 # never match a newer one.
                 budget = select(t.c.max_attempts).where(t.c.seq == d.c.task_seq)
                 values["max_attempts"] = d.c.attempt + budget.scalar_subquery()
+            retryable = (
+                d.c.task_seq == q.task_seq_of(task_id),
+                d.c.grp == grp,
+                d.c.status.in_(("failed", "cancelled", "evicted")),
+            )
+            # A finished row already rolled up into the counts leaves them again.
+            before = (
+                await conn.execute(
+                    self._lock_rows(select(d.c.queue, d.c.status, d.c.rolled).where(*retryable))
+                )
+            ).first()
+            if before is not None and before.rolled:
+                await self._add_counts(conn, {(before.queue, grp, before.status): -1})
             rows = builtins.list(
                 await conn.execute(
                     update(d)
-                    .where(
-                        d.c.task_seq == q.task_seq_of(task_id),
-                        d.c.grp == grp,
-                        d.c.status.in_(("failed", "cancelled", "evicted")),
-                    )
-                    .values(**values)
+                    .where(*retryable)
+                    .values(rolled=0, **values)
                     .returning(d.c.queue, d.c.grp, d.c.partition)
                 )
             )
@@ -1608,20 +1620,29 @@ class TaskStore(abc.ABC):
 
         async def work(conn: AsyncConnection) -> builtins.list[QueueStats]:
             now = await self._current_now_us(conn)
-            counts_q = select(d.c.queue, d.c.grp, d.c.status, func.count()).group_by(
-                d.c.queue, d.c.grp, d.c.status
+            # Totals folded up by maintain(), plus the rows not folded yet (the active
+            # ones and the recently finished), read from their partial index.
+            live_q = (
+                select(d.c.queue, d.c.grp, d.c.status, func.count())
+                .where(*q.unrolled())
+                .group_by(d.c.queue, d.c.grp, d.c.status)
             )
+            rolled_q = select(cn.c.queue, cn.c.grp, cn.c.status, cn.c.n)
             oldest_q = (
                 select(d.c.queue, d.c.grp, func.min(d.c.run_at))
-                .where(*q.claimable(now))
+                .where(*q.unrolled(), *q.claimable(now))
                 .group_by(d.c.queue, d.c.grp)
             )
             if queue is not None:
-                counts_q = counts_q.where(d.c.queue == queue)
+                live_q = live_q.where(d.c.queue == queue)
+                rolled_q = rolled_q.where(cn.c.queue == queue)
                 oldest_q = oldest_q.where(d.c.queue == queue)
             counts: dict[tuple[str, str], dict[str, int]] = {}
-            for qn, grp, status, n in await conn.execute(counts_q):
-                counts.setdefault((qn, grp), {st.value: 0 for st in Status})[status] = n
+            for stmt in (live_q, rolled_q):
+                for qn, grp, status, n in await conn.execute(stmt):
+                    per = counts.setdefault((qn, grp), {st.value: 0 for st in Status})
+                    per[status] += int(n)
+            counts = {key: c for key, c in counts.items() if any(c.values()) or key[1]}
             oldest = {(qn, grp): (now - m) / v.US for qn, grp, m in await conn.execute(oldest_q)}
             group_rows = await conn.execute(
                 select(g.c.queue, g.c.name).where(g.c.active.is_(True))
@@ -1758,6 +1779,7 @@ class TaskStore(abc.ABC):
                     )
                 if row.retention is not None:
                     deleted += await self._purge(row.queue, row.retention, row.queue_mode)
+            await self._rollup()
             counts = {
                 "recovered": requeued,
                 "expired": failed,
@@ -1883,12 +1905,68 @@ class TaskStore(abc.ABC):
         )
         doomed = [seq for seq in seqs if seq not in blocked]
         if doomed:
+            rolled = await conn.execute(
+                select(d.c.queue, d.c.grp, d.c.status, func.count())
+                .where(d.c.task_seq.in_(doomed), d.c.rolled == 1)
+                .group_by(d.c.queue, d.c.grp, d.c.status)
+            )
+            await self._add_counts(conn, {(qn, gr, st): -n for qn, gr, st, n in rolled})
             ids = select(t.c.id).where(t.c.seq.in_(doomed))
             await conn.execute(delete(k).where(k.c.task_id.in_(ids)))
             await conn.execute(delete(d).where(d.c.task_seq.in_(doomed)))
             await conn.execute(delete(t).where(t.c.seq.in_(doomed)))
         last = candidates[-1]
         return len(doomed), (last.finished_at, last.task_seq)
+
+    async def _add_counts(
+        self, conn: AsyncConnection, deltas: Mapping[tuple[str, str, str], int]
+    ) -> None:
+        """Add to the rolled-up finished counts of (queue, group, status)."""
+        for (queue, grp, status), n in sorted(deltas.items()):
+            if n:
+                ins = self._upsert(cn).values(queue=queue, grp=grp, status=status, n=n)
+                await conn.execute(
+                    ins.on_conflict_do_update(
+                        index_elements=["queue", "grp", "status"], set_={"n": cn.c.n + n}
+                    )
+                )
+
+    async def _rollup(self) -> int:
+        """Fold finished rows into ``conveyor_counts`` in bounded batches, so stats()
+        reads totals plus the few rows finished since, whatever the history."""
+        total = 0
+        while True:
+            rolled = await self._run(self._rollup_batch)
+            if not rolled:
+                return total
+            total += rolled
+
+    async def _rollup_batch(self, conn: AsyncConnection) -> int:
+        seqs = builtins.list(
+            (
+                await conn.execute(
+                    select(d.c.task_seq)
+                    .where(*q.unrolled(), d.c.status.in_(TERMINAL))
+                    .limit(ROLLUP_BATCH)
+                )
+            ).scalars()
+        )
+        if not seqs:
+            return 0
+        rows = await conn.execute(
+            update(d)
+            .where(*q.unrolled(), d.c.status.in_(TERMINAL), d.c.task_seq.in_(sorted(set(seqs))))
+            .values(rolled=1)
+            .returning(d.c.queue, d.c.grp, d.c.status)
+        )
+        deltas: dict[tuple[str, str, str], int] = {}
+        n = 0
+        for row in rows:
+            key = (row.queue, row.grp, row.status)
+            deltas[key] = deltas.get(key, 0) + 1
+            n += 1
+        await self._add_counts(conn, deltas)
+        return n
 
     async def maintenance_history(self, limit: int = 20) -> builtins.list[dict[str, Any]]:
         """The most recent :meth:`maintain` passes, newest first."""

@@ -19,6 +19,14 @@ depends_on = None
 
 def upgrade() -> None:
     op.create_table(
+        "conveyor_counts",
+        sa.Column("queue", sa.String(length=255), nullable=False),
+        sa.Column("grp", sa.String(length=255), nullable=False),
+        sa.Column("status", sa.String(length=16), nullable=False),
+        sa.Column("n", sa.BigInteger(), nullable=False),
+        sa.PrimaryKeyConstraint("queue", "grp", "status"),
+    )
+    op.create_table(
         "conveyor_groups",
         sa.Column("queue", sa.String(length=255), nullable=False),
         sa.Column("name", sa.String(length=255), nullable=False),
@@ -143,6 +151,7 @@ def upgrade() -> None:
         sa.Column("progress_message", sa.Text(), nullable=True),
         sa.Column("result", sa.Text(), nullable=True),
         sa.Column("error", sa.Text(), nullable=True),
+        sa.Column("rolled", sa.SmallInteger(), server_default=sa.text("0"), nullable=False),
         sa.ForeignKeyConstraint(["task_seq"], ["conveyor_tasks.seq"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("task_seq", "grp"),
     )
@@ -167,6 +176,13 @@ def upgrade() -> None:
             unique=False,
             postgresql_where=sa.text("status = 'queued' AND partition IS NULL"),
             sqlite_where=sa.text("status = 'queued' AND partition IS NULL"),
+        )
+        batch_op.create_index(
+            "ix_conveyor_deliveries_unrolled",
+            ["queue", "grp", "status"],
+            unique=False,
+            postgresql_where=sa.text("rolled = 0"),
+            sqlite_where=sa.text("rolled = 0"),
         )
         batch_op.create_index(
             "ix_conveyor_deliveries_status", ["grp", "queue", "status", "task_seq"], unique=False
@@ -204,6 +220,7 @@ def downgrade() -> None:
             sqlite_where=sa.text("status IN ('queued', 'running') AND partition IS NOT NULL"),
         )
         batch_op.drop_index("ix_conveyor_deliveries_status")
+        batch_op.drop_index("ix_conveyor_deliveries_unrolled")
         batch_op.drop_index(
             "ix_conveyor_deliveries_ready",
             postgresql_where=sa.text("status = 'queued' AND partition IS NULL"),
@@ -245,3 +262,4 @@ def downgrade() -> None:
 
     op.drop_table("conveyor_maintenance")
     op.drop_table("conveyor_groups")
+    op.drop_table("conveyor_counts")
