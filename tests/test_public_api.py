@@ -170,3 +170,22 @@ def test_explicit_url_beats_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("CONVEYOR_URL", "postgresql://someone@db.invalid/jobs")
     store = conveyor.connect("sqlite:///explicit.db")
     assert type(store) is SQLiteStore
+
+
+def test_postgres_without_psycopg_names_the_install_command() -> None:
+    """A real interpreter in which psycopg cannot be imported, as on a core install."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; sys.modules['psycopg'] = None\n"
+        "import conveyor\n"
+        "try:\n"
+        "    conveyor.connect('postgresql://user@127.0.0.1/db')\n"
+        "except conveyor.ConfigurationError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    assert "pip install 'conveyor[postgres]'" in out

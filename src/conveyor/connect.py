@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib.util
 import os
 import threading
 from collections.abc import Callable, Coroutine
@@ -38,10 +37,12 @@ def resolve_url(url: str | None) -> tuple[str, str]:
     if backend == "sqlite" and driver in ("", "aiosqlite"):
         return "sqlite", parsed.set(drivername="sqlite+aiosqlite").render_as_string(False)
     if backend in ("postgresql", "postgres") and driver in ("", "psycopg", "psycopg_async"):
-        if importlib.util.find_spec("psycopg") is None:
+        try:
+            import psycopg  # noqa: F401  (only to learn whether the extra is installed)
+        except ImportError:
             raise ConfigurationError(
                 f"PostgreSQL needs the psycopg driver: run `{POSTGRES_INSTALL}`"
-            )
+            ) from None
         return "postgresql", parsed.set(drivername="postgresql+psycopg").render_as_string(False)
     raise ConfigurationError(
         f"unsupported database URL scheme {parsed.drivername!r}: use sqlite:// "
