@@ -399,10 +399,10 @@ def stream_running(queue: str, grp: str, partition: str) -> Select[Any]:
     )
 
 
-def stream_rows(queue: str, grp: str, partition: str, limit: int) -> Select[Any]:
-    """The first active rows of a stream in submit order."""
+def stream_rows(queue: str, grp: str, partition: str, limit: int, now: Now) -> Select[Any]:
+    """The first active rows of a stream in submit order, each with whether it is due."""
     return (
-        select(d.c.task_seq, d.c.status, d.c.run_at)
+        select(d.c.task_seq, d.c.status, case((d.c.run_at <= now, 1), else_=0).label("due"))
         .where(
             d.c.grp == grp,
             d.c.queue == queue,

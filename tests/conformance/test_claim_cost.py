@@ -178,7 +178,11 @@ async def test_claim_statements_use_the_partial_indexes(store: TaskStore, backen
                 STREAM,
                 "conveyor_deliveries",
             ),
-            "stream_rows": (q.stream_rows(Q, grp, "live-1", 10), STREAM, "conveyor_deliveries"),
+            "stream_rows": (
+                q.stream_rows(Q, grp, "live-1", 10, now),
+                STREAM,
+                "conveyor_deliveries",
+            ),
             "stream_running": (q.stream_running(Q, grp, "live-1"), STREAM, "conveyor_deliveries"),
         }
         for name, (stmt, index, table) in plans.items():

@@ -1040,11 +1040,12 @@ class TaskStore(abc.ABC):
             )
         if use_stream:
             assert stream is not None
-            rows = await conn.execute(q.stream_rows(stream.queue, grp, stream.partition, limit))
-            now_us = await self._current_now_us(conn)
+            rows = await conn.execute(
+                q.stream_rows(stream.queue, grp, stream.partition, limit, self._now())
+            )
             seqs = []
             for row in rows:
-                if row.status != q.QUEUED or row.run_at > now_us:
+                if row.status != q.QUEUED or not row.due:
                     break
                 seqs.append(row.task_seq)
             if not seqs:
