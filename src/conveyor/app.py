@@ -13,198 +13,35 @@ the submit helpers the decorated functions grow.
     task = await send_email.submit(to="a@b.c", subject="hi")
     task = await send_email.with_options(partition="cust-7", delay=10).submit(to="x@y.z")
 
-A submitted task's payload is ``{"args": [...], "kwargs": {...}}``. Workers also
-accept payloads written by other producers (see :func:`payload_arguments`).
+Task functions, the naming rule and the payload convention live in
+:mod:`conveyor.registry` (re-exported here); the worker in :mod:`conveyor.worker`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib
-import inspect
 import signal
 from collections.abc import Callable, Sequence
-from datetime import datetime
-from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeVar, overload
+from typing import Any, TypeVar, overload
 
 from conveyor import _values as v
 from conveyor.connect import SyncStore, connect
-from conveyor.errors import ConfigurationError, InvalidArgument
-from conveyor.models import Backoff, Task
-from conveyor.store.base import TaskStore
-
-if TYPE_CHECKING:
-    from conveyor.worker import Context, Worker
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-#: What ``partition=`` of ``@app.task`` accepts: a fixed name, or a function of the
-#: task's arguments that names the stream (``lambda order_id, **_: order_id``).
-PartitionSpec = str | Callable[..., str | None] | None
-
-_OPTIONS = frozenset(
-    {
-        "partition",
-        "key",
-        "delay",
-        "run_at",
-        "priority",
-        "queue",
-        "conflict",
-        "correlation_id",
-        "parent",
-        "metadata",
-        "max_attempts",
-    }
+from conveyor.errors import ConfigurationError
+from conveyor.models import Backoff
+from conveyor.registry import (
+    PartitionSpec,
+    TaskCall,
+    TaskFunction,
+    default_task_name,
+    payload_arguments,
+    payload_for,
+    task_factory,
 )
+from conveyor.store.base import TaskStore
+from conveyor.worker import Worker
 
-
-def payload_arguments(payload: Any) -> tuple[list[Any], dict[str, Any]]:
-    """The ``(args, kwargs)`` a handler is called with, from a task's payload.
-
-    ``{"args": [...], "kwargs": {...}}`` (what :meth:`TaskFunction.submit` writes;
-    either key may be missing) is unpacked; any other dict is passed as keyword
-    arguments (so ``conveyor submit NAME --payload '{"to": "a@b.c"}'`` works); a
-    list as positional arguments; ``None`` as no arguments; anything else as the
-    single positional argument.
-    """
-    if payload is None:
-        return [], {}
-    if isinstance(payload, dict):
-        args, kwargs = payload.get("args", []), payload.get("kwargs", {})
-        if (
-            set(payload) <= {"args", "kwargs"}
-            and isinstance(args, list)
-            and isinstance(kwargs, dict)
-        ):
-            return list(args), dict(kwargs)
-        return [], dict(payload)
-    if isinstance(payload, list):
-        return list(payload), {}
-    return [payload], {}
-
-
-class TaskCall(Generic[P]):
-    """A task function with per-call submit options bound; see
-    :meth:`TaskFunction.with_options`."""
-
-    def __init__(self, fn: TaskFunction[P, Any], options: dict[str, Any]) -> None:
-        self.fn = fn
-        self.options = options
-
-    async def submit(self, *args: P.args, **kwargs: P.kwargs) -> Task:
-        """Submit one run with the function's arguments; returns the queued task."""
-        return await self.fn.app.store.submit(**self.request(args, kwargs))
-
-    def submit_sync(self, *args: P.args, **kwargs: P.kwargs) -> Task:
-        """:meth:`submit`, blocking (for scripts and sync web handlers)."""
-        return self.fn.app.sync_store.submit(**self.request(args, kwargs))
-
-    def request(self, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
-        """The keyword arguments of :meth:`TaskStore.submit` for one call."""
-        fn = self.fn
-        request: dict[str, Any] = {
-            "name": fn.name,
-            "payload": {"args": list(args), "kwargs": dict(kwargs)},
-            "queue": fn.queue,
-            "priority": fn.priority,
-            "max_attempts": fn.max_attempts,
-            "backoff": fn.backoff,
-        }
-        if "partition" not in self.options and fn.partition is not None:
-            request["partition"] = (
-                fn.partition(*args, **kwargs) if callable(fn.partition) else fn.partition
-            )
-        request.update(self.options)
-        return request
-
-
-class TaskFunction(Generic[P, R]):
-    """A function registered with :meth:`App.task`.
-
-    Calling it runs the function directly (handy in tests); :meth:`submit` queues
-    a run instead. The function receives a :class:`~conveyor.worker.Context` first.
-    """
-
-    def __init__(
-        self,
-        app: App,
-        func: Callable[..., R],
-        *,
-        name: str,
-        queue: str,
-        max_attempts: int | None,
-        timeout: float | None,
-        backoff: Backoff | None,
-        priority: int,
-        partition: PartitionSpec,
-    ) -> None:
-        self.app = app
-        self.func = func
-        self.name = name
-        self.queue = queue
-        self.max_attempts = max_attempts
-        self.timeout = timeout
-        self.backoff = backoff
-        self.priority = priority
-        self.partition = partition
-        #: Coroutine functions run on the worker's event loop, others in a thread.
-        self.is_async = inspect.iscoroutinefunction(func)
-        self.__doc__ = func.__doc__
-        self.__name__ = getattr(func, "__name__", name)
-        self.__qualname__ = getattr(func, "__qualname__", name)
-        self.__module__ = getattr(func, "__module__", __name__)
-        self.__wrapped__ = func
-
-    def __call__(self, ctx: Context, *args: P.args, **kwargs: P.kwargs) -> R:
-        """Run the function now, in this process (no queue involved)."""
-        return self.func(ctx, *args, **kwargs)
-
-    def __repr__(self) -> str:
-        return f"<TaskFunction {self.name} queue={self.queue!r}>"
-
-    def with_options(
-        self,
-        *,
-        partition: str | None = None,
-        key: str | None = None,
-        delay: v.Duration | None = None,
-        run_at: datetime | None = None,
-        priority: int | None = None,
-        queue: str | None = None,
-        conflict: Literal["reuse", "reject", "replace"] | None = None,
-        correlation_id: str | None = None,
-        parent: Task | str | None = None,
-        metadata: dict[str, Any] | None = None,
-        max_attempts: int | None = None,
-    ) -> TaskCall[P]:
-        """Submit options for one call: ``fn.with_options(partition="c7").submit(...)``.
-
-        Options left ``None`` keep the task's defaults.
-        """
-        given = {
-            "partition": partition,
-            "key": key,
-            "delay": delay,
-            "run_at": run_at,
-            "priority": priority,
-            "queue": queue,
-            "conflict": conflict,
-            "correlation_id": correlation_id,
-            "parent": parent,
-            "metadata": metadata,
-            "max_attempts": max_attempts,
-        }
-        return TaskCall(self, {k: val for k, val in given.items() if val is not None})
-
-    async def submit(self, *args: P.args, **kwargs: P.kwargs) -> Task:
-        """Queue one run with these arguments; returns the queued task."""
-        return await TaskCall(self, {}).submit(*args, **kwargs)
-
-    def submit_sync(self, *args: P.args, **kwargs: P.kwargs) -> Task:
-        """:meth:`submit`, blocking."""
-        return TaskCall(self, {}).submit_sync(*args, **kwargs)
+R = TypeVar("R")
 
 
 class App:
@@ -295,36 +132,26 @@ class App:
         ``partition`` puts every run in one stream, or names the stream from the
         arguments when it is a function.
         """
-        checked_queue = v.name("queue", queue)
-        checked_max = None if max_attempts is None else v.positive_int("max_attempts", max_attempts)
-        checked_timeout = (
-            None if timeout is None else v.duration_seconds("timeout", timeout, allow_zero=False)
+        make = task_factory(
+            self,
+            name=name,
+            queue=queue,
+            max_attempts=max_attempts,
+            timeout=timeout,
+            backoff=backoff,
+            priority=priority,
+            partition=partition,
         )
-        checked_backoff = v.backoff("backoff", backoff)
-        checked_priority = v.integer("priority", priority)
-        if isinstance(partition, str):
-            v.name("partition", partition)
-        elif partition is not None and not callable(partition):
-            raise InvalidArgument("partition", "must be a name or a function of the arguments")
 
         def register(fn: Callable[..., R]) -> TaskFunction[..., R]:
-            task_name = v.name(
-                "name", name or f"{getattr(fn, '__module__', '?')}.{fn.__qualname__}"
-            )
-            if task_name in self.tasks and self.tasks[task_name].func is not fn:
-                raise ConfigurationError(f"two task functions are named {task_name!r}")
-            registered: TaskFunction[..., R] = TaskFunction(
-                self,
-                fn,
-                name=task_name,
-                queue=checked_queue,
-                max_attempts=checked_max,
-                timeout=checked_timeout,
-                backoff=checked_backoff,
-                priority=checked_priority,
-                partition=partition,
-            )
-            self.tasks[task_name] = registered
+            registered = make(fn)
+            known = self.tasks.get(registered.name)
+            if known is not None and known.func is not fn:
+                raise ConfigurationError(
+                    f"two task functions are named {registered.name!r}: give one of them "
+                    "another name with @app.task(name=...)"
+                )
+            self.tasks[registered.name] = registered
             return registered
 
         return register if func is None else register(func)
@@ -344,8 +171,6 @@ class App:
     ) -> Worker:
         """A :class:`~conveyor.worker.Worker` running this app's tasks; ``await
         worker.run()`` until ``worker.stop()``. ``store`` defaults to :attr:`store`."""
-        from conveyor.worker import Worker
-
         return Worker(
             self,
             queues,
@@ -432,4 +257,13 @@ def load_app(path: str) -> App:
     return obj
 
 
-__all__ = ["App", "PartitionSpec", "TaskCall", "TaskFunction", "load_app", "payload_arguments"]
+__all__ = [
+    "App",
+    "PartitionSpec",
+    "TaskCall",
+    "TaskFunction",
+    "default_task_name",
+    "load_app",
+    "payload_arguments",
+    "payload_for",
+]

@@ -46,10 +46,9 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from conveyor import _values as v
-from conveyor.app import TaskCall, TaskFunction, payload_arguments
 from conveyor.errors import (
     ConveyorError,
     InvalidArgument,
@@ -58,11 +57,9 @@ from conveyor.errors import (
     TaskCancelled,
 )
 from conveyor.models import Status, Task
+from conveyor.registry import TaskCall, TaskFunction, TaskHost, payload_arguments, payload_for
 from conveyor.statements import DEFAULT_LEASE
 from conveyor.store.base import TaskStore
-
-if TYPE_CHECKING:
-    from conveyor.app import App
 
 log = logging.getLogger("conveyor.worker")
 
@@ -164,10 +161,7 @@ class Context:
         parent = self._held.task
         if call is None:
             assert isinstance(task, str)
-            request: dict[str, Any] = {
-                "name": task,
-                "payload": {"args": list(args), "kwargs": dict(kwargs)},
-            }
+            request: dict[str, Any] = {"name": task, "payload": payload_for(args, kwargs)}
         else:
             request = call.request(args, kwargs)
         request["parent"] = parent.id
@@ -305,7 +299,7 @@ class Worker:
 
     def __init__(
         self,
-        app: App,
+        app: TaskHost,
         queues: str | Sequence[str] = "default",
         *,
         store: TaskStore | None = None,
