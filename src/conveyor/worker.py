@@ -35,13 +35,11 @@ Logs go to the ``conveyor.worker`` logger with ``task_id``, ``queue`` and
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import itertools
 import logging
 import os
 import random
 import socket
-import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -49,6 +47,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from conveyor import _values as v
+from conveyor.acks import Acks
+from conveyor.context import Context, start_handler
 from conveyor.errors import (
     ConveyorError,
     InvalidArgument,
@@ -57,7 +57,8 @@ from conveyor.errors import (
     TaskCancelled,
 )
 from conveyor.models import Status, Task
-from conveyor.registry import TaskCall, TaskFunction, TaskHost, payload_arguments, payload_for
+from conveyor.outcomes import TaskTimeout, UnknownTask
+from conveyor.registry import TaskHost, payload_arguments
 from conveyor.statements import DEFAULT_LEASE
 from conveyor.store.base import TaskStore
 
@@ -66,19 +67,6 @@ log = logging.getLogger("conveyor.worker")
 T = TypeVar("T")
 
 WRITE_RETRIES = 6  # a final write that meets a database outage: ~6 s of retries
-FROM_THREAD_TIMEOUT = 60.0  # a sync handler's ctx call waits this long for the loop
-
-
-class TaskTimeout(ConveyorError):
-    """The handler ran past its task's ``timeout``; the attempt failed."""
-
-    code = "timeout"
-
-
-class UnknownTask(ConveyorError):
-    """No handler is registered under the task's name in this worker."""
-
-    code = "unknown_task"
 
 
 @dataclass(eq=False)
@@ -97,196 +85,6 @@ class _Held:
     @property
     def extra(self) -> dict[str, Any]:
         return {"task_id": self.task.id, "queue": self.task.queue, "attempt": self.task.attempt}
-
-
-class Context:
-    """What a handler receives first: the claimed task and ways to report on it.
-
-    Coroutine handlers use ``await ctx.progress(...)`` and ``await
-    ctx.submit_child(...)``. Plain (sync) handlers run in a thread and use the
-    blocking twins :meth:`progress_sync` and :meth:`submit_child_sync`, which
-    carry the call over to the worker's event loop.
-    """
-
-    def __init__(self, worker: Worker, held: _Held, loop: asyncio.AbstractEventLoop) -> None:
-        self._worker = worker
-        self._held = held
-        self._loop = loop
-
-    @property
-    def task(self) -> Task:
-        """The claimed task (``ctx.task.attempt`` tells which attempt this is)."""
-        return self._held.task
-
-    @property
-    def worker_id(self) -> str:
-        """The id of the worker running this task."""
-        return self._worker.worker_id
-
-    @property
-    def store(self) -> TaskStore:
-        """The store the worker claims from."""
-        return self._worker.store
-
-    async def progress(self, fraction: float | None = None, message: str | None = None) -> None:
-        """Record progress (a fraction in [0, 1]) and/or a message.
-
-        Raises :class:`LostLease` (or :class:`TaskCancelled`) when the task is no
-        longer this worker's; let it propagate and the worker drops the task.
-        """
-        task = self._held.task
-        await self._worker.store.progress(
-            task.id,
-            worker_id=self._worker.worker_id,
-            progress=fraction,
-            message=message,
-            group=self._worker.group,
-            attempt=task.attempt,
-        )
-
-    async def submit_child(
-        self, task: TaskFunction[Any, Any] | TaskCall[Any] | str, *args: Any, **kwargs: Any
-    ) -> Task:
-        """Submit a task whose parent is this one (``parent_id``/``root_id`` set,
-        ``correlation_id`` inherited). ``task`` is a task function, one with
-        options bound, or a task name (a name unknown to the app goes to the
-        ``default`` queue)."""
-        if isinstance(task, str):
-            known = self._worker.app.tasks.get(task)
-            call: TaskCall[Any] | None = None if known is None else TaskCall(known, {})
-        elif isinstance(task, TaskFunction):
-            call = TaskCall(task, {})
-        else:
-            call = task
-        parent = self._held.task
-        if call is None:
-            assert isinstance(task, str)
-            request: dict[str, Any] = {"name": task, "payload": payload_for(args, kwargs)}
-        else:
-            request = call.request(args, kwargs)
-        request["parent"] = parent.id
-        if request.get("correlation_id") is None and parent.correlation_id is not None:
-            request["correlation_id"] = parent.correlation_id
-        return await self._worker.store.submit(**request)
-
-    def progress_sync(self, fraction: float | None = None, message: str | None = None) -> None:
-        """:meth:`progress` for a sync handler (called from its thread)."""
-        self._from_thread(self.progress(fraction, message))
-
-    def submit_child_sync(
-        self, task: TaskFunction[Any, Any] | TaskCall[Any] | str, *args: Any, **kwargs: Any
-    ) -> Task:
-        """:meth:`submit_child` for a sync handler (called from its thread)."""
-        return self._from_thread(self.submit_child(task, *args, **kwargs))
-
-    def _from_thread(self, coro: Coroutine[Any, Any, T]) -> T:
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is self._loop:
-            coro.close()
-            raise RuntimeError("on the worker's event loop, await the async method instead")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(FROM_THREAD_TIMEOUT)
-
-
-def _in_thread(func: Callable[..., T], *args: Any, **kwargs: Any) -> asyncio.Future[T]:
-    """Run ``func`` in a new daemon thread; a future of its result on this loop.
-
-    Not ``asyncio.to_thread``: a timed-out handler cannot be stopped, and in the
-    shared executor it would hold a slot (and keep the interpreter from exiting)
-    until it returns. A daemon thread of its own blocks neither.
-    """
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[T] = loop.create_future()
-    context = contextvars.copy_context()
-
-    def settle(result: T | None, error: BaseException | None) -> None:
-        if future.done():  # timed out or cancelled meanwhile: nobody is listening
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)  # type: ignore[arg-type]
-
-    def target() -> None:
-        try:
-            result = context.run(func, *args, **kwargs)
-        except BaseException as exc:
-            outcome: tuple[T | None, BaseException | None] = (None, exc)
-        else:
-            outcome = (result, None)
-        try:
-            loop.call_soon_threadsafe(settle, *outcome)
-        except RuntimeError:  # the loop is gone (the worker exited): drop it
-            pass
-
-    threading.Thread(target=target, name="conveyor-task", daemon=True).start()
-    return future
-
-
-class _Acks:
-    """Group commit for successes: finished tasks are acknowledged together.
-
-    The first finisher becomes the leader and writes every success queued so
-    far in one transaction (:meth:`TaskStore.succeed_many`, still fenced per
-    task), and again for those that arrived meanwhile, until none are left. Under
-    load one commit serves many tasks; alone, a task is acknowledged at once.
-    """
-
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
-        self.pending: list[tuple[Task, Any, asyncio.Future[Task | ConveyorError]]] = []
-        self.leading = False
-
-    async def succeed(self, task: Task, result: Any) -> Task:
-        """Acknowledge ``task``; raises what its own write met (LostLease, ...)."""
-        future: asyncio.Future[Task | ConveyorError] = asyncio.get_running_loop().create_future()
-        self.pending.append((task, result, future))
-        if not self.leading:
-            self.leading = True
-            try:
-                while self.pending:
-                    batch, self.pending = self.pending, []
-                    await self._flush(batch)
-            finally:
-                self.leading = False
-                for _, _, waiting in self.pending:  # only if the leader was cancelled
-                    if not waiting.done():
-                        waiting.set_exception(StoreUnavailable("acknowledgement interrupted"))
-                self.pending = []
-        outcome = await future
-        if isinstance(outcome, BaseException):
-            raise outcome
-        return outcome
-
-    async def _flush(
-        self, batch: list[tuple[Task, Any, asyncio.Future[Task | ConveyorError]]]
-    ) -> None:
-        w = self.worker
-        items = [
-            {
-                "task_id": task.id,
-                "worker_id": w.worker_id,
-                "result": result,
-                "group": w.group,
-                "attempt": task.attempt,
-            }
-            for task, result, _ in batch
-        ]
-        try:
-            outcomes: list[Task | ConveyorError] = await w.store.succeed_many(items)
-        except BaseException as exc:
-            for _, _, future in batch:
-                if not future.done():
-                    if isinstance(exc, Exception):
-                        future.set_exception(exc)
-                    else:
-                        future.cancel()
-            raise
-        for (_, _, future), outcome in zip(batch, outcomes, strict=True):
-            if not future.done():
-                future.set_result(outcome)
 
 
 class Worker:
@@ -329,7 +127,7 @@ class Worker:
             worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}",
         )
         self._held: dict[str, _Held] = {}
-        self._acks = _Acks(self)
+        self._acks = Acks(self.store, self.worker_id, self.group)
         self._runners: set[asyncio.Task[None]] = set()
         self._beats: set[asyncio.Task[None]] = set()
         self._queue_leases: dict[str, float] = {}
@@ -526,11 +324,15 @@ class Worker:
             log.error("unknown task %s", task.name, extra=held.extra)
             return await self._fail(held, error, retryable=False)
         args, kwargs = payload_arguments(task.payload)
-        ctx = Context(self, held, asyncio.get_running_loop())
-        if fn.is_async:
-            handler: asyncio.Future[Any] = asyncio.ensure_future(fn.func(ctx, *args, **kwargs))
-        else:
-            handler = _in_thread(fn.func, ctx, *args, **kwargs)
+        ctx = Context(
+            task,
+            host=self.app,
+            store=self.store,
+            worker_id=self.worker_id,
+            group=self.group,
+            loop=asyncio.get_running_loop(),
+        )
+        handler = start_handler(fn, ctx, args, kwargs)
         held.handler = handler
         log.debug("running %s", task.name, extra=held.extra)
         started = time.monotonic()
@@ -749,3 +551,6 @@ class Worker:
         if leftovers:
             log.info("handing back %d task(s)", len(leftovers))
             await asyncio.gather(*(self._release(h) for h in leftovers))
+
+
+__all__ = ["Context", "TaskTimeout", "UnknownTask", "Worker"]

@@ -1,0 +1,78 @@
+"""Group commit for successes (see :class:`Acks`)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from conveyor.errors import ConveyorError, StoreUnavailable
+from conveyor.models import Task
+from conveyor.store.base import TaskStore
+
+
+class Acks:
+    """Group commit for successes: finished tasks are acknowledged together.
+
+    The first finisher becomes the leader and writes every success queued so
+    far in one transaction (:meth:`TaskStore.succeed_many`, still fenced per
+    task), and again for those that arrived meanwhile, until none are left. Under
+    load one commit serves many tasks; alone, a task is acknowledged at once.
+    """
+
+    def __init__(self, store: TaskStore, worker_id: str, group: str | None) -> None:
+        self.store = store
+        self.worker_id = worker_id
+        self.group = group
+        self.pending: list[tuple[Task, Any, asyncio.Future[Task | ConveyorError]]] = []
+        self.leading = False
+
+    async def succeed(self, task: Task, result: Any) -> Task:
+        """Acknowledge ``task``; raises what its own write met (LostLease, ...)."""
+        future: asyncio.Future[Task | ConveyorError] = asyncio.get_running_loop().create_future()
+        self.pending.append((task, result, future))
+        if not self.leading:
+            self.leading = True
+            try:
+                while self.pending:
+                    batch, self.pending = self.pending, []
+                    await self._flush(batch)
+            finally:
+                self.leading = False
+                for _, _, waiting in self.pending:  # only if the leader was cancelled
+                    if not waiting.done():
+                        waiting.set_exception(StoreUnavailable("acknowledgement interrupted"))
+                self.pending = []
+        outcome = await future
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    async def _flush(
+        self, batch: list[tuple[Task, Any, asyncio.Future[Task | ConveyorError]]]
+    ) -> None:
+        items = [
+            {
+                "task_id": task.id,
+                "worker_id": self.worker_id,
+                "result": result,
+                "group": self.group,
+                "attempt": task.attempt,
+            }
+            for task, result, _ in batch
+        ]
+        try:
+            outcomes: list[Task | ConveyorError] = await self.store.succeed_many(items)
+        except BaseException as exc:
+            for _, _, future in batch:
+                if not future.done():
+                    if isinstance(exc, Exception):
+                        future.set_exception(exc)
+                    else:
+                        future.cancel()
+            raise
+        for (_, _, future), outcome in zip(batch, outcomes, strict=True):
+            if not future.done():
+                future.set_result(outcome)
+
+
+__all__ = ["Acks"]
