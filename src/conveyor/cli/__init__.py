@@ -1,0 +1,45 @@
+"""The ``conveyor`` command line.
+
+Commands::
+
+    conveyor migrate                      apply the schema migrations, print the revision
+    conveyor worker MODULE:APP            run a worker for an App (blocks until SIGINT/SIGTERM)
+    conveyor submit NAME                  submit a task
+    conveyor get ID                       show one task
+    conveyor list                         list tasks, a page at a time
+    conveyor cancel ID                    cancel a task
+    conveyor retry ID                     queue a failed, cancelled or evicted task again
+    conveyor stats                        counts, oldest claimable age, group lag per queue
+    conveyor demo                         a self-contained tour on a throwaway SQLite file
+
+Every command takes ``--url`` (default ``$CONVEYOR_URL``, else
+``sqlite:///conveyor.db``); the data commands take ``--json`` to print JSON for
+programs instead of tables for people.
+
+Exit codes:
+
+    0  success
+    1  not found (no such task, for queue mode or the group); also any other
+       failure, such as the demo's ordering check or an unexpected error
+    2  bad input or usage (malformed JSON, invalid argument, unknown option)
+    3  conflict: a task with this idempotency key exists (``submit --conflict reject``)
+    4  database unavailable, or a configuration error (bad URL, missing driver)
+    5  protocol mismatch: the database was written by an incompatible conveyor
+  130  interrupted
+
+Errors are one line on stderr, ``error: ...`` followed by a hint; set
+``CONVEYOR_DEBUG=1`` to let unexpected errors raise with their traceback.
+"""
+
+from __future__ import annotations
+
+from conveyor.cli import demo as _demo  # noqa: F401
+
+# Importing the command modules registers their commands on `cli`, in this order.
+from conveyor.cli import queues as _queues  # noqa: F401
+from conveyor.cli import tasks as _tasks  # noqa: F401
+from conveyor.cli import worker as _worker  # noqa: F401
+from conveyor.cli._common import CliError, cli
+from conveyor.cli.main import main, run
+
+__all__ = ["CliError", "cli", "main", "run"]

@@ -1,0 +1,5 @@
+"""``python -m conveyor.cli``."""
+
+from conveyor.cli.main import main
+
+main()

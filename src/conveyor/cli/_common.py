@@ -1,0 +1,296 @@
+"""What the CLI commands share: exit codes, the typer app, common options, a
+store opener, JSON parsing and how tasks are shown."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from typer.core import TyperGroup
+
+import conveyor
+from conveyor.connect import DEFAULT_URL, SyncStore, resolve_url
+from conveyor.models import Status, Task
+
+EXIT_OK = 0
+EXIT_NOT_FOUND = 1
+EXIT_USAGE = 2
+EXIT_CONFLICT = 3
+EXIT_UNAVAILABLE = 4
+EXIT_PROTOCOL = 5
+EXIT_INTERRUPTED = 130
+
+CONNECT_TIMEOUT = 10  # seconds a command waits for a PostgreSQL server to answer
+
+EXIT_CODES_HELP = (
+    "Exit codes: 0 ok · 1 not found (or another failure) · 2 bad input or usage · "
+    "3 conflict (idempotency key exists) · 4 database unavailable or configuration "
+    "error · 5 protocol mismatch · 130 interrupted."
+)
+
+_STATUS_STYLE = {
+    Status.QUEUED: "cyan",
+    Status.RUNNING: "yellow",
+    Status.SUCCEEDED: "green",
+    Status.FAILED: "red",
+    Status.CANCELLED: "dim",
+    Status.EVICTED: "magenta",
+}
+
+
+class CliError(Exception):
+    """A failure the CLI reports as one line on stderr and an exit code."""
+
+    def __init__(self, exit_code: int, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.message = message
+        self.hint = hint
+
+
+#: The typer application; `main` runs it with conveyor's own error reporting.
+#: The order ``conveyor --help`` lists commands in: the way a user meets them.
+#: Commands not named here follow, in the order they were registered.
+COMMAND_ORDER = (
+    "demo",
+    "worker",
+    "submit",
+    "get",
+    "list",
+    "cancel",
+    "retry",
+    "stats",
+    "queue",
+    "maintain",
+    "migrate",
+)
+
+
+class _Commands(TyperGroup):
+    """The root command group: lists commands in :data:`COMMAND_ORDER`."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        names = super().list_commands(ctx)
+        rank = {name: i for i, name in enumerate(COMMAND_ORDER)}
+        return sorted(names, key=lambda name: rank.get(name, len(rank)))
+
+
+cli = typer.Typer(
+    name="conveyor",
+    cls=_Commands,
+    help=(
+        "conveyor: a durable task queue and message bus on SQLite and PostgreSQL.\n\n"
+        "Every command takes --url (default $CONVEYOR_URL, else sqlite:///conveyor.db); "
+        "data commands take --json for programs.\n\n" + EXIT_CODES_HELP
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+UrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--url",
+        help="Database URL (default: $CONVEYOR_URL, else sqlite:///conveyor.db).",
+        show_default=False,
+    ),
+]
+JsonOption = Annotated[
+    bool, typer.Option("--json", help="Print JSON (for programs) instead of a table.")
+]
+GroupOption = Annotated[
+    str | None,
+    typer.Option("--group", "-g", help="Act as this consumer group (default: queue mode)."),
+]
+
+
+# ---------------------------------------------------------------- helpers
+def out() -> Console:
+    # Piped output has no terminal width to honour; the 80 columns rich assumes
+    # would squeeze ids and names into slivers.
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+
+
+def err() -> Console:
+    # soft_wrap: an error must stay on one line however narrow the terminal is.
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def print_json(data: Any) -> None:
+    # Plain print, not rich: a program reads this, so no wrapping and no colour.
+    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def shown_url(url: str | None) -> str:
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    raw = url or os.environ.get("CONVEYOR_URL") or DEFAULT_URL
+    try:
+        return make_url(raw).render_as_string(hide_password=True)
+    except ArgumentError:
+        return raw
+
+
+@contextmanager
+def open_store(url: str | None) -> Iterator[SyncStore]:
+    from sqlalchemy.engine import make_url
+
+    dialect, async_url = resolve_url(url)
+    options: dict[str, Any] = {}
+    if dialect == "postgresql":
+        # One short call: no LISTEN connection to set up, and an unreachable host
+        # fails within seconds instead of waiting out the TCP timeout.
+        options["listen"] = False
+        if "connect_timeout" not in make_url(async_url).query:
+            options["engine_options"] = {"connect_args": {"connect_timeout": CONNECT_TIMEOUT}}
+    store = conveyor.connect_sync(url, **options)
+    try:
+        store.open()
+        yield store
+    finally:
+        store.close()
+
+
+def parse_json(option: str, text: str | None) -> Any:
+    if text is None:
+        return None
+    source = text
+    if text == "-":
+        source = sys.stdin.read()
+    elif text.startswith("@"):
+        try:
+            source = Path(text[1:]).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            raise CliError(
+                EXIT_USAGE,
+                f"{option}: cannot read {text[1:]!r}: {reason}",
+                f"give {option} @PATH of a readable JSON file, or the JSON itself",
+            ) from None
+    try:
+        return json.loads(source)
+    except json.JSONDecodeError as exc:
+        raise CliError(
+            EXIT_USAGE,
+            f"{option} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})",
+            f"""quote it for the shell, e.g. {option} '{{"to": "a@b.c"}}', """
+            f"or pass {option} @file.json or {option} - for stdin",
+        ) from None
+
+
+def when(value: datetime | None) -> str:
+    if value is None:
+        return "-"
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m {secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours}h {minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d {hours:02d}h"
+
+
+def status_markup(status: Status) -> str:
+    return f"[{_STATUS_STYLE.get(status, '')}]{status.value}[/]"
+
+
+def compact(value: Any) -> str:
+    return escape(json.dumps(value, ensure_ascii=False))
+
+
+def task_table(task: Task) -> Table:
+    table = Table(show_header=False, box=None, pad_edge=False, padding=(0, 2, 0, 0))
+    table.add_column("field", style="bold", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    view = f"group {task.group}" if task.group else "queue mode"
+    rows: list[tuple[str, str]] = [
+        ("id", task.id),
+        ("name", escape(task.name)),
+        ("queue", escape(task.queue) + f"  [dim]({escape(view)})[/]"),
+        ("status", status_markup(task.status)),
+        ("attempt", f"{task.attempt} of {task.max_attempts}"),
+        ("priority", str(task.priority)),
+    ]
+    if task.partition is not None:
+        rows.append(("partition", escape(task.partition)))
+    if task.key is not None:
+        rows.append(("key", escape(task.key)))
+    rows.append(("payload", compact(task.payload)))
+    if task.metadata:
+        rows.append(("metadata", compact(task.metadata)))
+    rows += [
+        ("created", when(task.created_at)),
+        ("run at", when(task.run_at)),
+        ("started", when(task.started_at)),
+        ("finished", when(task.finished_at)),
+    ]
+    if task.lease_expires_at is not None:
+        rows.append(("lease until", when(task.lease_expires_at)))
+    if task.worker_id is not None:
+        rows.append(("worker", escape(task.worker_id)))
+    if task.progress is not None or task.progress_message:
+        shown = "-" if task.progress is None else f"{task.progress:.0%}"
+        if task.progress_message:
+            shown += f"  {escape(task.progress_message)}"
+        rows.append(("progress", shown))
+    if task.result is not None:
+        rows.append(("result", compact(task.result)))
+    if task.error is not None:
+        envelope = task.error
+        kind, message = escape(str(envelope.get("type"))), escape(str(envelope.get("message")))
+        rows.append(("error", f"[red]{kind}[/]: {message}"))
+        if envelope.get("traceback"):
+            rows.append(("traceback", escape(str(envelope["traceback"]).rstrip())))
+    if task.parent_id is not None:
+        rows.append(("parent", task.parent_id))
+    if task.root_id != task.id:
+        rows.append(("root", task.root_id))
+    if task.correlation_id is not None:
+        rows.append(("correlation", escape(task.correlation_id)))
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+def show_task(task: Task, as_json: bool, note: str | None = None) -> None:
+    if as_json:
+        print_json(task.as_dict())
+        return
+    console = out()
+    console.print(task_table(task))
+    if note:
+        console.print(note)
+
+
+def missing(task_id: str, group: str | None) -> CliError:
+    where = f" for group {group!r}" if group else ""
+    hint = (
+        "the group may not have received it; `conveyor stats` lists the groups"
+        if group
+        else "`conveyor list` shows the ids of existing tasks"
+    )
+    return CliError(EXIT_NOT_FOUND, f"task {task_id}{where} not found", hint)

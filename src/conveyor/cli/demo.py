@@ -1,0 +1,37 @@
+"""The ``demo`` command (the tour itself is :mod:`conveyor.demo`)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from conveyor.cli._common import (
+    cli,
+    out,
+)
+
+
+@cli.command()
+def demo(
+    url: Annotated[
+        str | None,
+        typer.Option(
+            "--url",
+            help="Run on this database (default: a temporary SQLite file).",
+            show_default=False,
+        ),
+    ] = None,
+    tasks: Annotated[
+        int, typer.Option("--tasks", "-n", min=10, max=100_000, help="How many tasks to submit.")
+    ] = 300,
+    keep: Annotated[
+        bool, typer.Option("--keep", help="Keep the temporary database and print its URL.")
+    ] = False,
+) -> None:
+    """A tour: a queue, a partitioned stream and two consumer groups, with workers."""
+    from conveyor import demo as tour
+
+    code = tour.run(url=url, tasks=tasks, keep=keep, console=out())
+    if code:
+        raise typer.Exit(code)

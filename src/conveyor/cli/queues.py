@@ -1,0 +1,312 @@
+"""Commands about the database and its queues: ``migrate``, ``stats``, ``queue
+set|show``, ``maintain``."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+from rich import box
+from rich.markup import escape
+from rich.table import Table
+from sqlalchemy.exc import SQLAlchemyError
+
+from conveyor.cli._common import (
+    CONNECT_TIMEOUT,
+    JsonOption,
+    UrlOption,
+    age,
+    cli,
+    err,
+    open_store,
+    out,
+    parse_json,
+    print_json,
+    shown_url,
+    when,
+)
+from conveyor.connect import resolve_url
+from conveyor.errors import (
+    StoreUnavailable,
+)
+from conveyor.models import QueueStats, Status
+
+
+@cli.command()
+def migrate(url: UrlOption = None, as_json: JsonOption = False) -> None:
+    """Apply pending schema migrations and print the schema revision."""
+    from alembic.script import ScriptDirectory
+
+    from conveyor.migrations import SCRIPT_LOCATION
+    from conveyor.schema import PROTOCOL_VERSION
+
+    shown = shown_url(url)
+    console_err = err()
+    before = _current_revisions(url)
+    script = ScriptDirectory(SCRIPT_LOCATION)
+    known = {rev.revision for rev in script.walk_revisions()}
+    pending: list[tuple[str, str]] = []
+    if set(before) <= known:
+        for rev in reversed(list(script.iterate_revisions("heads", tuple(before) or "base"))):
+            pending.append((rev.revision, " ".join((rev.doc or "").split())))
+    if not as_json:
+        console_err.print(f"database  {escape(shown)}")
+        console_err.print(f"current   {', '.join(before) if before else 'none (empty database)'}")
+    if pending and not as_json:
+        with console_err.status(f"applying {len(pending)} migration(s)…"):
+            for revision, title in pending:
+                console_err.print(f"  [dim]→[/] {revision}  {escape(title)}")
+            with open_store(url):
+                pass
+    else:
+        # Still open the store: it checks the protocol version and refuses an
+        # incompatible database with the same exit code as every other command.
+        with open_store(url):
+            pass
+    after = _current_revisions(url)
+    heads = sorted(script.get_heads())
+    if as_json:
+        print_json(
+            {
+                "url": shown,
+                "before": before,
+                "applied": [rev for rev, _ in pending],
+                "revision": after[0] if len(after) == 1 else after,
+                "head": heads[0] if len(heads) == 1 else heads,
+                "protocol_version": PROTOCOL_VERSION,
+            }
+        )
+        return
+    state = "up to date" if not pending else f"applied {len(pending)} migration(s)"
+    out().print(
+        f"[green]✓[/] schema at revision [bold]{', '.join(after)}[/] (head), "
+        f"protocol {PROTOCOL_VERSION}: {state}"
+    )
+
+
+def _current_revisions(url: str | None) -> list[str]:
+    """The Alembic revisions the database is at (empty before the first migration)."""
+    from alembic.runtime.migration import MigrationContext
+    from sqlalchemy import create_engine
+    from sqlalchemy.engine import make_url
+
+    from conveyor.migrations import VERSION_TABLE
+
+    dialect, async_url = resolve_url(url)
+    # A short-lived blocking engine: the store's own engine is async and private.
+    sync_url = make_url(async_url)
+    connect_args: dict[str, Any] = {}
+    if dialect == "sqlite":
+        sync_url = sync_url.set(drivername="sqlite")
+    elif "connect_timeout" not in sync_url.query:
+        connect_args["connect_timeout"] = CONNECT_TIMEOUT
+    engine = create_engine(sync_url, connect_args=connect_args)
+    try:
+        with engine.connect() as conn:
+            context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+            return sorted(context.get_current_heads())
+    except SQLAlchemyError as exc:
+        raise StoreUnavailable(
+            f"cannot open {shown_url(url)}: {getattr(exc, 'orig', None) or exc}"
+        ) from exc
+    finally:
+        engine.dispose()
+
+
+@cli.command()
+def stats(
+    queue: Annotated[str | None, typer.Option("--queue", "-q", help="Only this queue.")] = None,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Per queue: counts by status, oldest claimable age, per-group lag, settings."""
+    with open_store(url) as store:
+        reports = store.stats(queue)
+        if queue is not None and not reports:
+            empty = {s.value: 0 for s in Status}
+            reports = [QueueStats(queue=queue, counts=empty, oldest_claimable_age=None)]
+        settings = {r.queue: store.get_queue(r.queue) for r in reports}
+        history = store.maintenance_history(limit=1)
+    for conf in settings.values():
+        conf.pop("queue", None)
+    if as_json:
+        print_json([{**r.as_dict(), "settings": settings[r.queue]} for r in reports])
+        return
+    console = out()
+    if not reports:
+        console.print("[dim]no queues yet: submit a task with `conveyor submit NAME`[/]")
+        return
+    for report in reports:
+        console.print(_stats_table(report, settings[report.queue]))
+    if history:
+        last = history[0]
+        console.print(
+            f"[dim]last maintenance {when(last['ran_at'])}: recovered {last['recovered']}, "
+            f"expired {last['expired']}, evicted {last['evicted']}, "
+            f"deleted {last['deleted']}[/]"
+        )
+
+
+queue_cli = typer.Typer(
+    help="Per-queue settings: defaults for submit and claim, eviction and retention.",
+    no_args_is_help=True,
+)
+cli.add_typer(queue_cli, name="queue")
+
+
+@queue_cli.command("set")
+def queue_set(
+    queue: Annotated[str, typer.Argument(metavar="QUEUE", help="The queue.")],
+    lease: Annotated[
+        float | None, typer.Option("--lease", help="Default lease, seconds.", show_default=False)
+    ] = None,
+    max_attempts: Annotated[
+        int | None,
+        typer.Option("--max-attempts", help="Default attempts per task.", show_default=False),
+    ] = None,
+    backoff: Annotated[
+        str | None,
+        typer.Option(
+            "--backoff",
+            help='Retry backoff: seconds, or JSON like \'{"base": 2, "max": 600}\'.',
+            show_default=False,
+        ),
+    ] = None,
+    retention: Annotated[
+        float | None,
+        typer.Option(
+            "--retention",
+            help="Delete finished tasks after this many seconds.",
+            show_default=False,
+        ),
+    ] = None,
+    max_wait: Annotated[
+        float | None,
+        typer.Option(
+            "--max-wait",
+            help="Evict tasks unclaimed this many seconds after run_at.",
+            show_default=False,
+        ),
+    ] = None,
+    queue_mode: Annotated[
+        bool | None,
+        typer.Option(
+            "--queue-mode/--groups-only",
+            help="--groups-only: queue-mode state never holds retention back.",
+            show_default=False,
+        ),
+    ] = None,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Store settings for QUEUE; options not given keep their value."""
+    parsed_backoff: Any = None
+    if backoff is not None:
+        parsed_backoff = parse_json("--backoff", backoff)
+    with open_store(url) as store:
+        settings = store.configure_queue(
+            queue,
+            lease=lease,
+            max_attempts=max_attempts,
+            backoff=parsed_backoff,
+            retention=retention,
+            max_wait=max_wait,
+            queue_mode=queue_mode,
+        )
+    _show_settings(settings, as_json)
+
+
+@queue_cli.command("show")
+def queue_show(
+    queue: Annotated[str, typer.Argument(metavar="QUEUE", help="The queue.")],
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Show the stored settings of QUEUE."""
+    with open_store(url) as store:
+        settings = store.get_queue(queue)
+    _show_settings(settings, as_json)
+
+
+def _show_settings(settings: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print_json(settings)
+        return
+    table = Table(
+        box=box.SIMPLE_HEAD,
+        title=f"queue [bold]{escape(settings['queue'])}[/]",
+        title_justify="left",
+    )
+    table.add_column("setting")
+    table.add_column("value")
+    for name, value in settings.items():
+        if name != "queue":
+            table.add_row(name, "default" if value is None else _setting(value))
+    out().print(table)
+
+
+@cli.command()
+def maintain(url: UrlOption = None, as_json: JsonOption = False) -> None:
+    """Run one maintenance pass: lease recovery, eviction, retention."""
+    with open_store(url) as store:
+        counts = store.maintain()
+    if as_json:
+        print_json(counts)
+        return
+    if counts.get("skipped"):
+        out().print("[dim]another process is running maintenance right now: skipped[/]")
+        return
+    out().print(
+        f"recovered {counts['recovered']}, expired {counts['expired']}, "
+        f"evicted {counts['evicted']}, deleted {counts['deleted']}"
+    )
+
+
+def _stats_table(report: QueueStats, settings: dict[str, Any]) -> Table:
+    table = Table(
+        title=f"queue [bold]{escape(report.queue)}[/]",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        padding=(0, 1, 0, 0),
+    )
+    table.add_column("consumer", no_wrap=True)
+    for status in Status:
+        table.add_column(status.value, justify="right")
+    table.add_column("lag", justify="right")
+    table.add_column("oldest", justify="right", no_wrap=True)
+
+    def row(label: str, counts: dict[str, int], lag: int, oldest: float | None) -> None:
+        table.add_row(
+            label,
+            *(str(counts.get(s.value, 0)) for s in Status),
+            str(lag),
+            age(oldest),
+        )
+
+    base = report.counts
+    row(
+        "queue mode",
+        base,
+        base.get("queued", 0) + base.get("running", 0),
+        report.oldest_claimable_age,
+    )
+    for name, group in sorted(report.groups.items()):
+        row(f"group {escape(name)}", group.counts, group.lag, group.oldest_claimable_age)
+    shown = [f"{k}={_setting(v)}" for k, v in settings.items() if v is not None]
+    table.caption = "settings: " + (", ".join(shown) if shown else "defaults")
+    table.caption_justify = "left"
+    return table
+
+
+def _setting(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, dict):
+        return escape(json.dumps(value, separators=(",", ":")))
+    if isinstance(value, float) and value.is_integer():
+        return f"{int(value)}s"
+    if isinstance(value, float):
+        return f"{value}s"
+    return escape(str(value))

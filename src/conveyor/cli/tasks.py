@@ -1,0 +1,227 @@
+"""Commands about single tasks: ``submit``, ``get``, ``list``, ``cancel``, ``retry``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich import box
+from rich.markup import escape
+from rich.table import Table
+
+from conveyor.cli._common import (
+    EXIT_USAGE,
+    CliError,
+    GroupOption,
+    JsonOption,
+    UrlOption,
+    cli,
+    missing,
+    open_store,
+    out,
+    parse_json,
+    print_json,
+    show_task,
+    status_markup,
+    when,
+)
+from conveyor.models import Status
+
+
+@cli.command()
+def submit(
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The task name.")],
+    payload: Annotated[
+        str | None,
+        typer.Option(
+            "--payload",
+            "-p",
+            metavar="JSON",
+            help="JSON payload; @FILE reads a file, - reads stdin.",
+        ),
+    ] = None,
+    queue: Annotated[str, typer.Option("--queue", "-q", help="Queue.")] = "default",
+    priority: Annotated[int, typer.Option("--priority", help="Higher runs first.")] = 0,
+    delay: Annotated[
+        float | None,
+        typer.Option("--delay", min=0, metavar="SECONDS", help="Seconds before it may run."),
+    ] = None,
+    key: Annotated[str | None, typer.Option("--key", "-k", help="Idempotency key.")] = None,
+    conflict: Annotated[
+        str,
+        typer.Option(
+            "--conflict",
+            metavar="reuse|reject|replace",
+            help="When --key exists: reuse (return it), reject (exit 3) or replace.",
+        ),
+    ] = "reuse",
+    partition: Annotated[
+        str | None, typer.Option("--partition", help="FIFO stream within the queue.")
+    ] = None,
+    max_attempts: Annotated[
+        int | None, typer.Option("--max-attempts", min=1, help="Attempts before failing.")
+    ] = None,
+    metadata: Annotated[
+        str | None, typer.Option("--metadata", metavar="JSON", help="JSON object of metadata.")
+    ] = None,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Submit a task."""
+    data = parse_json("--payload", payload)
+    meta = parse_json("--metadata", metadata)
+    if conflict not in ("reuse", "reject", "replace"):
+        raise CliError(
+            EXIT_USAGE,
+            f"--conflict must be reuse, reject or replace, got {conflict!r}",
+            "see `conveyor submit --help`",
+        )
+    with open_store(url) as store:
+        task = store.submit(
+            name,
+            data,
+            queue=queue,
+            priority=priority,
+            delay=delay,
+            key=key,
+            conflict=conflict,  # type: ignore[arg-type]
+            partition=partition,
+            max_attempts=max_attempts,
+            metadata=meta,
+        )
+    if as_json:
+        print_json(task.as_dict())
+        return
+    out().print(
+        f"[green]submitted[/] {task.id}  {escape(task.name)} → queue {escape(task.queue)}"
+        + (f" partition {escape(task.partition)}" if task.partition else "")
+        + f"  {status_markup(task.status)}"
+    )
+
+
+@cli.command()
+def get(
+    task_id: Annotated[str, typer.Argument(metavar="ID", help="The task id.")],
+    group: GroupOption = None,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Show one task (as queue mode sees it, or as --group sees it)."""
+    with open_store(url) as store:
+        task = store.get(task_id, group=group)
+    if task is None:
+        raise missing(task_id, group)
+    show_task(task, as_json)
+
+
+@cli.command("list")
+def list_tasks(
+    queue: Annotated[str | None, typer.Option("--queue", "-q", help="Only this queue.")] = None,
+    status: Annotated[
+        str | None,
+        typer.Option(
+            "--status",
+            "-s",
+            help="Only this status: " + ", ".join(s.value for s in Status) + ".",
+        ),
+    ] = None,
+    name: Annotated[str | None, typer.Option("--name", "-n", help="Only this task name.")] = None,
+    partition: Annotated[
+        str | None, typer.Option("--partition", help="Only this partition.")
+    ] = None,
+    group: GroupOption = None,
+    limit: Annotated[int, typer.Option("--limit", "-l", min=1, max=10_000, help="Page size.")] = 50,
+    cursor: Annotated[
+        str | None, typer.Option("--cursor", help="Continue after a previous page.")
+    ] = None,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List tasks in submit order, one page at a time."""
+    with open_store(url) as store:
+        page = store.list(
+            queue=queue,
+            status=status,
+            name=name,
+            partition=partition,
+            group=group,
+            limit=limit,
+            cursor=cursor,
+        )
+    if as_json:
+        print_json({"items": [t.as_dict() for t in page.items], "next_cursor": page.next_cursor})
+        return
+    console = out()
+    if not page.items:
+        console.print("[dim]no tasks match[/]")
+        return
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
+    table.add_column("id", no_wrap=True)
+    table.add_column("name", min_width=8, overflow="fold")
+    table.add_column("queue", min_width=6, overflow="fold")
+    table.add_column("partition", min_width=6, overflow="fold")
+    table.add_column("status", no_wrap=True)
+    table.add_column("try", justify="right", no_wrap=True)
+    table.add_column("created (UTC)", no_wrap=True)
+    for t in page.items:
+        table.add_row(
+            t.id,
+            escape(t.name),
+            escape(t.queue),
+            escape(t.partition or "-"),
+            status_markup(t.status),
+            f"{t.attempt}/{t.max_attempts}",
+            when(t.created_at)[5:16],
+        )
+    console.print(table)
+    more = f"  next page: --cursor {page.next_cursor}" if page.next_cursor else ""
+    console.print(f"[dim]{len(page.items)} task(s){more}[/]")
+
+
+@cli.command()
+def cancel(
+    task_id: Annotated[str, typer.Argument(metavar="ID", help="The task id.")],
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Cancel a task, for queue mode and every group."""
+    with open_store(url) as store:
+        before = store.get(task_id)
+        if before is None:
+            raise missing(task_id, None)
+        task = store.cancel(task_id)
+    if task is None:
+        raise missing(task_id, None)
+    note = (
+        f"[dim]task was already {before.status.value}: unchanged[/]"
+        if before.status.terminal
+        else None
+    )
+    show_task(task, as_json, note)
+
+
+@cli.command()
+def retry(
+    task_id: Annotated[str, typer.Argument(metavar="ID", help="The task id.")],
+    group: GroupOption = None,
+    reset_attempts: Annotated[
+        bool, typer.Option("--reset-attempts", help="Restore the full attempt budget.")
+    ] = False,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Queue a failed, cancelled or evicted task again."""
+    with open_store(url) as store:
+        before = store.get(task_id, group=group)
+        if before is None:
+            raise missing(task_id, group)
+        task = store.retry(task_id, reset_attempts=reset_attempts, group=group)
+    if task is None:
+        raise missing(task_id, group)
+    note = None
+    if before.status not in (Status.FAILED, Status.CANCELLED, Status.EVICTED):
+        note = (
+            f"[dim]task was {before.status.value}: unchanged (retry applies to failed, "
+            "cancelled or evicted tasks)[/]"
+        )
+    show_task(task, as_json, note)
