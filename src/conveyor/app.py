@@ -23,11 +23,11 @@ import asyncio
 import importlib
 import signal
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from conveyor import _values as v
 from conveyor.connect import SyncStore, connect
-from conveyor.errors import ConfigurationError
+from conveyor.errors import ConfigurationError, InvalidArgument
 from conveyor.models import Backoff
 from conveyor.registry import (
     PartitionSpec,
@@ -40,6 +40,9 @@ from conveyor.registry import (
 )
 from conveyor.store.base import TaskStore
 from conveyor.worker import Worker
+
+if TYPE_CHECKING:
+    from conveyor.schedule import Schedule
 
 R = TypeVar("R")
 
@@ -57,6 +60,8 @@ class App:
         self.connect_options = connect_options
         #: Registered task functions by name.
         self.tasks: dict[str, TaskFunction[Any, Any]] = {}
+        #: Periodic schedules by name (see :meth:`periodic`).
+        self.schedules: dict[str, Schedule] = {}
         self._store: TaskStore | None = None
         self._sync_store: SyncStore | None = None
 
@@ -155,6 +160,65 @@ class App:
             return registered
 
         return register if func is None else register(func)
+
+    def periodic(
+        self,
+        *,
+        cron: str | None = None,
+        tz: str | None = None,
+        every: v.Duration | None = None,
+        catch_up: bool | None = None,
+        name: str | None = None,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        **task_options: Any,
+    ) -> Callable[[Callable[..., R]], TaskFunction[..., R]]:
+        """Run a task on a schedule: ``@app.periodic(cron="0 3 * * *", tz="Europe/Paris")``
+        or ``@app.periodic(every=timedelta(minutes=5))``.
+
+        Put it on a plain function (``task_options`` then go to :meth:`task`:
+        ``queue=``, ``timeout=``, ...) or on top of ``@app.task``. Every worker of
+        the app runs the scheduler, and each tick is submitted once whatever
+        their number (see :mod:`conveyor.schedule`). ``catch_up`` decides what
+        happens to ticks missed while no worker ran: ``None`` runs the latest one
+        once, ``True`` all of them, ``False`` none. ``args``/``kwargs`` are the
+        arguments of each run; ``name`` names the schedule (default: the task's
+        name), needed when one task has several schedules.
+        """
+        from conveyor.schedule import Schedule
+
+        def register(fn: Callable[..., R]) -> TaskFunction[..., R]:
+            if isinstance(fn, TaskFunction):
+                if task_options:
+                    raise InvalidArgument(
+                        sorted(task_options)[0], "belongs on @app.task when it is applied too"
+                    )
+                registered: TaskFunction[..., R] = fn
+            else:
+                registered = self.task(**task_options)(fn)
+            try:
+                schedule = Schedule.build(
+                    registered,
+                    cron=cron,
+                    tz=tz,
+                    every=every,
+                    catch_up=catch_up,
+                    name=name,
+                    args=args,
+                    kwargs=kwargs,
+                )
+            except InvalidArgument:
+                if registered is not fn:  # leave the app as it was
+                    self.tasks.pop(registered.name, None)
+                raise
+            if schedule.name in self.schedules:
+                raise ConfigurationError(
+                    f"two schedules are named {schedule.name!r}: give one of them name=..."
+                )
+            self.schedules[schedule.name] = schedule
+            return registered
+
+        return register
 
     def worker(
         self,

@@ -247,3 +247,26 @@ maintenance = Table(
     sqlite_autoincrement=True,
 )
 Index("ix_conveyor_maintenance_ran_at", maintenance.c.ran_at)
+
+# Periodic schedules of applications (``@app.periodic``): what each scheduler has
+# handled so far. Every worker may run the scheduler; ticks are submitted under
+# idempotency keys, and this row tells them which ticks are behind them.
+schedules = Table(
+    "conveyor_schedules",
+    metadata,
+    Column("name", String(NAME), primary_key=True),
+    Column("task", String(NAME), nullable=False),
+    Column("queue", String(NAME), nullable=False),
+    # "cron */5 * * * * Europe/Paris" or "every 300": shown by `conveyor schedules`.
+    Column("spec", Text, nullable=False),
+    Column("catch_up", String(8), nullable=False),
+    # Ticks at or before this moment are done with (submitted or skipped by policy).
+    Column("handled_until", BigInteger, nullable=True),
+    # The latest tick submitted, and its task.
+    Column("last_tick", BigInteger, nullable=True),
+    Column("last_task_id", String(ID), nullable=True),
+    Column("next_tick", BigInteger, nullable=True),
+    # First registration: a new schedule runs the ticks after it, none before.
+    Column("created_at", BigInteger, nullable=False),
+    Column("updated_at", BigInteger, nullable=False),
+)

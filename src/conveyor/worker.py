@@ -59,6 +59,7 @@ from conveyor.errors import (
 from conveyor.models import Status, Task
 from conveyor.outcomes import TaskTimeout, UnknownTask
 from conveyor.registry import TaskHost, payload_arguments
+from conveyor.schedule import scheduler_for
 from conveyor.statements import DEFAULT_LEASE
 from conveyor.store.base import TaskStore
 
@@ -191,6 +192,9 @@ class Worker:
                 background.append(
                     asyncio.create_task(self._maintain_loop(), name="conveyor-maintain")
                 )
+            scheduler = scheduler_for(self.app, self.store)  # periodic tasks, if the app has any
+            if scheduler is not None:
+                background.append(asyncio.create_task(scheduler.run(), name="conveyor-scheduler"))
             log.info(
                 "worker %s started: queues %s, concurrency %d%s",
                 self.worker_id,

@@ -10,6 +10,7 @@ Commands::
     conveyor cancel ID                    cancel a task
     conveyor retry ID                     queue a failed, cancelled or evicted task again
     conveyor stats                        counts, oldest claimable age, group lag per queue
+    conveyor schedules                    periodic tasks with their last and next run
     conveyor demo                         a self-contained tour on a throwaway SQLite file
 
 Every command takes ``--url`` (default ``$CONVEYOR_URL``, else
@@ -37,6 +38,7 @@ from conveyor.cli import demo as _demo  # noqa: F401
 
 # Importing the command modules registers their commands on `cli`, in this order.
 from conveyor.cli import queues as _queues  # noqa: F401
+from conveyor.cli import schedules as _schedules  # noqa: F401
 from conveyor.cli import tasks as _tasks  # noqa: F401
 from conveyor.cli import worker as _worker  # noqa: F401
 from conveyor.cli._common import CliError, cli

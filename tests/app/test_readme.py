@@ -1,0 +1,51 @@
+"""The README's sections on living inside an application run as pasted."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def blocks(section: str, language: str = "python") -> list[str]:
+    """The ``language`` code blocks of the README section titled ``section``."""
+    text = README.read_text()
+    start = text.index(f"\n## {section}\n")
+    end = text.find("\n## ", start + 1)
+    body = text[start : end if end != -1 else len(text)]
+    return re.findall(rf"```{language}\n(.*?)```", body, flags=re.S)
+
+
+def test_periodic_tasks_example_runs(tmp_path: Path) -> None:
+    (code,) = blocks("Periodic tasks")
+    package = tmp_path / "myapp"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "periodic.py").write_text(code)
+    check = (
+        "from myapp.periodic import app; "
+        "assert sorted(app.schedules) == "
+        "['myapp.periodic.nightly_report', 'myapp.periodic.sweep', 'rollup-eu', 'rollup-us']"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", check], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("section", ["Periodic tasks"])
+def test_shell_lines_name_real_commands(section: str) -> None:
+    from conveyor.cli import cli
+
+    commands = {
+        c.name or (c.callback.__name__ if c.callback else "") for c in cli.registered_commands
+    }
+    for block in blocks(section, "bash"):
+        for line in block.splitlines():
+            if line.startswith("conveyor "):
+                assert line.split()[1] in commands, line
