@@ -110,11 +110,3 @@ def test_isolation_level_comes_from_a_whitelist(pg_url: str) -> None:
     with pytest.raises(InvalidArgument) as info:
         conveyor.connect(pg_url, isolation_level="READ COMMITTED; DROP TABLE x")
     assert info.value.field == "isolation_level"
-
-
-async def test_serializable_isolation_runs_the_protocol(pg_url: str) -> None:
-    async with conveyor.connect(pg_url, isolation_level="serializable") as st:
-        task = await st.submit("t", queue="iso")
-        [got] = await st.claim("iso", worker_id="w")
-        done = await st.succeed(got.id, worker_id="w")
-        assert done.id == task.id and done.status == "succeeded"

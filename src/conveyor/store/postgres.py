@@ -30,10 +30,24 @@ from conveyor.store import pg_listen
 from conveyor.store.base import TaskStore
 
 TRANSIENT_SQLSTATES = frozenset({"40001", "40P01"})
-ISOLATION_LEVELS = frozenset({"READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"})
+# The protocol locks a row and then re-reads what it guards (a stream's head, a
+# key's holder) expecting to see what committed meanwhile: READ COMMITTED only.
+# Under a snapshot isolation those re-reads would see the transaction's start.
+ISOLATION_LEVEL = "READ COMMITTED"
 MIGRATION_LOCK = 0x636F6E76  # "conv"
 MAINTENANCE_LOCK = MIGRATION_LOCK + 1
 LISTEN_START_WAIT = 2.0  # seconds open() gives the listener before going on without it
+
+
+def _read_committed(field: str, level: object) -> str:
+    if str(level).upper().replace("_", " ") != ISOLATION_LEVEL:
+        raise InvalidArgument(
+            field,
+            f"isolation_level must be {ISOLATION_LEVEL!r}, got {level!r}: the protocol "
+            "re-reads rows after locking them and relies on seeing what committed "
+            "meanwhile; leave isolation_level out",
+        )
+    return ISOLATION_LEVEL
 
 
 class PostgresStore(TaskStore):
@@ -52,12 +66,9 @@ class PostgresStore(TaskStore):
         #: for short-lived producers such as a CLI call). NOTIFY is sent either way.
         self.listen = listen
         self._listener: pg_listen.Listener | None = None
-        level = str(isolation_level).upper().replace("_", " ")
-        if level not in ISOLATION_LEVELS:
-            raise InvalidArgument(
-                "isolation_level", f"must be one of {', '.join(sorted(ISOLATION_LEVELS))}"
-            )
-        self.isolation_level = level
+        self.isolation_level = _read_committed("isolation_level", isolation_level)
+        if "isolation_level" in self.engine_options:
+            _read_committed("engine_options", self.engine_options["isolation_level"])
 
     def _create_engine(self) -> AsyncEngine:
         options: dict[str, Any] = {

@@ -13,6 +13,14 @@ What differs from Postgres, and only that:
 * wake-ups — in-process events only (the base class); other processes are seen
   by polling the probe.
 
+In-memory databases (``sqlite:///:memory:``, ``sqlite://``): SQLite gives each
+connection its own private in-memory database, so the store must use exactly one
+connection, and one connection can run one transaction at a time. The store
+therefore queues its transactions on an in-process lock (the single-writer lock
+of a file database, moved into the process): concurrent calls wait their turn
+instead of failing with "cannot start a transaction within a transaction". Such
+a store is private to its process and gone when it closes.
+
 Durability: ``journal_mode=WAL`` with ``synchronous=NORMAL`` survives a process
 crash (kill -9) but a power cut may lose the last transactions. Pass
 ``synchronous="FULL"`` to :func:`conveyor.connect` for power-cut durability.
@@ -20,22 +28,37 @@ crash (kill -9) but a power cut may lose the last transactions. Pass
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from sqlalchemy import BigInteger, ColumnElement, Select, event, literal
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.pool import StaticPool
 
 from conveyor import _values as v
 from conveyor.errors import InvalidArgument
 from conveyor.store.base import TaskStore
 
 SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+
+T = TypeVar("T")
+
+
+def is_memory(url: str) -> bool:
+    """Whether ``url`` names a private in-memory database rather than a file."""
+    parsed = make_url(url)
+    database = parsed.database or ""
+    return (
+        database in ("", ":memory:")
+        or database.startswith("file::memory:")
+        or parsed.query.get("mode") == "memory"
+    )
 
 
 class SQLiteStore(TaskStore):
@@ -53,9 +76,19 @@ class SQLiteStore(TaskStore):
         if synchronous.upper() not in SYNCHRONOUS:
             raise InvalidArgument("synchronous", f"must be one of {', '.join(SYNCHRONOUS)}")
         self.synchronous = synchronous.upper()
+        #: One private database on one connection: transactions queue in-process.
+        self.in_memory = is_memory(url)
+        self._serial: asyncio.Lock | None = None
 
     def _create_engine(self) -> AsyncEngine:
-        engine = create_async_engine(self.url, **self.engine_options)
+        options = dict(self.engine_options)
+        if self.in_memory:
+            # Every new connection would open a new, empty database: keep exactly one.
+            options["poolclass"] = StaticPool
+            options.pop("pool_size", None)
+            options.pop("max_overflow", None)
+            options.pop("pool_timeout", None)
+        engine = create_async_engine(self.url, **options)
         busy_ms = int(self.busy_timeout * 1000)
         synchronous = self.synchronous
 
@@ -76,6 +109,17 @@ class SQLiteStore(TaskStore):
             conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
         return engine
+
+    async def _run(
+        self, work: Callable[[AsyncConnection], Awaitable[T]], *, write: bool = True
+    ) -> T:
+        if not self.in_memory:
+            return await super()._run(work, write=write)
+        # The one connection runs one transaction at a time: queue for it.
+        if self._serial is None:
+            self._serial = asyncio.Lock()
+        async with self._serial:
+            return await super()._run(work, write=write)
 
     def _db_now(self) -> ColumnElement[int]:
         return literal(v.now_us(), BigInteger)
