@@ -22,7 +22,8 @@ from __future__ import annotations
 import asyncio
 import importlib
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from conveyor import _values as v
@@ -82,7 +83,8 @@ class App:
     def sync_store(self) -> SyncStore:
         """A blocking store for ``submit_sync`` (its own connection pool and loop)."""
         if self._sync_store is None:
-            self._sync_store = SyncStore(connect(self.url, **self.connect_options))
+            url = self.url if self._store is None else self._store.url
+            self._sync_store = SyncStore(connect(url, **self.connect_options))
         return self._sync_store
 
     async def close(self) -> None:
@@ -92,6 +94,21 @@ class App:
         sync, self._sync_store = self._sync_store, None
         if sync is not None:
             await asyncio.to_thread(sync.close)
+
+    @contextmanager
+    def using(self, store: TaskStore) -> Iterator[App]:
+        """Make ``store`` this app's store inside the ``with`` block (and a blocking
+        store on the same database its :attr:`sync_store`): how a test points an
+        application's own app at a test database. The stores before come back after."""
+        saved = self._store, self._sync_store
+        self._store, self._sync_store = store, None
+        try:
+            yield self
+        finally:
+            sync = self._sync_store
+            self._store, self._sync_store = saved
+            if sync is not None:
+                sync.close()
 
     async def __aenter__(self) -> App:
         return self

@@ -138,6 +138,11 @@ class Worker:
         self._slot_freed: asyncio.Event | None = None
         self._stop_calls = 0
         self._running = False
+        #: Drain mode (``conveyor.testing.run_tasks``): return once a claim finds
+        #: nothing and nothing is held, instead of waiting for more work.
+        self.stop_when_idle = False
+        #: Whether this worker also submits the ticks of the app's periodic schedules.
+        self.run_schedules = True
 
     # ----------------------------------------------------------- control
     @property
@@ -193,7 +198,7 @@ class Worker:
                     asyncio.create_task(self._maintain_loop(), name="conveyor-maintain")
                 )
             scheduler = scheduler_for(self.app, self.store)  # periodic tasks, if the app has any
-            if scheduler is not None:
+            if scheduler is not None and self.run_schedules:
                 background.append(asyncio.create_task(scheduler.run(), name="conveyor-scheduler"))
             log.info(
                 "worker %s started: queues %s, concurrency %d%s",
@@ -240,6 +245,8 @@ class Worker:
                 continue
             failures = 0
             if not tasks:
+                if self.stop_when_idle and not self._held:
+                    break  # drained: nothing claimable and nothing running
                 # Also wake when a slot frees: finishing a partitioned task can
                 # make the next one of its stream claimable.
                 self._slot_freed.clear()

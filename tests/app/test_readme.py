@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["pytester"]
+
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
@@ -49,3 +51,31 @@ def test_shell_lines_name_real_commands(section: str) -> None:
         for line in block.splitlines():
             if line.startswith("conveyor "):
                 assert line.split()[1] in commands, line
+
+
+def test_testing_example_runs(pytester: pytest.Pytester) -> None:
+    test_file, conftest = blocks("Testing code that enqueues tasks")
+    pytester.makepyfile(test_signup=test_file)
+    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
+    result = pytester.runpytest_subprocess("-q")
+    result.assert_outcomes(passed=1)
+    # The conftest that points an application's own app at the test database.
+    package = pytester.mkpydir("myapp")
+    (package / "tasks.py").write_text(
+        "import conveyor\napp = conveyor.App()\n"
+        "@app.task(name='ping')\nasync def ping(ctx):\n    return 'pong'\n"
+    )
+    pytester.makeconftest(conftest)
+    pytester.makepyfile(
+        test_own_app="""
+import pytest
+from myapp.tasks import ping
+
+@pytest.mark.asyncio
+async def test_ping(conveyor_app, run_tasks):
+    await ping.submit()
+    assert [t.result for t in (await run_tasks()).succeeded] == ["pong"]
+"""
+    )
+    result = pytester.runpytest_subprocess("-q", "test_own_app.py")
+    result.assert_outcomes(passed=1)
