@@ -41,7 +41,9 @@ def duration_seconds(field: str, value: Any, *, allow_zero: bool = True) -> floa
     if math.isnan(seconds) or math.isinf(seconds):
         raise InvalidArgument(field, f"must be a finite duration, got {value!r}")
     if seconds < 0 or (seconds == 0 and not allow_zero):
-        raise InvalidArgument(field, f"must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+        # A timedelta's repr (days=-1, seconds=86395) hides its sign: show seconds.
+        shown = f"{seconds:g} s" if isinstance(value, timedelta) else repr(value)
+        raise InvalidArgument(field, f"must be {'>= 0' if allow_zero else '> 0'}, got {shown}")
     if seconds > MAX_DURATION:
         raise InvalidArgument(field, f"must be at most {MAX_DURATION:.0f} s (a century)")
     return seconds

@@ -145,11 +145,55 @@ def shown_url(url: str | None) -> str:
         return raw
 
 
+def url_origin(url: str | None) -> str:
+    """Where the URL in use came from, as the user would name it."""
+    if url is not None:
+        return "--url"
+    if os.environ.get("CONVEYOR_URL"):
+        return "$CONVEYOR_URL"
+    return f"the default {DEFAULT_URL} (no --url, no $CONVEYOR_URL)"
+
+
+def sqlite_file(async_url: str) -> Path | None:
+    """The file a SQLite URL names; None for in-memory databases and URI forms."""
+    from sqlalchemy.engine import make_url
+
+    database = make_url(async_url).database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    return Path(database)
+
+
+def _check_sqlite_file(url: str | None, async_url: str, create: bool) -> None:
+    path = sqlite_file(async_url)
+    if path is None:
+        return
+    origin = url_origin(url)
+    if not create and not path.exists():
+        where = "pass --url or set $CONVEYOR_URL" if url is None else "check the path in --url"
+        raise CliError(
+            EXIT_UNAVAILABLE,
+            f"the SQLite database {path} does not exist (from {origin})",
+            f"this command only reads; {where}, or create the database with "
+            "`conveyor migrate` or a first `conveyor submit`",
+        )
+    if create and not path.parent.is_dir():
+        raise CliError(
+            EXIT_UNAVAILABLE,
+            f"cannot create the SQLite database {path}: the folder {path.parent} does not exist",
+            f"create the folder first, or fix the path (from {origin})",
+        )
+
+
 @contextmanager
-def open_store(url: str | None) -> Iterator[SyncStore]:
+def open_store(url: str | None, *, create: bool = True) -> Iterator[SyncStore]:
+    """An open blocking store for a command. ``create=False`` (read-only
+    commands): a SQLite file that does not exist is an error, not created."""
     from sqlalchemy.engine import make_url
 
     dialect, async_url = resolve_url(url)
+    if dialect == "sqlite":
+        _check_sqlite_file(url, async_url, create)
     options: dict[str, Any] = {}
     if dialect == "postgresql":
         # One short call: no LISTEN connection to set up, and an unreachable host
@@ -252,11 +296,16 @@ def task_table(task: Task) -> Table:
         rows.append(("lease until", when(task.lease_expires_at)))
     if task.worker_id is not None:
         rows.append(("worker", escape(task.worker_id)))
-    if task.progress is not None or task.progress_message:
+    # Progress describes a run: shown while one is going on, and as the last word
+    # of an unfinished one; a task that succeeded is simply done.
+    if (task.progress is not None or task.progress_message) and task.status not in (
+        Status.SUCCEEDED,
+        Status.QUEUED,
+    ):
         shown = "-" if task.progress is None else f"{task.progress:.0%}"
         if task.progress_message:
             shown += f"  {escape(task.progress_message)}"
-        rows.append(("progress", shown))
+        rows.append(("progress" if task.status is Status.RUNNING else "last progress", shown))
     if task.result is not None:
         rows.append(("result", compact(task.result)))
     if task.error is not None:

@@ -26,7 +26,8 @@ def demo(
         int, typer.Option("--tasks", "-n", min=10, max=100_000, help="How many tasks to submit.")
     ] = 300,
     keep: Annotated[
-        bool, typer.Option("--keep", help="Keep the temporary database and print its URL.")
+        bool,
+        typer.Option("--keep/--no-keep", help="Keep the temporary database and print its URL."),
     ] = False,
 ) -> None:
     """A tour: a queue, a partitioned stream and two consumer groups, with workers."""

@@ -7,7 +7,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.markup import escape
@@ -25,7 +25,9 @@ from conveyor.cli._common import (
     CliError,
     cli,
     err,
+    url_origin,
 )
+from conveyor.connect import resolve_url
 from conveyor.errors import (
     AlreadyExists,
     ConfigurationError,
@@ -37,21 +39,49 @@ from conveyor.errors import (
 )
 
 
-@cli.callback()
-def _root(
-    version: Annotated[
-        bool, typer.Option("--version", help="Print the version and exit.", is_eager=True)
-    ] = False,
-) -> None:
-    """conveyor: a durable task queue and message bus on SQLite and PostgreSQL."""
-    if version:
+def _print_version(value: bool) -> None:
+    # An eager option's callback runs while the command line is parsed, before
+    # click looks for a command: `conveyor --version` needs none.
+    if value:
         typer.echo(f"conveyor {conveyor.__version__}")
         raise typer.Exit(EXIT_OK)
 
 
+@cli.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            help="Print the version and exit.",
+            is_eager=True,
+            expose_value=False,
+            callback=_print_version,
+        ),
+    ] = False,
+) -> None:
+    """conveyor: a durable task queue and message bus on SQLite and PostgreSQL."""
+
+
+def _hide_flag_types(command: Any, parent: Any = None) -> None:
+    """Show flags as flags in ``--help``: no ``<bool>`` type column for options
+    that take no value (typer lists one for every option)."""
+    # The context (a child of its parent's, as when parsing) makes the help
+    # option with the inherited names (-h, --help); it is cached on the command.
+    ctx = command.context_class(
+        command, parent=parent, info_name=command.name, **command.context_settings
+    )
+    for param in [*command.params, command.get_help_option(ctx)]:
+        if param is not None and getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    for sub in getattr(command, "commands", {}).values():
+        _hide_flag_types(sub, ctx)
+
+
 # ---------------------------------------------------------------- entry point
-def _classify(exc: BaseException, command: str) -> tuple[int, str, str | None]:
-    """Exit code, message and hint for an error that ends ``command``."""
+def _classify(exc: BaseException, command: str, url: str | None) -> tuple[int, str, str | None]:
+    """Exit code, message and hint for an error that ends ``command`` (``url``: the
+    one given with --url, if any)."""
     message = " ".join(str(exc).split())
     if isinstance(exc, CliError):
         return exc.exit_code, " ".join(exc.message.split()), exc.hint
@@ -67,12 +97,18 @@ def _classify(exc: BaseException, command: str) -> tuple[int, str, str | None]:
         )
     if isinstance(exc, ProtocolVersionMismatch):
         return EXIT_PROTOCOL, message, "run a conveyor version that matches the database"
+    origin = url_origin(url)
     if isinstance(exc, ConfigurationError):
-        return EXIT_UNAVAILABLE, message, "pass --url or set $CONVEYOR_URL"
+        if "pip install" in message:  # the message names the command to run
+            return EXIT_UNAVAILABLE, message, None
+        return EXIT_UNAVAILABLE, message, f"fix the database URL (from {origin})"
     if isinstance(exc, StoreUnavailable | SQLAlchemyError):
         # SQLAlchemy's pointer to its error catalogue is noise on a one-line report.
         message = re.sub(r"\s*\(Background on this error at: [^)]*\)", "", message)
-        hint = "check that the database is running and that --url / $CONVEYOR_URL is right"
+        if _is_sqlite(url):
+            hint = f"check the file's path and permissions (from {origin})"
+        else:
+            hint = f"check that the database server is running and the URL is right (from {origin})"
         return EXIT_UNAVAILABLE, message, None if "Check that" in message else hint
     if isinstance(exc, ConveyorError):
         return EXIT_NOT_FOUND, message, None
@@ -94,6 +130,7 @@ def _report(code: int, message: str, hint: str | None) -> int:
 def run(argv: Sequence[str] | None = None) -> int:
     """Run the CLI on ``argv`` (default ``sys.argv[1:]``) and return the exit code."""
     command = typer.main.get_command(cli)
+    _hide_flag_types(command)
     try:
         rv = command.main(
             args=list(argv) if argv is not None else None,
@@ -111,8 +148,25 @@ def run(argv: Sequence[str] | None = None) -> int:
             raise
         args = sys.argv[1:] if argv is None else list(argv)
         name = next((a for a in args if not a.startswith("-")), "COMMAND")
-        return _report(*_classify(exc, name))
+        return _report(*_classify(exc, name, _given_url(args)))
     return rv if isinstance(rv, int) else EXIT_OK
+
+
+def _given_url(args: Sequence[str]) -> str | None:
+    """The value of ``--url`` on the command line, if given."""
+    for i, arg in enumerate(args):
+        if arg == "--url" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--url="):
+            return arg.removeprefix("--url=")
+    return None
+
+
+def _is_sqlite(url: str | None) -> bool:
+    try:
+        return resolve_url(url)[0] == "sqlite"
+    except ConveyorError:
+        return False
 
 
 def _usage_problem(exc: Exception) -> int | None:

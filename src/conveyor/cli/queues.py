@@ -121,7 +121,7 @@ def stats(
     as_json: JsonOption = False,
 ) -> None:
     """Per queue: counts by status, oldest claimable age, per-group lag, settings."""
-    with open_store(url) as store:
+    with open_store(url, create=False) as store:
         reports = store.stats(queue)
         if queue is not None and not reports:
             empty = {s.value: 0 for s in Status}
@@ -224,7 +224,7 @@ def queue_show(
     as_json: JsonOption = False,
 ) -> None:
     """Show the stored settings of QUEUE."""
-    with open_store(url) as store:
+    with open_store(url, create=False) as store:
         settings = store.get_queue(queue)
     _show_settings(settings, as_json)
 

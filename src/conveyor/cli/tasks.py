@@ -107,7 +107,7 @@ def get(
     as_json: JsonOption = False,
 ) -> None:
     """Show one task (as queue mode sees it, or as --group sees it)."""
-    with open_store(url) as store:
+    with open_store(url, create=False) as store:
         task = store.get(task_id, group=group)
     if task is None:
         raise missing(task_id, group)
@@ -138,7 +138,7 @@ def list_tasks(
     as_json: JsonOption = False,
 ) -> None:
     """List tasks in submit order, one page at a time."""
-    with open_store(url) as store:
+    with open_store(url, create=False) as store:
         page = store.list(
             queue=queue,
             status=status,
@@ -171,7 +171,7 @@ def list_tasks(
             escape(t.partition or "-"),
             status_markup(t.status),
             f"{t.attempt}/{t.max_attempts}",
-            when(t.created_at)[5:16],
+            when(t.created_at)[:19],
         )
     console.print(table)
     more = f"  next page: --cursor {page.next_cursor}" if page.next_cursor else ""
@@ -185,7 +185,7 @@ def cancel(
     as_json: JsonOption = False,
 ) -> None:
     """Cancel a task, for queue mode and every group."""
-    with open_store(url) as store:
+    with open_store(url, create=False) as store:
         before = store.get(task_id)
         if before is None:
             raise missing(task_id, None)
@@ -193,9 +193,7 @@ def cancel(
     if task is None:
         raise missing(task_id, None)
     note = (
-        f"[dim]task was already {before.status.value}: unchanged[/]"
-        if before.status.terminal
-        else None
+        f"[dim]the task {_state(before.status)}: unchanged[/]" if before.status.terminal else None
     )
     show_task(task, as_json, note)
 
@@ -211,7 +209,7 @@ def retry(
     as_json: JsonOption = False,
 ) -> None:
     """Queue a failed, cancelled or evicted task again."""
-    with open_store(url) as store:
+    with open_store(url, create=False) as store:
         before = store.get(task_id, group=group)
         if before is None:
             raise missing(task_id, group)
@@ -221,7 +219,22 @@ def retry(
     note = None
     if before.status not in (Status.FAILED, Status.CANCELLED, Status.EVICTED):
         note = (
-            f"[dim]task was {before.status.value}: unchanged (retry applies to failed, "
-            "cancelled or evicted tasks)[/]"
+            f"[dim]the task {_state(before.status)}: unchanged (only failed, cancelled "
+            "or evicted tasks are retried)[/]"
         )
     show_task(task, as_json, note)
+
+
+_STATES = {
+    Status.QUEUED: "is still queued",
+    Status.RUNNING: "is running",
+    Status.SUCCEEDED: "has already succeeded",
+    Status.FAILED: "has already failed",
+    Status.CANCELLED: "is already cancelled",
+    Status.EVICTED: "was already evicted",
+}
+
+
+def _state(status: Status) -> str:
+    """``"has already succeeded"``: a status as the rest of a sentence."""
+    return _STATES.get(status, f"is {status.value}")
