@@ -28,8 +28,9 @@ What it does, in order of a task's life:
   ``grace`` seconds, then hands the rest back with :meth:`TaskStore.release`
   (claimable at once, the attempt not counted) and returns.
 
-Logs go to the ``conveyor.worker`` logger with ``task_id``, ``queue`` and
-``attempt`` as ``extra`` fields.
+Logs go to the ``conveyor.worker`` logger; every line about a task starts with
+its id, name and attempt and carries them as ``extra`` fields (see
+:mod:`conveyor.logs`).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from conveyor import _values as v
@@ -56,6 +57,7 @@ from conveyor.errors import (
     StoreUnavailable,
     TaskCancelled,
 )
+from conveyor.logs import TaskLogger
 from conveyor.models import Status, Task
 from conveyor.outcomes import TaskTimeout, UnknownTask
 from conveyor.registry import TaskHost, payload_arguments
@@ -83,9 +85,15 @@ class _Held:
     finishing: bool = False  # the outcome is being written; a LostLease then is ours
     beating: bool = False  # a heartbeat is in flight
 
+    log: TaskLogger = field(init=False)  # lines about this task name it
+
+    def __post_init__(self) -> None:
+        self.log = TaskLogger(log, self.task)
+
     @property
     def extra(self) -> dict[str, Any]:
-        return {"task_id": self.task.id, "queue": self.task.queue, "attempt": self.task.attempt}
+        """The task's log fields (``task_id``, ``task_name``, ``attempt``, ``queue``)."""
+        return dict(self.log.extra or {})
 
 
 class Worker:
@@ -332,7 +340,7 @@ class Worker:
             error = UnknownTask(
                 f"no task named {task.name!r} is registered in this worker's app (known: {known})"
             )
-            log.error("unknown task %s", task.name, extra=held.extra)
+            held.log.error("no handler is registered under this name")
             return await self._fail(held, error, retryable=False)
         args, kwargs = payload_arguments(task.payload)
         ctx = Context(
@@ -345,28 +353,27 @@ class Worker:
         )
         handler = start_handler(fn, ctx, args, kwargs)
         held.handler = handler
-        log.debug("running %s", task.name, extra=held.extra)
+        held.log.debug("running")
         started = time.monotonic()
         try:
             async with asyncio.timeout(fn.timeout) as scope:
                 result = await handler
         except LostLease as exc:
-            log.info("dropped: %s", exc, extra=held.extra)
+            held.log.info("dropped: %s", exc)
             return isinstance(exc, TaskCancelled)
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if held.lost and (current is None or not current.cancelling()):
-                log.info("dropped: the lease was lost while running", extra=held.extra)
+                held.log.info("dropped: the lease was lost while running")
                 return held.cancelled
             raise
         except TimeoutError as exc:
             if not scope.expired():
                 return await self._fail(held, exc, retryable=True)
             if not fn.is_async:
-                log.warning(
+                held.log.warning(
                     "timed out; the handler's thread cannot be stopped and is left to "
-                    "finish in the background",
-                    extra=held.extra,
+                    "finish in the background"
                 )
             return await self._fail(
                 held,
@@ -374,11 +381,11 @@ class Worker:
                 retryable=True,
             )
         except Exception as exc:
-            log.info("attempt failed: %r", exc, extra=held.extra)
+            held.log.info("attempt failed: %r", exc)
             return await self._fail(held, exc, retryable=True)
         finally:
             held.handler = None
-        log.debug("succeeded in %.3f s", time.monotonic() - started, extra=held.extra)
+        held.log.info("succeeded in %.3f s", time.monotonic() - started)
         return await self._succeed(held, result)
 
     # -------------------------------------------------------------- writes
@@ -389,12 +396,10 @@ class Worker:
         except InvalidArgument as exc:  # the result is not JSON
             return await self._fail(held, exc, retryable=False)
         except LostLease as exc:
-            log.info("dropped at completion: %s", exc, extra=held.extra)
+            held.log.info("dropped at completion: %s", exc)
             return isinstance(exc, TaskCancelled)
         except (ConveyorError, OSError) as exc:
-            log.error(
-                "could not record success (%s); the lease will run out", exc, extra=held.extra
-            )
+            held.log.error("could not record success (%s); the lease will run out", exc)
             return False
         return True
 
@@ -413,19 +418,15 @@ class Worker:
                 ),
             )
         except LostLease as exc:
-            log.info("dropped at failure: %s", exc, extra=held.extra)
+            held.log.info("dropped at failure: %s", exc)
             return isinstance(exc, TaskCancelled)
         except (ConveyorError, OSError) as exc:
-            log.error(
-                "could not record failure (%s); the lease will run out", exc, extra=held.extra
-            )
+            held.log.error("could not record failure (%s); the lease will run out", exc)
             return False
         if after.status is Status.QUEUED:
-            log.info("will retry at %s", after.run_at.isoformat(), extra=held.extra)
+            held.log.info("will retry at %s", after.run_at.isoformat())
             return False
-        log.warning(
-            "failed for good: %s", after.error and after.error.get("message"), extra=held.extra
-        )
+        held.log.warning("failed for good: %s", after.error and after.error.get("message"))
         return True
 
     async def _write(self, held: _Held, call: Callable[[], Awaitable[T]]) -> T:
@@ -439,7 +440,7 @@ class Worker:
             except StoreUnavailable as exc:
                 if attempt == WRITE_RETRIES:
                     raise
-                log.warning("write failed (%s); retrying", exc, extra=held.extra)
+                held.log.warning("write failed (%s); retrying", exc)
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 2.0)
         raise AssertionError("unreachable")
@@ -451,11 +452,11 @@ class Worker:
             await self.store.release(
                 task.id, worker_id=self.worker_id, group=self.group, attempt=task.attempt
             )
-            log.info("handed back", extra=held.extra)
+            held.log.info("handed back")
         except LostLease:
             pass  # finished, recovered or cancelled meanwhile: nothing to hand back
         except (ConveyorError, OSError) as exc:
-            log.warning("could not hand back (%s); the lease will run out", exc, extra=held.extra)
+            held.log.warning("could not hand back (%s); the lease will run out", exc)
         finally:
             self._let_go(held)
 
@@ -510,13 +511,13 @@ class Worker:
                 return  # our own succeed/fail/release got there first
             held.lost = True
             held.cancelled = isinstance(exc, TaskCancelled)
-            log.info("lease lost (%s); stopping the handler", exc, extra=held.extra)
+            held.log.info("lease lost (%s); stopping the handler", exc)
             if held.handler is not None:
                 held.handler.cancel()
         except (ConveyorError, OSError) as exc:
             # Try again soon; the lease has two more intervals of slack.
             held.next_beat = time.monotonic() + min(1.0, held.interval / 3)
-            log.warning("heartbeat failed: %s", exc, extra=held.extra)
+            held.log.warning("heartbeat failed: %s", exc)
         finally:
             held.beating = False
 

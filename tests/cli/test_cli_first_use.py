@@ -27,7 +27,9 @@ def test_version_prints_the_version_and_exits_0(capsys: pytest.CaptureFixture[st
     assert capsys.readouterr().out.strip() == f"conveyor {conveyor.__version__}"
 
 
-@pytest.mark.parametrize("command", [[], ["demo"], ["submit"], ["worker"], ["list"], ["queue", "set"]])
+@pytest.mark.parametrize(
+    "command", [[], ["demo"], ["submit"], ["worker"], ["list"], ["queue", "set"]]
+)
 def test_help_shows_flags_without_a_type(
     command: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:

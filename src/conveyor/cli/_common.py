@@ -49,16 +49,19 @@ _STATUS_STYLE = {
 
 
 class CliError(Exception):
-    """A failure the CLI reports as one line on stderr and an exit code."""
+    """A failure the CLI reports as one line on stderr and an exit code;
+    ``detail`` (say, the user's traceback) is printed above that line."""
 
-    def __init__(self, exit_code: int, message: str, hint: str | None = None) -> None:
+    def __init__(
+        self, exit_code: int, message: str, hint: str | None = None, *, detail: str | None = None
+    ) -> None:
         super().__init__(message)
         self.exit_code = exit_code
         self.message = message
         self.hint = hint
+        self.detail = detail
 
 
-#: The typer application; `main` runs it with conveyor's own error reporting.
 #: The order ``conveyor --help`` lists commands in: the way a user meets them.
 #: Commands not named here follow, in the order they were registered.
 COMMAND_ORDER = (

@@ -148,6 +148,8 @@ def run(argv: Sequence[str] | None = None) -> int:
             raise
         args = sys.argv[1:] if argv is None else list(argv)
         name = next((a for a in args if not a.startswith("-")), "COMMAND")
+        if isinstance(exc, CliError) and exc.detail:
+            sys.stderr.write(exc.detail + "\n")
         return _report(*_classify(exc, name, _given_url(args)))
     return rv if isinstance(rv, int) else EXIT_OK
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import logging
+import importlib
 import os
 import sys
 import traceback
@@ -11,16 +11,16 @@ from typing import Annotated
 
 import typer
 
+from conveyor.app import App, load_app
 from conveyor.cli._common import (
-    EXIT_UNAVAILABLE,
     EXIT_USAGE,
     CliError,
     GroupOption,
     cli,
 )
-from conveyor.errors import (
-    ConveyorError,
-)
+from conveyor.errors import ConveyorError
+from conveyor.logs import FORMATS, LEVELS, setup_logging
+from conveyor.supervisor import Supervisor, watch_parent
 
 
 @cli.command()
@@ -32,26 +32,76 @@ def worker(
         str, typer.Option("--queues", "-q", help="Comma-separated queues to consume.")
     ] = "default",
     concurrency: Annotated[
-        int, typer.Option("--concurrency", "-c", min=1, help="Tasks run at once.")
+        int, typer.Option("--concurrency", "-c", min=1, help="Tasks run at once, per process.")
     ] = 10,
+    processes: Annotated[
+        int,
+        typer.Option(
+            "--processes",
+            min=1,
+            help="Worker processes under one supervisor (a dead one is restarted).",
+        ),
+    ] = 1,
     group: GroupOption = None,
     url: Annotated[
         str | None,
         typer.Option("--url", help="Database URL (default: the App's URL).", show_default=False),
     ] = None,
+    grace: Annotated[
+        float,
+        typer.Option(
+            "--grace",
+            min=0,
+            metavar="SECONDS",
+            help="On SIGTERM/SIGINT, how long running tasks may take to finish before "
+            "they are handed back.",
+        ),
+    ] = 30.0,
+    lease: Annotated[
+        float | None,
+        typer.Option(
+            "--lease",
+            min=0.1,
+            metavar="SECONDS",
+            help="Lease per claim (default: the queue's setting, else 30 s); "
+            "heartbeats renew it every third.",
+            show_default=False,
+        ),
+    ] = None,
+    poll_interval: Annotated[
+        float,
+        typer.Option(
+            "--poll-interval",
+            min=0.01,
+            metavar="SECONDS",
+            help="Longest sleep when idle; new work wakes the worker sooner.",
+        ),
+    ] = 1.0,
     log_level: Annotated[
-        str, typer.Option("--log-level", help="debug, info, warning or error.")
+        str, typer.Option("--log-level", help="conveyor's log level: " + ", ".join(LEVELS) + ".")
     ] = "info",
+    log_format: Annotated[
+        str, typer.Option("--log-format", help="text, or json (one object per line).")
+    ] = "text",
+    library_log_level: Annotated[
+        str,
+        typer.Option(
+            "--library-log-level", help="Log level of other libraries (SQLAlchemy, drivers)."
+        ),
+    ] = "warning",
+    supervised_by: Annotated[int | None, typer.Option("--supervised-by", hidden=True)] = None,
 ) -> None:
     """Run a worker for an App until SIGINT/SIGTERM, then exit 0."""
-    level = logging.getLevelName(log_level.upper())
-    if not isinstance(level, int):
-        raise CliError(
-            EXIT_USAGE, f"unknown --log-level {log_level!r}", "use debug, info, warning or error"
-        )
-    # A worker is watched through its log: timestamps, level, logger, message.
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("alembic").setLevel(max(level, logging.WARNING))
+    for option, value, allowed in (
+        ("--log-level", log_level, LEVELS),
+        ("--library-log-level", library_log_level, LEVELS),
+        ("--log-format", log_format, FORMATS),
+    ):
+        if value.lower() not in allowed:
+            raise CliError(
+                EXIT_USAGE, f"unknown {option} {value!r}", f"use one of {', '.join(allowed)}"
+            )
+    setup_logging(log_level.lower(), log_format.lower(), library_level=library_log_level.lower())
     names = [q.strip() for q in queues.split(",")]
     if not names or any(not q for q in names):
         raise CliError(
@@ -59,36 +109,75 @@ def worker(
             f"--queues {queues!r} has an empty queue name",
             "give comma-separated names, e.g. --queues emails,default",
         )
+    application = load_user_app(app_path)
+    if processes > 1:
+        # Loaded above only to fail fast, in one place, on a broken app.
+        child = [sys.executable, "-m", "conveyor.cli", "worker", app_path, "--queues", queues]
+        child += ["--concurrency", str(concurrency), "--grace", str(grace)]
+        child += ["--poll-interval", str(poll_interval), "--log-level", log_level]
+        child += ["--log-format", log_format, "--library-log-level", library_log_level]
+        child += ["--supervised-by", str(os.getpid())]
+        for option, given in (("--group", group), ("--url", url), ("--lease", lease)):
+            if given is not None:
+                child += [option, str(given)]
+        raise typer.Exit(Supervisor(child, processes).run())
+    if supervised_by is not None:
+        watch_parent(supervised_by)
+    application.run_worker(
+        queues=names,
+        concurrency=concurrency,
+        group=group,
+        url=url,
+        grace=grace,
+        lease=lease,
+        poll_interval=poll_interval,
+    )
+
+
+def load_user_app(app_path: str) -> App:
+    """The App at ``MODULE:APP``, imported from the current directory too; a
+    :class:`CliError` with the user's own traceback when their module fails."""
     if ":" not in app_path:
         raise CliError(
             EXIT_USAGE,
             f"{app_path!r} is not MODULE:APP",
             "name the module and the App in it, e.g. conveyor worker myapp.tasks:app",
         )
-    try:
-        # Imported here: the other commands must not pay for (or depend on) the worker.
-        from conveyor.app import load_app
-    except ModuleNotFoundError as exc:
-        if exc.name != "conveyor.app":
-            raise
-        raise CliError(
-            EXIT_UNAVAILABLE,
-            "this installation of conveyor has no worker (conveyor.app is missing)",
-            "install a conveyor release that ships the worker",
-        ) from None
     # Like `python -m`, let the app live in the current directory.
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        application = load_app(app_path)
+        return load_app(app_path)
     except Exception as exc:
         raise CliError(
             EXIT_USAGE,
             f"cannot load {app_path!r}: {_describe(exc)}",
             "check that MODULE is importable from the current directory and APP names "
             "a conveyor.App in it",
+            detail=_user_traceback(exc),
         ) from None
-    application.run_worker(queues=names, concurrency=concurrency, group=group, url=url)
+
+
+def _user_traceback(exc: BaseException) -> str | None:
+    """The traceback of ``exc`` trimmed to the user's frames (no importlib, no
+    conveyor); None when there are none (the module itself was not found)."""
+    if isinstance(exc, ConveyorError):
+        return None
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not _ours(f.filename)]
+    if not frames and not isinstance(exc, SyntaxError):
+        return None
+    lines = ["Traceback (most recent call last; your code only):\n"]
+    lines += traceback.format_list(frames)
+    lines += traceback.format_exception_only(type(exc), exc)
+    return "".join(lines).rstrip()
+
+
+#: Frames that are not the user's: conveyor's own and the import machinery's.
+_NOT_THEIRS = ("<", str(Path(__file__).parent.parent), str(Path(importlib.__file__).parent))
+
+
+def _ours(filename: str) -> bool:
+    return filename.startswith(_NOT_THEIRS)
 
 
 def _describe(exc: BaseException) -> str:
@@ -96,13 +185,8 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, ConveyorError):
         return " ".join(str(exc).split())
     text = f"{type(exc).__name__}: {exc}"
-    package = str(Path(__file__).parent.parent)
     # Point at the user's line, not at importlib's or conveyor's.
-    frames = [
-        f
-        for f in traceback.extract_tb(exc.__traceback__)
-        if not f.filename.startswith(("<", package))
-    ]
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not _ours(f.filename)]
     # An ImportError names the module and a SyntaxError its file and line already.
     if frames and not isinstance(exc, ImportError | SyntaxError):
         text += f" (at {frames[-1].filename}:{frames[-1].lineno})"
