@@ -36,6 +36,7 @@ EXPORTS = [
     "LostLease",
     "NotFound",
     "Page",
+    "Permanent",
     "ProtocolVersionMismatch",
     "QueueStats",
     "Status",

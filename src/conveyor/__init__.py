@@ -19,6 +19,7 @@ from conveyor.errors import (
     TaskCancelled,
 )
 from conveyor.models import Backoff, ConsumerGroup, GroupStats, Page, QueueStats, Status, Task
+from conveyor.outcomes import Permanent
 from conveyor.store.base import TaskStore
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "LostLease",
     "NotFound",
     "Page",
+    "Permanent",
     "ProtocolVersionMismatch",
     "QueueStats",
     "Status",

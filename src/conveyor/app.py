@@ -130,6 +130,8 @@ class App:
         backoff: Backoff | dict[str, float] | v.Duration | None = None,
         priority: int = 0,
         partition: PartitionSpec = None,
+        retry_on: type[BaseException] | Sequence[type[BaseException]] | None = None,
+        no_retry_on: type[BaseException] | Sequence[type[BaseException]] | None = None,
     ) -> Callable[[Callable[..., R]], TaskFunction[..., R]]: ...
 
     def task(
@@ -143,6 +145,8 @@ class App:
         backoff: Backoff | dict[str, float] | v.Duration | None = None,
         priority: int = 0,
         partition: PartitionSpec = None,
+        retry_on: type[BaseException] | Sequence[type[BaseException]] | None = None,
+        no_retry_on: type[BaseException] | Sequence[type[BaseException]] | None = None,
     ) -> TaskFunction[..., R] | Callable[[Callable[..., R]], TaskFunction[..., R]]:
         """Register a task function (``@app.task`` or ``@app.task(...)``).
 
@@ -152,7 +156,11 @@ class App:
         are stored with each submitted task (``None``: the queue's setting, else
         the store default); ``timeout`` is enforced by the worker per attempt;
         ``partition`` puts every run in one stream, or names the stream from the
-        arguments when it is a function.
+        arguments when it is a function. ``retry_on`` (only these exceptions are
+        retried) and ``no_retry_on`` (these fail the task for good) are exception
+        classes, or tuples of them; ``raise conveyor.Permanent(...)`` always fails
+        for good, and ``conveyor.Snooze(seconds)`` runs the task again later
+        without spending an attempt (:mod:`conveyor.outcomes`).
         """
         make = task_factory(
             self,
@@ -163,6 +171,8 @@ class App:
             backoff=backoff,
             priority=priority,
             partition=partition,
+            retry_on=retry_on,
+            no_retry_on=no_retry_on,
         )
 
         def register(fn: Callable[..., R]) -> TaskFunction[..., R]:

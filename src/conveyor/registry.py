@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, Protocol, Ty
 from conveyor import _values as v
 from conveyor.errors import InvalidArgument
 from conveyor.models import Backoff, Task
+from conveyor.outcomes import ExceptionTypes, exception_types
 
 if TYPE_CHECKING:
     from conveyor.connect import SyncStore
@@ -150,6 +151,8 @@ class TaskFunction(Generic[P, R]):
         backoff: Backoff | None,
         priority: int,
         partition: PartitionSpec,
+        retry_on: ExceptionTypes = (),
+        no_retry_on: ExceptionTypes = (),
     ) -> None:
         self.app = app
         self.func = func
@@ -160,6 +163,11 @@ class TaskFunction(Generic[P, R]):
         self.backoff = backoff
         self.priority = priority
         self.partition = partition
+        #: Only these exceptions are retried (empty: all are), see
+        #: :func:`conveyor.outcomes.is_retryable`.
+        self.retry_on = retry_on
+        #: These exceptions fail the task for good.
+        self.no_retry_on = no_retry_on
         #: Coroutine functions run on the worker's event loop, others in a thread.
         self.is_async = inspect.iscoroutinefunction(func)
         self.__doc__ = func.__doc__
@@ -229,6 +237,8 @@ def task_factory(
     backoff: Backoff | dict[str, float] | v.Duration | None,
     priority: int,
     partition: PartitionSpec,
+    retry_on: object = None,
+    no_retry_on: object = None,
 ) -> Callable[[Callable[..., R]], TaskFunction[..., R]]:
     """Check ``@app.task``'s options now; the returned function wraps one handler.
 
@@ -241,6 +251,8 @@ def task_factory(
     )
     checked_backoff = v.backoff("backoff", backoff)
     checked_priority = v.integer("priority", priority)
+    checked_retry_on = exception_types("retry_on", retry_on)
+    checked_no_retry_on = exception_types("no_retry_on", no_retry_on)
     if isinstance(partition, str):
         v.name("partition", partition)
     elif partition is not None and not callable(partition):
@@ -257,6 +269,8 @@ def task_factory(
             backoff=checked_backoff,
             priority=checked_priority,
             partition=partition,
+            retry_on=checked_retry_on,
+            no_retry_on=checked_no_retry_on,
         )
 
     return make

@@ -27,7 +27,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 
@@ -53,12 +53,11 @@ class _Slot:
 
 @dataclass
 class Supervisor:
-    """Runs ``command`` (a child worker's argv) ``processes`` times; see the module docs.
+    """Runs ``processes`` children; see the module docs. ``command(index)`` is the
+    argv of the child in slot ``index`` (0 to ``processes - 1``), so each child
+    can get options of its own (a metrics port, say)."""
 
-    ``{index}`` in an argument of ``command`` is replaced by the child's slot number.
-    """
-
-    command: Sequence[str]
+    command: Callable[[int], Sequence[str]]
     processes: int
     env: dict[str, str] | None = None
     backoff_first: float = BACKOFF_FIRST
@@ -143,7 +142,7 @@ class Supervisor:
             self._start(slot, now)
 
     def _start(self, slot: _Slot, now: float) -> None:
-        argv = [arg.replace("{index}", str(slot.index)) for arg in self.command]
+        argv = list(self.command(slot.index))
         # A session of its own: a terminal's Ctrl-C goes to the supervisor only,
         # which passes it on once.
         slot.proc = subprocess.Popen(argv, env=self.env, start_new_session=True)

@@ -59,7 +59,7 @@ from conveyor.errors import (
 )
 from conveyor.logs import TaskLogger
 from conveyor.models import Status, Task
-from conveyor.outcomes import TaskTimeout, UnknownTask
+from conveyor.outcomes import TaskTimeout, UnknownTask, is_retryable
 from conveyor.registry import TaskHost, payload_arguments
 from conveyor.schedule import scheduler_for
 from conveyor.statements import DEFAULT_LEASE
@@ -367,22 +367,17 @@ class Worker:
                 held.log.info("dropped: the lease was lost while running")
                 return held.cancelled
             raise
-        except TimeoutError as exc:
-            if not scope.expired():
-                return await self._fail(held, exc, retryable=True)
-            if not fn.is_async:
-                held.log.warning(
-                    "timed out; the handler's thread cannot be stopped and is left to "
-                    "finish in the background"
-                )
-            return await self._fail(
-                held,
-                TaskTimeout(f"{task.name} ran past its timeout of {fn.timeout:g} s"),
-                retryable=True,
-            )
         except Exception as exc:
-            held.log.info("attempt failed: %r", exc)
-            return await self._fail(held, exc, retryable=True)
+            if isinstance(exc, TimeoutError) and scope.expired():
+                if not fn.is_async:
+                    held.log.warning(
+                        "timed out; the handler's thread cannot be stopped and is left to "
+                        "finish in the background"
+                    )
+                exc = TaskTimeout(f"{task.name} ran past its timeout of {fn.timeout:g} s")
+            retryable = is_retryable(exc, retry_on=fn.retry_on, no_retry_on=fn.no_retry_on)
+            held.log.info("attempt failed%s: %r", "" if retryable else " for good", exc)
+            return await self._fail(held, exc, retryable=retryable)
         finally:
             held.handler = None
         held.log.info("succeeded in %.3f s", time.monotonic() - started)

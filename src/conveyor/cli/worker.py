@@ -111,16 +111,21 @@ def worker(
         )
     application = load_user_app(app_path)
     if processes > 1:
-        # Loaded above only to fail fast, in one place, on a broken app.
-        child = [sys.executable, "-m", "conveyor.cli", "worker", app_path, "--queues", queues]
-        child += ["--concurrency", str(concurrency), "--grace", str(grace)]
-        child += ["--poll-interval", str(poll_interval), "--log-level", log_level]
-        child += ["--log-format", log_format, "--library-log-level", library_log_level]
-        child += ["--supervised-by", str(os.getpid())]
-        for option, given in (("--group", group), ("--url", url), ("--lease", lease)):
-            if given is not None:
-                child += [option, str(given)]
-        raise typer.Exit(Supervisor(child, processes).run())
+        # The app was loaded above only to fail fast, in one place, on a broken app.
+
+        def child_command(index: int) -> list[str]:
+            """The argv of child ``index``: this command, one process, supervised."""
+            argv = [sys.executable, "-m", "conveyor.cli", "worker", app_path, "--queues", queues]
+            argv += ["--concurrency", str(concurrency), "--grace", str(grace)]
+            argv += ["--poll-interval", str(poll_interval), "--log-level", log_level]
+            argv += ["--log-format", log_format, "--library-log-level", library_log_level]
+            argv += ["--supervised-by", str(os.getpid())]
+            for option, given in (("--group", group), ("--url", url), ("--lease", lease)):
+                if given is not None:
+                    argv += [option, str(given)]
+            return argv
+
+        raise typer.Exit(Supervisor(child_command, processes).run())
     if supervised_by is not None:
         watch_parent(supervised_by)
     application.run_worker(
