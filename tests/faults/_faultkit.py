@@ -1,0 +1,336 @@
+"""What the fault scenarios share: the worker app, child processes, and the checks.
+
+Run as a script, this file is one of the child processes::
+
+    python _faultkit.py worker URL LOGDIR NAME LEASE POLL CONCURRENCY
+    python _faultkit.py producer URL LOGDIR COUNT RATE PARTITIONS
+    python _faultkit.py batch URL QUEUE COUNT
+
+* a **worker** runs :data:`app` (task ``step``) and appends one JSON line per
+  handler run to ``LOGDIR/exec-NAME.jsonl``; its log (stderr) shows each
+  record's ``task_id`` and ``attempt``;
+* a **producer** submits ``COUNT`` tasks, each under its own idempotency key,
+  and retries a submit that met a database error until it returns; every
+  submit that returned is a line in ``LOGDIR/acked.jsonl``;
+* a **batch** producer prints ``begin``, submits ``COUNT`` tasks in one
+  ``submit_many`` and prints ``done`` (the test kills it in between).
+
+Imported by the tests, it starts those children and checks what they leave behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import conveyor
+
+KIT = str(Path(__file__).resolve())
+QUEUE = "faults"
+# What must never appear in a worker's log, whatever the fault.
+UNHANDLED = (
+    "never retrieved",
+    "Traceback",
+    "was destroyed but it is pending",
+    "Exception in callback",
+    "Unhandled",
+    "garbage collector",
+)
+
+app = conveyor.App(os.environ.get("CONVEYOR_URL", "sqlite:///faults.db"))
+
+
+def _record(line: dict[str, Any]) -> None:
+    path = os.environ["FAULTS_EXEC_LOG"]
+    data = (json.dumps(line) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)  # one write of one short line: appends never interleave
+    finally:
+        os.close(fd)
+
+
+@app.task(name="step", queue=QUEUE)
+async def step(ctx: Any, seq: int, part: str | None, fail_first: bool = False) -> int:
+    """A short task that records its run; ``fail_first`` fails attempt 1."""
+    t0 = time.time()
+    await asyncio.sleep(0.01)
+    ok = not (fail_first and ctx.task.attempt == 1)
+    _record(
+        {
+            "id": ctx.task.id,
+            "seq": seq,
+            "part": part,
+            "attempt": ctx.task.attempt,
+            "ok": ok,
+            "pid": os.getpid(),
+            "t0": t0,
+            "t1": time.time(),
+        }
+    )
+    if not ok:
+        raise RuntimeError(f"planned failure of step {seq}")
+    return seq
+
+
+# ------------------------------------------------------------------ children
+class _Fields(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        for name in ("task_id", "attempt"):
+            if not hasattr(record, name):
+                setattr(record, name, "-")
+        return True
+
+
+def _worker(url: str, logdir: str, name: str, lease: float, poll: float, concurrency: int) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(_Fields())
+    handler.setFormatter(
+        logging.Formatter(
+            "%(asctime)s %(levelname)s %(name)s: %(message)s [task=%(task_id)s attempt=%(attempt)s]"
+        )
+    )
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
+    os.environ["FAULTS_EXEC_LOG"] = str(Path(logdir) / f"exec-{name}.jsonl")
+    app.run_worker(
+        [QUEUE],
+        concurrency=concurrency,
+        lease=lease,
+        poll_interval=poll,
+        grace=5.0,
+        maintain_interval=2.0,
+        url=url,
+        worker_id=name,
+    )
+
+
+async def _producer(url: str, logdir: str, count: int, rate: float, partitions: int) -> None:
+    acked = Path(logdir) / "acked.jsonl"
+    errors: Counter[str] = Counter()
+    store = conveyor.connect(url, listen=False)
+    while True:
+        try:
+            await store.open()
+            break
+        except conveyor.StoreUnavailable:
+            await asyncio.sleep(0.2)
+    print("ready", flush=True)
+    async with store:
+        with acked.open("a") as sink:
+            began = time.monotonic()
+            for seq in range(count):
+                part = f"p{seq % partitions}" if seq % (partitions + 1) else None
+                payload = {"kwargs": {"seq": seq, "part": part, "fail_first": seq % 10 == 3}}
+                while True:
+                    try:
+                        task = await store.submit(
+                            "step", payload, queue=QUEUE, partition=part, key=f"step-{seq}"
+                        )
+                        break
+                    except conveyor.StoreUnavailable as exc:
+                        errors[type(exc).__name__] += 1
+                        await asyncio.sleep(0.2)
+                sink.write(json.dumps({"seq": seq, "id": task.id, "t": time.time()}) + "\n")
+                sink.flush()
+                pause = began + (seq + 1) / rate - time.monotonic()
+                if pause > 0:
+                    await asyncio.sleep(pause)
+    print(json.dumps({"submitted": count, "errors": dict(errors)}), flush=True)
+
+
+async def _batch(url: str, queue: str, count: int) -> None:
+    requests = [
+        {"name": "bulk", "payload": {"i": i, "pad": "x" * 200}, "queue": queue}
+        for i in range(count)
+    ]
+    async with conveyor.connect(url, listen=False) as store:
+        await store.stats(queue)  # connected and warm before the clock starts
+        print("begin", flush=True)
+        began = time.monotonic()
+        await store.submit_many(requests)
+        print(f"done {time.monotonic() - began:.3f}", flush=True)
+
+
+def main(argv: list[str]) -> None:
+    role, url, *rest = argv
+    if role == "worker":
+        logdir, name, lease, poll, concurrency = rest
+        _worker(url, logdir, name, float(lease), float(poll), int(concurrency))
+    elif role == "producer":
+        logdir, count, rate, partitions = rest
+        asyncio.run(_producer(url, logdir, int(count), float(rate), int(partitions)))
+    elif role == "batch":
+        queue, count = rest
+        asyncio.run(_batch(url, queue, int(count)))
+    else:
+        raise SystemExit(f"unknown role {role!r}")
+
+
+# -------------------------------------------------------------------- parent
+def child_env(logdir: Path) -> dict[str, str]:
+    """The environment of a child: this folder importable, unbuffered output."""
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(KIT).parent), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONUNBUFFERED": "1",
+        "FAULTS_EXEC_LOG": str(logdir / "exec-other.jsonl"),
+    }
+
+
+def spawn(role: str, url: str, *args: object, logdir: Path, log: str) -> subprocess.Popen[str]:
+    """Start a child of ``role`` with stderr going to ``logdir/log``."""
+    with (logdir / log).open("w") as sink:
+        return subprocess.Popen(
+            [sys.executable, KIT, role, url, *map(str, args)],
+            env=child_env(logdir),
+            stdout=subprocess.PIPE,
+            stderr=sink,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+
+
+def stop_all(procs: Iterable[subprocess.Popen[str]], timeout: float = 30) -> list[int]:
+    """SIGTERM each child, wait for it (kill -9 after ``timeout``); their exit codes."""
+    procs = list(procs)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    codes = []
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        try:
+            codes.append(proc.wait(max(0.1, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            codes.append(proc.wait())
+    return codes
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines of ``path`` (a torn last line, from a kill, is skipped)."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def executions(logdir: Path) -> list[dict[str, Any]]:
+    """Every handler run the workers recorded, in start order."""
+    runs = [r for path in logdir.glob("exec-*.jsonl") for r in read_jsonl(path)]
+    return sorted(runs, key=lambda r: r["t0"])
+
+
+def unhandled_output(logdir: Path, pattern: str = "worker-*.log") -> list[str]:
+    """Lines of the workers' logs that show an unhandled error."""
+    bad = []
+    for path in sorted(logdir.glob(pattern)):
+        for line in path.read_text().splitlines():
+            if any(marker in line for marker in UNHANDLED):
+                bad.append(f"{path.name}: {line}")
+    return bad
+
+
+def lost_ack_evidence(logdir: Path) -> set[tuple[str, str]]:
+    """(task id, attempt) pairs whose success a worker could not record."""
+    found = set()
+    for path in logdir.glob("worker-*.log"):
+        for line in path.read_text().splitlines():
+            if "could not record success" in line or "dropped at completion" in line:
+                marker = line.rsplit("[task=", 1)
+                if len(marker) == 2:
+                    task_id, _, attempt = marker[1].rstrip("]").partition(" attempt=")
+                    found.add((task_id, attempt))
+    return found
+
+
+@dataclass
+class Figures:
+    """What one scenario measured; printed and asserted by the tests."""
+
+    scenario: str
+    injected: str
+    tasks: int = 0
+    processed: int = 0
+    lost: int = 0
+    duplicates: int = 0
+    duplicates_from_lost_acks: int = 0
+    order_violations: int = 0
+    recovery_s: float | None = None
+    listener_recovery_s: float | None = None
+    wakeup_s: float | None = None
+    unhandled_log_lines: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def show(self) -> None:
+        """Print the figures as one line (pytest -s shows it; CI logs keep it)."""
+        line = json.dumps(asdict(self), sort_keys=True)
+        print(f"\nFAULT FIGURES {line}", flush=True)
+        report = os.environ.get("CONVEYOR_FAULTS_REPORT")
+        if report:
+            with open(report, "a") as sink:
+                sink.write(line + "\n")
+
+
+def check_delivery(
+    figures: Figures,
+    acked: list[dict[str, Any]],
+    runs: list[dict[str, Any]],
+    final: dict[str, str],
+    logdir: Path,
+) -> None:
+    """Fill in lost, duplicates (and their cause), order violations and log health.
+
+    ``final`` maps each task id in the database to its status for queue mode.
+    """
+    figures.tasks = len(acked)
+    done = [r for r in runs if r["ok"]]
+    successes = Counter(r["id"] for r in done)
+    figures.processed = sum(1 for a in acked if successes[a["id"]] > 0)
+    figures.lost = sum(
+        1 for a in acked if successes[a["id"]] == 0 or final.get(a["id"]) != "succeeded"
+    )
+    evidence = lost_ack_evidence(logdir)
+    dup_ids = [task_id for task_id, n in successes.items() if n > 1]
+    figures.duplicates = sum(successes[i] - 1 for i in dup_ids)
+    explained = 0
+    for task_id in dup_ids:
+        attempts = sorted(r["attempt"] for r in done if r["id"] == task_id)
+        # Every run but the last succeeded in its handler and was not acknowledged.
+        if all((task_id, str(a)) in evidence for a in attempts[:-1]):
+            explained += len(attempts) - 1
+    figures.duplicates_from_lost_acks = explained
+    by_part: dict[str, list[int]] = defaultdict(list)
+    for run in runs:  # sorted by start time
+        if run["part"] is not None:
+            by_part[run["part"]].append(run["seq"])
+    figures.order_violations = sum(
+        1 for seqs in by_part.values() for a, b in zip(seqs, seqs[1:], strict=False) if b < a
+    )
+    figures.unhandled_log_lines = len(unhandled_output(logdir))
+
+
+def first_completion_after(runs: list[dict[str, Any]], moment: float) -> float | None:
+    """Seconds from ``moment`` (wall clock) to the first handler run finishing after it."""
+    later = [r["t1"] for r in runs if r["t1"] > moment]
+    return None if not later else min(later) - moment
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
