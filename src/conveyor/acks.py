@@ -62,13 +62,18 @@ class Acks:
         ]
         try:
             outcomes: list[Task | ConveyorError] = await self.store.succeed_many(items)
-        except BaseException as exc:
+        except Exception as exc:
+            # Every waiter, the leader included, gets the error from its own future:
+            # raising it here as well would leave the leader's future unretrieved.
             for _, _, future in batch:
                 if not future.done():
-                    if isinstance(exc, Exception):
-                        future.set_exception(exc)
-                    else:
-                        future.cancel()
+                    future.set_exception(exc)
+            return
+        except BaseException:
+            # The leader was cancelled mid-write: the others were not, and retry.
+            for _, _, future in batch:
+                if not future.done():
+                    future.set_exception(StoreUnavailable("acknowledgement interrupted"))
             raise
         for (_, _, future), outcome in zip(batch, outcomes, strict=True):
             if not future.done():

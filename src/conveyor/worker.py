@@ -69,7 +69,14 @@ log = logging.getLogger("conveyor.worker")
 
 T = TypeVar("T")
 
-WRITE_RETRIES = 6  # a final write that meets a database outage: ~6 s of retries
+# A final write that meets a database outage is retried for the lease's length
+# (at least this many seconds): giving up sooner lets the lease run out and the
+# task run again elsewhere, while a late write is harmless (it is fenced).
+WRITE_RETRY_MIN = 6.0
+# A claim that fails waits 0.5 s, then twice as long each time up to 5 s, or less
+# when the wake channel reconnects (the database is back).
+CLAIM_RETRY_FIRST = 0.5
+CLAIM_RETRY_MAX = 5.0
 
 
 @dataclass(eq=False)
@@ -247,9 +254,9 @@ class Worker:
                 )
             except (ConveyorError, OSError) as exc:
                 failures += 1
-                pause = min(self.poll_interval * 2 ** min(failures, 6), 30.0)
+                pause = min(CLAIM_RETRY_FIRST * 2 ** min(failures - 1, 6), CLAIM_RETRY_MAX)
                 log.warning("claim failed (%s); trying again in %.1f s", exc, pause)
-                await self._until(asyncio.sleep(pause))
+                await self._until(self.store.wait_for_work(self.queues, pause))
                 continue
             failures = 0
             if not tasks:
@@ -425,20 +432,25 @@ class Worker:
         return True
 
     async def _write(self, held: _Held, call: Callable[[], Awaitable[T]]) -> T:
-        """A final write, retried through a short database outage (the lease keeps
-        the task ours meanwhile; past it, recovery hands the task to others)."""
+        """A final write, retried through a database outage for as long as the
+        lease may still be ours (the heartbeats keep renewing it once the database
+        is back; past it, recovery hands the task to others and the fence refuses
+        the late write)."""
         held.finishing = True
         pause = 0.1
-        for attempt in range(WRITE_RETRIES + 1):
+        give_up: float | None = None
+        while True:
             try:
                 return await call()
             except StoreUnavailable as exc:
-                if attempt == WRITE_RETRIES:
+                now = time.monotonic()
+                if give_up is None:
+                    give_up = now + max(self._lease_for(held.task.queue), WRITE_RETRY_MIN)
+                if now >= give_up:
                     raise
                 held.log.warning("write failed (%s); retrying", exc)
-                await asyncio.sleep(pause)
+                await asyncio.sleep(min(pause, give_up - now))
                 pause = min(pause * 2, 2.0)
-        raise AssertionError("unreachable")
 
     async def _release(self, held: _Held) -> None:
         task = held.task

@@ -3,15 +3,15 @@
 Run as a script, this file is one of the child processes::
 
     python _faultkit.py worker URL LOGDIR NAME LEASE POLL CONCURRENCY
-    python _faultkit.py producer URL LOGDIR COUNT RATE PARTITIONS
+    python _faultkit.py producer URL LOGDIR DURATION RATE PARTITIONS
     python _faultkit.py batch URL QUEUE COUNT
 
 * a **worker** runs :data:`app` (task ``step``) and appends one JSON line per
   handler run to ``LOGDIR/exec-NAME.jsonl``; its log (stderr) shows each
   record's ``task_id`` and ``attempt``;
-* a **producer** submits ``COUNT`` tasks, each under its own idempotency key,
-  and retries a submit that met a database error until it returns; every
-  submit that returned is a line in ``LOGDIR/acked.jsonl``;
+* a **producer** submits for ``DURATION`` seconds, each task under its own
+  idempotency key, and retries a submit that met a database error until it
+  returns; every task whose submit returned is a line in ``LOGDIR/acked.jsonl``;
 * a **batch** producer prints ``begin``, submits ``COUNT`` tasks in one
   ``submit_many`` and prints ``done`` (the test kills it in between).
 
@@ -21,6 +21,7 @@ Imported by the tests, it starts those children and checks what they leave behin
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import os
@@ -38,6 +39,8 @@ import conveyor
 
 KIT = str(Path(__file__).resolve())
 QUEUE = "faults"
+BATCH = 10  # tasks per submit_many of the producer
+PRODUCER = "faults-producer"  # its application_name on Postgres
 # What must never appear in a worker's log, whatever the fault.
 UNHANDLED = (
     "never retrieved",
@@ -93,11 +96,19 @@ class _Fields(logging.Filter):
         return True
 
 
+class _OneLine(logging.Formatter):
+    """One record, one line (driver messages span several), so the checks can
+    find the task a line is about."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return " | ".join(super().format(record).splitlines())
+
+
 def _worker(url: str, logdir: str, name: str, lease: float, poll: float, concurrency: int) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(_Fields())
     handler.setFormatter(
-        logging.Formatter(
+        _OneLine(
             "%(asctime)s %(levelname)s %(name)s: %(message)s [task=%(task_id)s attempt=%(attempt)s]"
         )
     )
@@ -115,10 +126,16 @@ def _worker(url: str, logdir: str, name: str, lease: float, poll: float, concurr
     )
 
 
-async def _producer(url: str, logdir: str, count: int, rate: float, partitions: int) -> None:
+async def _producer(url: str, logdir: str, duration: float, rate: float, partitions: int) -> None:
+    """Submit for ``duration`` seconds, in batches of :data:`BATCH` (at most ``rate``
+    tasks a second); a batch that meets a database error is submitted again under
+    the same keys until it returns, so each task exists once whatever happened."""
     acked = Path(logdir) / "acked.jsonl"
     errors: Counter[str] = Counter()
-    store = conveyor.connect(url, listen=False)
+    options: dict[str, Any] = {"listen": False}
+    if url.startswith("postgresql"):
+        options["engine_options"] = {"connect_args": {"application_name": PRODUCER}}
+    store = conveyor.connect(url, **options)
     while True:
         try:
             await store.open()
@@ -126,27 +143,43 @@ async def _producer(url: str, logdir: str, count: int, rate: float, partitions: 
         except conveyor.StoreUnavailable:
             await asyncio.sleep(0.2)
     print("ready", flush=True)
+    seq = 0
     async with store:
         with acked.open("a") as sink:
             began = time.monotonic()
-            for seq in range(count):
-                part = f"p{seq % partitions}" if seq % (partitions + 1) else None
-                payload = {"kwargs": {"seq": seq, "part": part, "fail_first": seq % 10 == 3}}
+            while time.monotonic() - began < duration:
+                batch = []
+                for n in range(seq, seq + BATCH):
+                    part = f"p{n % partitions}" if n % (partitions + 1) else None
+                    # Some unpartitioned tasks fail their first attempt: retries in the mix.
+                    kwargs = {"seq": n, "part": part, "fail_first": part is None and n % 2 == 0}
+                    batch.append(
+                        {
+                            "name": "step",
+                            "payload": {"kwargs": kwargs},
+                            "queue": QUEUE,
+                            "partition": part,
+                            "key": f"step-{n}",
+                            "backoff": 0.2,
+                        }
+                    )
+                seq += BATCH
                 while True:
                     try:
-                        task = await store.submit(
-                            "step", payload, queue=QUEUE, partition=part, key=f"step-{seq}"
-                        )
+                        tasks = await store.submit_many(batch)
                         break
                     except conveyor.StoreUnavailable as exc:
                         errors[type(exc).__name__] += 1
                         await asyncio.sleep(0.2)
-                sink.write(json.dumps({"seq": seq, "id": task.id, "t": time.time()}) + "\n")
+                now = time.time()
+                for request, task in zip(batch, tasks, strict=True):
+                    seq_of = request["payload"]["kwargs"]["seq"]
+                    sink.write(json.dumps({"seq": seq_of, "id": task.id, "t": now}) + "\n")
                 sink.flush()
-                pause = began + (seq + 1) / rate - time.monotonic()
+                pause = began + seq / rate - time.monotonic()
                 if pause > 0:
                     await asyncio.sleep(pause)
-    print(json.dumps({"submitted": count, "errors": dict(errors)}), flush=True)
+    print(json.dumps({"submitted": seq, "errors": dict(errors)}), flush=True)
 
 
 async def _batch(url: str, queue: str, count: int) -> None:
@@ -168,8 +201,8 @@ def main(argv: list[str]) -> None:
         logdir, name, lease, poll, concurrency = rest
         _worker(url, logdir, name, float(lease), float(poll), int(concurrency))
     elif role == "producer":
-        logdir, count, rate, partitions = rest
-        asyncio.run(_producer(url, logdir, int(count), float(rate), int(partitions)))
+        logdir, duration, rate, partitions = rest
+        asyncio.run(_producer(url, logdir, float(duration), float(rate), int(partitions)))
     elif role == "batch":
         queue, count = rest
         asyncio.run(_batch(url, queue, int(count)))
@@ -189,12 +222,13 @@ def child_env(logdir: Path) -> dict[str, str]:
 
 
 def spawn(role: str, url: str, *args: object, logdir: Path, log: str) -> subprocess.Popen[str]:
-    """Start a child of ``role`` with stderr going to ``logdir/log``."""
+    """Start a child of ``role`` with stderr going to ``logdir/log`` (and stdout to a
+    pipe, except for workers)."""
     with (logdir / log).open("w") as sink:
         return subprocess.Popen(
             [sys.executable, KIT, role, url, *map(str, args)],
             env=child_env(logdir),
-            stdout=subprocess.PIPE,
+            stdout=subprocess.DEVNULL if role == "worker" else subprocess.PIPE,
             stderr=sink,
             stdin=subprocess.DEVNULL,
             text=True,
@@ -215,6 +249,8 @@ def stop_all(procs: Iterable[subprocess.Popen[str]], timeout: float = 30) -> lis
         except subprocess.TimeoutExpired:
             proc.kill()
             codes.append(proc.wait())
+        if proc.stdout is not None:
+            proc.stdout.close()
     return codes
 
 
@@ -321,7 +357,7 @@ def check_delivery(
         if run["part"] is not None:
             by_part[run["part"]].append(run["seq"])
     figures.order_violations = sum(
-        1 for seqs in by_part.values() for a, b in zip(seqs, seqs[1:], strict=False) if b < a
+        1 for seqs in by_part.values() for a, b in itertools.pairwise(seqs) if b < a
     )
     figures.unhandled_log_lines = len(unhandled_output(logdir))
 

@@ -71,8 +71,7 @@ class Cluster:
                 self.owner = pwd.getpwnam(SERVER_USER)
             except KeyError:
                 raise ClusterUnavailable(
-                    f"running as root and there is no {SERVER_USER!r} OS user to run the "
-                    "server as"
+                    f"running as root and there is no {SERVER_USER!r} OS user to run the server as"
                 ) from None
         base = tempfile.mkdtemp(prefix="conveyor-pg-", dir=root)
         self.root = Path(base)

@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from _pgcluster import Cluster, ClusterUnavailable
 
 HERE = Path(__file__).parent
