@@ -126,16 +126,21 @@ def _worker(url: str, logdir: str, name: str, lease: float, poll: float, concurr
     )
 
 
+def producer_options(url: str) -> dict[str, Any]:
+    """Store options of a producer: on Postgres no LISTEN connection, and an
+    ``application_name`` the connection-kill scenario spares."""
+    if not url.startswith("postgresql"):
+        return {}
+    return {"listen": False, "engine_options": {"connect_args": {"application_name": PRODUCER}}}
+
+
 async def _producer(url: str, logdir: str, duration: float, rate: float, partitions: int) -> None:
     """Submit for ``duration`` seconds, in batches of :data:`BATCH` (at most ``rate``
     tasks a second); a batch that meets a database error is submitted again under
     the same keys until it returns, so each task exists once whatever happened."""
     acked = Path(logdir) / "acked.jsonl"
     errors: Counter[str] = Counter()
-    options: dict[str, Any] = {"listen": False}
-    if url.startswith("postgresql"):
-        options["engine_options"] = {"connect_args": {"application_name": PRODUCER}}
-    store = conveyor.connect(url, **options)
+    store = conveyor.connect(url, **producer_options(url))
     while True:
         try:
             await store.open()
@@ -187,7 +192,7 @@ async def _batch(url: str, queue: str, count: int) -> None:
         {"name": "bulk", "payload": {"i": i, "pad": "x" * 200}, "queue": queue}
         for i in range(count)
     ]
-    async with conveyor.connect(url, listen=False) as store:
+    async with conveyor.connect(url, **producer_options(url)) as store:
         await store.stats(queue)  # connected and warm before the clock starts
         print("begin", flush=True)
         began = time.monotonic()

@@ -41,7 +41,7 @@ LEASE = 10.0
 POLL = 8.0
 PRODUCE_S = 14.0  # the producer runs this long; the fault lands 3 s in
 RATE = 60.0  # tasks per second at most (the machine may allow fewer)
-MIN_TASKS = 150
+MIN_TASKS = 60  # however loaded the machine, enough work to span the fault
 PARTITIONS = 6
 LISTENER = "conveyor-listener"
 
@@ -166,8 +166,8 @@ def _scenario(
     figures.extra["worker_exit_codes"] = codes
     figures.extra["retried_attempts"] = sum(1 for r in runs if not r["ok"])
     figures.show()
-    for line in unhandled_output(logdir):
-        print(line)
+    for line in unhandled_output(logdir)[:5]:
+        print(line[:400])
     assert codes == [0] * WORKERS, "workers must wind down cleanly after the fault"
     return figures
 
