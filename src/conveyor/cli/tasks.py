@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich import box
 from rich.markup import escape
 from rich.table import Table
 
+from conveyor.app import App
 from conveyor.cli._common import (
     EXIT_USAGE,
     CliError,
@@ -16,6 +17,7 @@ from conveyor.cli._common import (
     JsonOption,
     UrlOption,
     cli,
+    err,
     missing,
     open_store,
     out,
@@ -25,7 +27,11 @@ from conveyor.cli._common import (
     status_markup,
     when,
 )
+from conveyor.cli.worker import load_user_app
+from conveyor.connect import SyncStore
+from conveyor.errors import ConveyorError
 from conveyor.models import Status
+from conveyor.registry import TaskFunction
 
 
 @cli.command()
@@ -40,8 +46,14 @@ def submit(
             help="JSON payload; @FILE reads a file, - reads stdin.",
         ),
     ] = None,
-    queue: Annotated[str, typer.Option("--queue", "-q", help="Queue.")] = "default",
-    priority: Annotated[int, typer.Option("--priority", help="Higher runs first.")] = 0,
+    queue: Annotated[
+        str | None,
+        typer.Option("--queue", "-q", help="Queue (default: the task's with --app, else default)."),
+    ] = None,
+    priority: Annotated[
+        int | None,
+        typer.Option("--priority", help="Higher runs first (default: the task's, else 0)."),
+    ] = None,
     delay: Annotated[
         float | None,
         typer.Option("--delay", min=0, metavar="SECONDS", help="Seconds before it may run."),
@@ -64,11 +76,32 @@ def submit(
     metadata: Annotated[
         str | None, typer.Option("--metadata", metavar="JSON", help="JSON object of metadata.")
     ] = None,
+    app_path: Annotated[
+        str | None,
+        typer.Option(
+            "--app",
+            metavar="MODULE:APP",
+            envvar="CONVEYOR_APP",
+            help="Take queue, priority, max attempts and the URL from the task registered "
+            "in this App ($CONVEYOR_APP).",
+            show_default=False,
+        ),
+    ] = None,
     url: UrlOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Submit a task."""
+    """Submit a task. With --app, the task's own settings apply unless overridden."""
     data = parse_json("--payload", payload)
+    options: dict[str, Any] = {}
+    if app_path is not None:
+        application = load_user_app(app_path)
+        fn = _registered(application, name, app_path)
+        options = {"queue": fn.queue, "priority": fn.priority, "max_attempts": fn.max_attempts}
+        options["backoff"] = fn.backoff
+        if url is None:
+            url = application.url
+    given = {"queue": queue, "priority": priority, "max_attempts": max_attempts}
+    options.update({k: val for k, val in given.items() if val is not None})
     meta = parse_json("--metadata", metadata)
     if conflict not in ("reuse", "reject", "replace"):
         raise CliError(
@@ -80,14 +113,19 @@ def submit(
         task = store.submit(
             name,
             data,
-            queue=queue,
-            priority=priority,
             delay=delay,
             key=key,
             conflict=conflict,  # type: ignore[arg-type]
             partition=partition,
-            max_attempts=max_attempts,
             metadata=meta,
+            **options,
+        )
+        unattended = _unattended(store, task.queue)
+    if unattended:
+        err().print(
+            f"[yellow]warning:[/] no worker has taken a task from queue {escape(task.queue)!r} "
+            "yet and it has no settings; the task waits until a worker consumes it "
+            f"([dim]conveyor worker MODULE:APP --queues {escape(task.queue)}[/])"
         )
     if as_json:
         print_json(task.as_dict())
@@ -238,3 +276,36 @@ _STATES = {
 def _state(status: Status) -> str:
     """``"has already succeeded"``: a status as the rest of a sentence."""
     return _STATES.get(status, f"is {status.value}")
+
+
+def _registered(application: App, name: str, app_path: str) -> TaskFunction[Any, Any]:
+    """The task ``name`` registered in ``application``, or a CliError with the
+    names it does have (and the likely one, if only the module part is missing)."""
+    fn = application.tasks.get(name)
+    if fn is not None:
+        return fn
+    close = [known for known in application.tasks if known.rsplit(".", 1)[-1] == name]
+    hint = (
+        f"did you mean {close[0]!r}? task names are module-qualified unless "
+        "@app.task(name=...) gives one"
+        if close
+        else "registered: " + (", ".join(sorted(application.tasks)) or "none")
+    )
+    raise CliError(EXIT_USAGE, f"{app_path} has no task named {name!r}", hint)
+
+
+def _unattended(store: SyncStore, queue: str) -> bool:
+    """Whether nothing suggests a worker will ever consume ``queue``: no task of
+    it ever ran, no settings were stored for it, no consumer group reads it."""
+    try:
+        for report in store.stats(queue):
+            counts = report.counts
+            if any(counts.get(s, 0) for s in ("running", "succeeded", "failed")) or report.groups:
+                return False
+        settings = store.get_queue(queue)
+    except ConveyorError:
+        return False  # a warning is not worth failing a submit that worked
+    return all(
+        settings.get(k) is None
+        for k in ("lease", "max_attempts", "backoff", "retention", "max_wait")
+    )
