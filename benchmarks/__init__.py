@@ -1,0 +1,1 @@
+"""conveyor's benchmark suite: ``python -m benchmarks`` (see benchmarks/README.md)."""
