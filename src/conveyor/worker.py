@@ -3,9 +3,11 @@ records the outcome.
 
 What it does, in order of a task's life:
 
-* **claim** in batches of up to the free capacity (``limit`` = free slots); an
-  empty claim sends it to sleep in :meth:`TaskStore.wait_for_work` until a
-  notification (in-process commit, Postgres NOTIFY) or ``poll_interval``;
+* **claim** in batches sized by :class:`~conveyor.feed.Feed`: the free slots
+  plus a small prefetch buffer while tasks are quick, a cap per partition so one
+  round takes several streams; an empty claim sends it to sleep in
+  :meth:`TaskStore.wait_for_work` until a notification (in-process commit,
+  Postgres NOTIFY) or ``poll_interval``;
 * **run**: coroutine handlers on the event loop, plain functions each in a
   thread of their own. Tasks of one partition claimed together run one after
   another, in order; if one of them does not finish for good (a retry is
@@ -36,7 +38,6 @@ its id, name and attempt and carries them as ``extra`` fields (see
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import os
 import random
@@ -57,6 +58,7 @@ from conveyor.errors import (
     StoreUnavailable,
     TaskCancelled,
 )
+from conveyor.feed import Feed
 from conveyor.logs import TaskLogger
 from conveyor.models import Status, Task
 from conveyor.outcomes import TaskTimeout, UnknownTask, is_retryable
@@ -91,6 +93,8 @@ class _Held:
     cancelled: bool = False
     finishing: bool = False  # the outcome is being written; a LostLease then is ours
     beating: bool = False  # a heartbeat is in flight
+    slot: bool = False  # runs alone in a slot, freed when its handler returns
+    acking: bool = False  # its handler returned; its success is being written
 
     log: TaskLogger = field(init=False)  # lines about this task name it
 
@@ -143,6 +147,7 @@ class Worker:
             worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}",
         )
         self._held: dict[str, _Held] = {}
+        self._feed: Feed[_Held] = Feed(self.concurrency)
         self._acks = Acks(self.store, self.worker_id, self.group)
         self._runners: set[asyncio.Task[None]] = set()
         self._beats: set[asyncio.Task[None]] = set()
@@ -239,19 +244,13 @@ class Worker:
         assert self._stopping is not None and self._slot_freed is not None
         failures = 0
         while not self._stopping.is_set():
-            free = self.concurrency - len(self._held)
-            if free <= 0:
+            room = self._feed.room()
+            if room <= 0:
                 self._slot_freed.clear()
                 await self._until(self._slot_freed.wait())
                 continue
             try:
-                tasks = await self.store.claim(
-                    self.queues,
-                    worker_id=self.worker_id,
-                    lease=self.lease,
-                    limit=free,
-                    group=self.group,
-                )
+                found = await self._claim_round(room)
             except (ConveyorError, OSError) as exc:
                 failures += 1
                 pause = min(CLAIM_RETRY_FIRST * 2 ** min(failures - 1, 6), CLAIM_RETRY_MAX)
@@ -259,7 +258,7 @@ class Worker:
                 await self._until(self.store.wait_for_work(self.queues, pause))
                 continue
             failures = 0
-            if not tasks:
+            if not found:
                 if self.stop_when_idle and not self._held:
                     break  # drained: nothing claimable and nothing running
                 # Also wake when a slot frees: finishing a partitioned task can
@@ -269,12 +268,30 @@ class Worker:
                     self.store.wait_for_work(self.queues, self.poll_interval),
                     self._slot_freed.wait(),
                 )
-                continue
-            if self._stopping.is_set():
-                # Claimed while being asked to stop: nothing started, hand back now.
-                await asyncio.gather(*(self._release(self._hold(task)) for task in tasks))
+        # Stopped: what was claimed but never started goes back at once.
+        await asyncio.gather(*(self._release(held) for held in self._feed.drain()))
+
+    async def _claim_round(self, room: int) -> int:
+        """Claim up to ``room`` units (several claims when streams are capped);
+        start what slots allow and buffer the rest. How many tasks were found."""
+        assert self._stopping is not None
+        found = 0
+        while room > 0 and not self._stopping.is_set():
+            tasks = await self.store.claim(
+                self.queues,
+                worker_id=self.worker_id,
+                lease=self.lease,
+                limit=self._feed.claim_limit(room),
+                group=self.group,
+            )
+            if not tasks:
                 break
-            self._dispatch(tasks)
+            found += len(tasks)
+            room -= self._feed.add([self._hold(t) for t in tasks], lambda h: h.task.partition)
+            self._fill()
+            if not self._feed.streams:
+                break  # unpartitioned work came in one claim of the whole room
+        return found
 
     async def _until(self, *waits: Awaitable[Any]) -> None:
         """Wait for the first of ``waits`` or for stop, whichever comes first."""
@@ -293,15 +310,27 @@ class Worker:
         self._held[task.id] = held
         return held
 
-    def _dispatch(self, tasks: list[Task]) -> None:
-        # A claim returns one stream's tasks (in order) or unpartitioned ones.
-        for partition, batch in itertools.groupby(tasks, key=lambda t: t.partition):
-            helds = [self._hold(task) for task in batch]
-            if partition is None:
-                for held in helds:
-                    self._start(self._run_one(held), held.task.id)
+    def _fill(self) -> None:
+        """Start buffered units while slots are free (none after stop())."""
+        assert self._stopping is not None
+        while not self._stopping.is_set() and (unit := self._feed.take()) is not None:
+            first = unit[0]
+            if first.task.partition is None:
+                first.slot = True
+                self._start(self._run_one(first), first.task.id)
             else:
-                self._start(self._run_stream(helds), f"{partition}:{helds[0].task.id}")
+                self._start(self._run_stream(unit), f"{first.task.partition}:{first.task.id}")
+
+    def _free_slot(self, held: _Held | None = None) -> None:
+        """The slot of ``held`` (or of a stream run, when None) is free again."""
+        if held is not None:
+            if not held.slot:
+                return
+            held.slot = False
+        self._feed.busy -= 1
+        assert self._slot_freed is not None
+        self._slot_freed.set()
+        self._fill()
 
     def _start(self, coro: Coroutine[Any, Any, None], label: str) -> None:
         runner = asyncio.create_task(coro, name=f"conveyor-run-{label}")
@@ -309,6 +338,9 @@ class Worker:
         runner.add_done_callback(self._runners.discard)
 
     def _let_go(self, held: _Held) -> None:
+        if held.acking:
+            held.acking = False
+            self._feed.acking -= 1
         if self._held.get(held.task.id) is held:
             del self._held[held.task.id]
             assert self._slot_freed is not None
@@ -319,9 +351,16 @@ class Worker:
         try:
             await self._execute(held)
         finally:
+            self._free_slot(held)
             self._let_go(held)
 
     async def _run_stream(self, helds: list[_Held]) -> None:
+        try:
+            await self._run_in_order(helds)
+        finally:
+            self._free_slot()
+
+    async def _run_in_order(self, helds: list[_Held]) -> None:
         assert self._stopping is not None
         for i, held in enumerate(helds):
             try:
@@ -387,7 +426,15 @@ class Worker:
             return await self._fail(held, exc, retryable=retryable)
         finally:
             held.handler = None
-        held.log.info("succeeded in %.3f s", time.monotonic() - started)
+        took = time.monotonic() - started
+        held.log.info("succeeded in %.3f s", took)
+        self._feed.ran(took)
+        if held.slot:
+            # The slot goes to the next task now; the success is written meanwhile
+            # (the lease stays ours until it is).
+            held.acking = True
+            self._feed.acking += 1
+            self._free_slot(held)
         return await self._succeed(held, result)
 
     # -------------------------------------------------------------- writes

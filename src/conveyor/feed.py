@@ -1,0 +1,113 @@
+"""The worker's feed: how much to claim, and the few claimed tasks waiting for a slot.
+
+A *unit* is what one slot runs: an unpartitioned task, or a run of tasks of one
+partition that must go one after another. The feed keeps
+
+* a small **prefetch buffer** of claimed units, so a freed slot starts its next
+  task at once instead of waiting for a claim's round trip. It is filled only
+  while handlers are quick (the mean run time under :data:`PREFETCH_BELOW`): a
+  slow task's backlog is better left in the queue for idle workers;
+* **claims sized for batches**: a claim asks for every free slot plus the buffer,
+  and waits until a quarter of that room is free unless a slot would sit idle,
+  so a busy worker claims several tasks per round trip rather than one per
+  finished task;
+* a **cap per stream**: once claims return partitioned work, each claim asks for
+  at most :data:`STREAM_CAP` tasks, so one round takes the heads of several
+  streams and one long stream cannot fill every slot;
+* **back-pressure** on acknowledgements: a slot is freed when its handler
+  returns, before the success is written (group commit writes it with others);
+  while more than twice ``concurrency`` acknowledgements are in flight, the
+  worker claims nothing new.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Generic, TypeVar
+
+PREFETCH_BELOW = 0.1  # seconds: buffer ahead only while handlers average less than this
+STREAM_CAP = 4  # tasks of one partition per claim, once partitioned work shows up
+RUN_TIME_WEIGHT = 0.2  # weight of the newest run time in the moving average
+
+H = TypeVar("H")
+
+
+class Feed(Generic[H]):
+    """Slot and buffer accounting for one worker (no I/O; the worker claims)."""
+
+    def __init__(self, concurrency: int) -> None:
+        self.concurrency = concurrency
+        self.units: deque[list[H]] = deque()
+        self.buffered = 0  # tasks in ``units``
+        self.busy = 0  # slots in use
+        self.acking = 0  # tasks whose handler returned and whose success is being written
+        self.streams = False  # the last claim that found work returned a partition's tasks
+        self.mean_run: float | None = None
+
+    @property
+    def prefetch(self) -> int:
+        """Units to hold beyond the slots: half the concurrency while tasks are quick."""
+        if self.mean_run is None or self.mean_run >= PREFETCH_BELOW:
+            return 0
+        return max(1, self.concurrency // 2)
+
+    def room(self) -> int:
+        """Units to claim now; 0 means wait for a slot (or for acknowledgements)."""
+        if self.acking > 2 * self.concurrency:
+            return 0
+        capacity = self.concurrency + self.prefetch
+        room = capacity - self.busy - len(self.units)
+        if room <= 0:
+            return 0
+        idle = self.busy < self.concurrency and not self.units
+        return room if idle or room >= max(1, capacity // 4) else 0
+
+    def claim_limit(self, room: int) -> int:
+        """``limit`` for the next claim of a round with ``room`` units left."""
+        return min(room, STREAM_CAP) if self.streams else room
+
+    def add(self, tasks: Iterable[H], partition_of: Callable[[H], str | None]) -> int:
+        """Buffer a claim's tasks as units; returns how many units they made."""
+        made = 0
+        partitioned = False
+        for partition, run in itertools.groupby(tasks, key=partition_of):
+            batch = list(run)
+            if partition is None:
+                self.units.extend([held] for held in batch)
+                made += len(batch)
+            else:
+                partitioned = True
+                self.units.append(batch)
+                made += 1
+            self.buffered += len(batch)
+        if made:
+            self.streams = partitioned
+        return made
+
+    def take(self) -> list[H] | None:
+        """The next unit to start, if a slot is free (the slot is then taken)."""
+        if not self.units or self.busy >= self.concurrency:
+            return None
+        unit = self.units.popleft()
+        self.buffered -= len(unit)
+        self.busy += 1
+        return unit
+
+    def drain(self) -> list[H]:
+        """Every buffered task (to hand back on stop); the buffer is emptied."""
+        out = [held for unit in self.units for held in unit]
+        self.units.clear()
+        self.buffered = 0
+        return out
+
+    def ran(self, seconds: float) -> None:
+        """A handler returned after ``seconds``."""
+        if self.mean_run is None:
+            self.mean_run = seconds
+        else:
+            self.mean_run += RUN_TIME_WEIGHT * (seconds - self.mean_run)
+
+
+__all__ = ["PREFETCH_BELOW", "STREAM_CAP", "Feed"]

@@ -1,0 +1,178 @@
+"""How the worker feeds its slots (conveyor.feed): acknowledgements that do not
+hold a slot, claims across several streams, the prefetch buffer. Real stores on
+both backends; the Feed's arithmetic alone at the end."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+
+import conveyor
+from conveyor import Status
+from conveyor.feed import PREFETCH_BELOW, STREAM_CAP, Feed
+from conveyor.worker import Context, Worker
+
+
+@pytest.fixture
+async def app(store_url: str) -> AsyncIterator[conveyor.App]:
+    application = conveyor.App(store_url)
+    try:
+        yield application
+    finally:
+        await application.close()
+
+
+@asynccontextmanager
+async def running(worker: Worker) -> AsyncIterator[Worker]:
+    job = asyncio.create_task(worker.run())
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        await asyncio.wait_for(job, 15)
+
+
+async def wait_until(check: Any, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.01)
+
+
+async def test_concurrency_one_starts_the_next_task_before_the_ack_is_written(
+    app: conveyor.App,
+) -> None:
+    started: list[int] = []
+
+    @app.task(queue="q")
+    async def step(ctx: Context, i: int) -> int:
+        started.append(i)
+        return i
+
+    # Hold every acknowledgement until released: the store itself stays real.
+    gate = asyncio.Event()
+    real = app.store.succeed_many
+
+    async def held_back(items: Any) -> Any:
+        await gate.wait()
+        return await real(items)
+
+    app.store.succeed_many = held_back  # type: ignore[method-assign]
+    first = await step.submit(0)
+    second = await step.submit(1)
+    async with running(app.worker("q", concurrency=1, poll_interval=0.05)):
+        # The first task's success is not written yet, and the second runs anyway.
+        await wait_until(lambda: started == [0, 1])
+        assert (await app.store.get(first.id)).status is Status.RUNNING  # type: ignore[union-attr]
+        gate.set()
+        done = [await app.store.wait(t.id, timeout=10) for t in (first, second)]
+    assert [d.status for d in done] == [Status.SUCCEEDED, Status.SUCCEEDED]
+    assert [d.result for d in done] == [0, 1]
+
+
+async def test_one_round_takes_several_streams(app: conveyor.App) -> None:
+    gate = asyncio.Event()
+    running_now: set[str] = set()
+    peak = 0
+
+    @app.task(queue="q")
+    async def work(ctx: Context, i: int) -> None:
+        nonlocal peak
+        assert ctx.task.partition is not None
+        running_now.add(ctx.task.partition)
+        peak = max(peak, len(running_now))
+        await gate.wait()
+        running_now.discard(ctx.task.partition)
+
+    # Four streams of three tasks each; the first claim takes one stream's tasks.
+    handles = [await work.with_options(partition=f"s{i % 4}").submit(i) for i in range(12)]
+    async with running(app.worker("q", concurrency=4, poll_interval=0.05)):
+        await wait_until(lambda: peak == 4)
+        gate.set()
+        done = [await app.store.wait(h.id, timeout=10) for h in handles]
+    assert all(d.status is Status.SUCCEEDED for d in done)
+
+
+async def test_stop_hands_back_prefetched_tasks_at_once(app: conveyor.App) -> None:
+    started: list[int] = []
+    release = asyncio.Event()
+
+    @app.task(queue="q")
+    async def step(ctx: Context, i: int) -> None:
+        started.append(i)
+        if i == 1:
+            await release.wait()
+
+    handles = [await step.submit(i) for i in range(4)]
+    worker = app.worker("q", concurrency=1, poll_interval=0.05, grace=5)
+    job = asyncio.create_task(worker.run())
+    # Task 0 is quick, so the worker buffers ahead while task 1 blocks its slot.
+    await wait_until(lambda: started == [0, 1])
+    await app.store.wait(handles[0].id, timeout=10)
+    await wait_until(lambda: worker.held == 2)  # task 1 and one buffered task
+    worker.stop()
+    await asyncio.sleep(0.2)
+    # Whatever was buffered is claimable again while task 1 still runs.
+    later = [await app.store.get(h.id) for h in handles[2:]]
+    assert all(t is not None and t.status is Status.QUEUED for t in later)
+    release.set()
+    await asyncio.wait_for(job, 10)
+    assert started == [0, 1]
+    final = [await app.store.get(h.id) for h in handles]
+    assert [t.status for t in final if t] == [
+        Status.SUCCEEDED,
+        Status.SUCCEEDED,
+        Status.QUEUED,
+        Status.QUEUED,
+    ]
+    assert all(t is not None and t.attempt == 0 for t in final[2:])
+
+
+# ------------------------------------------------------------ Feed arithmetic
+def test_no_prefetch_until_handlers_prove_quick() -> None:
+    feed: Feed[str] = Feed(10)
+    assert feed.prefetch == 0 and feed.room() == 10
+    feed.ran(PREFETCH_BELOW * 2)
+    assert feed.prefetch == 0
+    for _ in range(30):
+        feed.ran(0.001)
+    assert feed.prefetch == 5 and feed.room() == 15
+
+
+def test_a_busy_worker_waits_for_a_quarter_of_its_room() -> None:
+    feed: Feed[str] = Feed(8)
+    feed.add([f"t{i}" for i in range(8)], lambda _: None)
+    while feed.take() is not None:
+        pass
+    assert feed.busy == 8 and feed.room() == 0
+    feed.busy = 7  # one slot free, nothing buffered: it would sit idle, so claim
+    assert feed.room() == 1
+    feed.add(["x"], lambda _: None)
+    assert feed.room() == 0  # a slot is covered by the buffer: wait for more room
+    feed.busy = 5
+    assert feed.room() == 2
+
+
+def test_partitioned_claims_are_capped_per_stream() -> None:
+    feed: Feed[tuple[str, str | None]] = Feed(10)
+    assert feed.claim_limit(10) == 10
+    made = feed.add([("a", "p1"), ("b", "p1")], lambda t: t[1])
+    assert made == 1 and feed.streams and feed.claim_limit(10) == STREAM_CAP
+    assert feed.add([("c", None)], lambda t: t[1]) == 1 and feed.streams is False
+    feed.add([("d", "p2"), ("e", "p2")], lambda t: t[1])
+    assert feed.streams and feed.claim_limit(10) == STREAM_CAP and feed.claim_limit(2) == 2
+    assert feed.take() == [("a", "p1"), ("b", "p1")]
+    assert feed.drain() == [("c", None), ("d", "p2"), ("e", "p2")] and feed.buffered == 0
+
+
+def test_acknowledgements_far_behind_stop_the_claims() -> None:
+    feed: Feed[str] = Feed(2)
+    feed.acking = 5
+    assert feed.room() == 0
+    feed.acking = 4
+    assert feed.room() == 2
