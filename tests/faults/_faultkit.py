@@ -5,6 +5,7 @@ Run as a script, this file is one of the child processes::
     python _faultkit.py worker URL LOGDIR NAME LEASE POLL CONCURRENCY
     python _faultkit.py producer URL LOGDIR DURATION RATE PARTITIONS
     python _faultkit.py batch URL QUEUE COUNT
+    python _faultkit.py hammer URL LOGDIR NAME DURATION
 
 * a **worker** runs :data:`app` (task ``step``) and appends one JSON line per
   handler run to ``LOGDIR/exec-NAME.jsonl``; its log (stderr) shows each
@@ -13,7 +14,9 @@ Run as a script, this file is one of the child processes::
   idempotency key, and retries a submit that met a database error until it
   returns; every task whose submit returned is a line in ``LOGDIR/acked.jsonl``;
 * a **batch** producer prints ``begin``, submits ``COUNT`` tasks in one
-  ``submit_many`` and prints ``done`` (the test kills it in between).
+  ``submit_many`` and prints ``done`` (the test kills it in between);
+* a **hammer** submits, claims and acknowledges on one SQLite file for
+  ``DURATION`` seconds, logging each write that returned to ``LOGDIR/ops-NAME.jsonl``.
 
 Imported by the tests, it starts those children and checks what they leave behind.
 """
@@ -200,6 +203,42 @@ async def _batch(url: str, queue: str, count: int) -> None:
         print(f"done {time.monotonic() - began:.3f}", flush=True)
 
 
+async def _hammer(url: str, logdir: str, name: str, duration: float) -> None:
+    """Submit, claim and acknowledge on one SQLite file with others doing the same;
+    every write that returned is a line in ``LOGDIR/ops-NAME.jsonl`` (appended at
+    once, so a kill -9 loses at most the line of a write in flight)."""
+    errors: Counter[str] = Counter()
+    path = str(Path(logdir) / f"ops-{name}.jsonl")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    began = time.monotonic()
+    n = 0
+    async with conveyor.connect(url) as store:
+        print("ready", flush=True)
+        while time.monotonic() - began < duration:
+            try:
+                tasks = await store.submit_many(
+                    [{"name": "h", "payload": {"by": name, "n": n + i}, "queue": "hammer"}
+                     for i in range(5)]
+                )
+                n += 5
+                os.write(fd, "".join(
+                    json.dumps({"op": "submit", "id": t.id}) + "\n" for t in tasks
+                ).encode())
+                for task in await store.claim("hammer", worker_id=name, lease=2.0, limit=5):
+                    try:
+                        await store.succeed(task.id, worker_id=name, attempt=task.attempt)
+                    except conveyor.LostLease:
+                        errors["LostLease"] += 1
+                        continue
+                    os.write(fd, (json.dumps({"op": "done", "id": task.id}) + "\n").encode())
+                if n % 100 == 0:
+                    await store.maintain()
+            except conveyor.ConveyorError as exc:
+                errors[f"{type(exc).__name__}: {exc}"] += 1
+    os.close(fd)
+    print(json.dumps({"submitted": n, "errors": dict(errors)}), flush=True)
+
+
 def main(argv: list[str]) -> None:
     role, url, *rest = argv
     if role == "worker":
@@ -208,6 +247,9 @@ def main(argv: list[str]) -> None:
     elif role == "producer":
         logdir, duration, rate, partitions = rest
         asyncio.run(_producer(url, logdir, float(duration), float(rate), int(partitions)))
+    elif role == "hammer":
+        logdir, name, duration = rest
+        asyncio.run(_hammer(url, logdir, name, float(duration)))
     elif role == "batch":
         queue, count = rest
         asyncio.run(_batch(url, queue, int(count)))
