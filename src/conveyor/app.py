@@ -287,13 +287,17 @@ class App:
         maintain_interval: v.Duration | None = 30.0,
         worker_id: str | None = None,
         url: str | None = None,
+        wait_for_db: v.Duration = 60.0,
     ) -> None:
         """Run a worker in this thread until SIGINT or SIGTERM, then return.
 
         The first signal stops claiming, lets running tasks finish within
         ``grace`` seconds and hands the rest back; a second one skips what is left
         of the grace period. ``url`` overrides the app's URL for this worker.
+        A database that does not answer at start is waited for, with backoff,
+        up to ``wait_for_db`` seconds (then :class:`StoreUnavailable`).
         """
+        wait = v.duration_seconds("wait_for_db", wait_for_db)
 
         async def serve() -> None:
             store = connect(url, **self.connect_options) if url is not None else self.store
@@ -308,6 +312,7 @@ class App:
                 worker_id=worker_id,
                 store=store,
             )
+            worker.wait_for_db = wait
             loop = asyncio.get_running_loop()
             installed = []
             for sig in (signal.SIGINT, signal.SIGTERM):

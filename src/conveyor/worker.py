@@ -64,6 +64,7 @@ from conveyor.models import Status, Task
 from conveyor.outcomes import TaskTimeout, UnknownTask, is_retryable
 from conveyor.registry import TaskHost, payload_arguments
 from conveyor.schedule import scheduler_for
+from conveyor.startup import open_when_ready
 from conveyor.statements import DEFAULT_LEASE
 from conveyor.store.base import TaskStore
 
@@ -163,6 +164,9 @@ class Worker:
         self.stop_when_idle = False
         #: Whether this worker also submits the ticks of the app's periodic schedules.
         self.run_schedules = True
+        #: Seconds :meth:`run` keeps trying to reach a database that does not answer
+        #: before it gives up (``App.run_worker`` and the CLI wait a minute).
+        self.wait_for_db = 0.0
 
     # ----------------------------------------------------------- control
     @property
@@ -210,7 +214,8 @@ class Worker:
         for _ in range(self._stop_calls):  # stop() called before run()
             self._request_stop()
         try:
-            await self.store.open()
+            if not await open_when_ready(self.store, self.wait_for_db, self._stopping):
+                return
             await self._refresh_leases()
             background = [asyncio.create_task(self._heartbeat_loop(), name="conveyor-heartbeat")]
             if self.maintain_interval is not None:

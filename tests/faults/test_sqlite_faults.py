@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _faultkit import Figures, read_jsonl, spawn, stop_all
 
 import conveyor
-from _faultkit import Figures, read_jsonl, spawn, stop_all
 
 HAMMERS = 4
 HAMMER_S = 12.0

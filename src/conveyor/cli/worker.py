@@ -77,6 +77,16 @@ def worker(
             help="Longest sleep when idle; new work wakes the worker sooner.",
         ),
     ] = 1.0,
+    wait_for_db: Annotated[
+        float,
+        typer.Option(
+            "--wait-for-db",
+            min=0,
+            metavar="SECONDS",
+            help="At start, how long to keep trying a database that does not answer "
+            "(with backoff, logging each wait) before exiting with code 4.",
+        ),
+    ] = 60.0,
     log_level: Annotated[
         str, typer.Option("--log-level", help="conveyor's log level: " + ", ".join(LEVELS) + ".")
     ] = "info",
@@ -118,6 +128,7 @@ def worker(
             argv = [sys.executable, "-m", "conveyor.cli", "worker", app_path, "--queues", queues]
             argv += ["--concurrency", str(concurrency), "--grace", str(grace)]
             argv += ["--poll-interval", str(poll_interval), "--log-level", log_level]
+            argv += ["--wait-for-db", str(wait_for_db)]
             argv += ["--log-format", log_format, "--library-log-level", library_log_level]
             argv += ["--supervised-by", str(os.getpid())]
             for option, given in (("--group", group), ("--url", url), ("--lease", lease)):
@@ -136,6 +147,7 @@ def worker(
         grace=grace,
         lease=lease,
         poll_interval=poll_interval,
+        wait_for_db=wait_for_db,
     )
 
 
