@@ -237,6 +237,16 @@ def ready_streams(grp: str, queues: Sequence[str], now: Now, partition: str | No
     return stmt.order_by(s.c.priority.desc(), s.c.available_at).limit(1)
 
 
+def claim_probe(grp: str, queues: Sequence[str], now: Now, partition: str | None) -> Select[Any]:
+    """One row of flags: could a claim find anything (a free stream, ready plain
+    work, expired leases)? Read-only and cheap: each flag is one index probe."""
+    checks: list[Any] = [ready_streams(grp, queues, now, partition).exists()]
+    if partition is None:
+        checks.append(ready_plain(grp, queues, now).limit(1).exists())
+    checks.append(select(d.c.task_seq).where(*expired(now, grp, queues)).exists())
+    return select(*checks)
+
+
 def lease_until(now: Now, lease: float | None) -> ColumnElement[Any]:
     """``now + lease``; with no lease given, the queue's setting or 30 s."""
     if lease is not None:
@@ -259,13 +269,11 @@ def take(
     *,
     worker_id: str,
     lease: float | None,
-    joined: bool,
     queues: Sequence[str],
 ) -> Update:
-    """Lease the given rows to ``worker_id``: running, attempt + 1, lease set.
+    """Lease the given rows to ``worker_id``: running, attempt + 1, lease set. (The
+    dialect adds the RETURNING of the task view.)
 
-    ``joined`` returns the whole task view (an UPDATE … FROM the tasks table), for
-    backends whose RETURNING can read a joined table; otherwise just ``task_seq``.
     ``queues`` (the claimed queues) is redundant for the result but not for the plan:
     without it SQLite (no ANALYZE statistics) serves ``grp = ? AND status = ?`` from
     the status index by ``grp`` alone, reading every row the group ever had; with it,
@@ -291,9 +299,7 @@ def take(
             progress_message=None,
         )
     )
-    if joined:
-        return stmt.where(t.c.seq == d.c.task_seq).returning(*view_columns())
-    return stmt.returning(d.c.task_seq)
+    return stmt
 
 
 def expired(now: Now, grp: str | None, queues: Sequence[str] | None) -> list[ColumnElement[bool]]:

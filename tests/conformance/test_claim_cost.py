@@ -199,14 +199,8 @@ async def test_claim_statements_use_the_partial_indexes(store: TaskStore, backen
             "take (stream)": [1, 2, 3],
         }
         for name, seqs in leases.items():
-            stmt = q.take(
-                grp,
-                seqs,
-                now,
-                worker_id="w",
-                lease=None,
-                joined=store.returning_joins,
-                queues=[Q],
+            stmt = store._returning_view(
+                q.take(grp, seqs, now, worker_id="w", lease=None, queues=[Q])
             )
             text_plan = await plan(store, stmt)
             assert_keyed_update(backend, text_plan, f"{name} for group {grp!r}")

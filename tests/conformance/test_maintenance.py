@@ -12,7 +12,7 @@ import pytest
 
 import conveyor
 from conveyor import Status
-from conveyor.store import base as store_base
+from conveyor.store import upkeep
 from conveyor.store.base import TaskStore
 
 DAY = 86_400.0
@@ -95,16 +95,16 @@ async def test_group_only_queue_lets_go_of_queue_mode_state(store: TaskStore) ->
 async def test_retention_purges_in_bounded_batches(
     store: TaskStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(store_base, "PURGE_BATCH", 40)
+    monkeypatch.setattr(upkeep, "PURGE_BATCH", 40)
     sizes: list[int] = []
-    original = TaskStore._purge_batch
+    original = upkeep.purge_batch
 
-    async def spy(self: TaskStore, conn: Any, **kw: Any) -> tuple[int, tuple[int, int]]:
-        out = await original(self, conn, **kw)
+    async def spy(st: Any, conn: Any, **kw: Any) -> tuple[int, tuple[int, int]]:
+        out = await original(st, conn, **kw)
         sizes.append(out[0])
         return out
 
-    monkeypatch.setattr(TaskStore, "_purge_batch", spy)
+    monkeypatch.setattr(upkeep, "purge_batch", spy)
     await store.configure_queue("q", retention=1)
     await store.submit_many([{"name": "t", "queue": "q"} for _ in range(150)])
     await _finish(store, "q", 150)

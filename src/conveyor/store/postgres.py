@@ -6,6 +6,7 @@ What differs from SQLite, and only that:
 * claim locking — candidate rows are selected ``FOR UPDATE SKIP LOCKED`` so
   concurrent claimers pass each other instead of queueing;
 * no probe — an idle claim takes no lock worth avoiding;
+* RETURNING of the joined task row (an UPDATE … FROM the tasks table);
 * the lock a new consumer group's backfill takes to wait out producers in flight,
   and the advisory lock that serialises migrations;
 * transient errors — serialization failures (40001) and deadlocks (40P01);
@@ -15,17 +16,20 @@ What differs from SQLite, and only that:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from sqlalchemy import BigInteger, ColumnElement, Select, cast, event, extract, func, text
+from sqlalchemy import BigInteger, ColumnElement, Select, Update, cast, event, extract, func, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from conveyor import statements as q
 from conveyor.errors import InvalidArgument
+from conveyor.schema import deliveries as d
+from conveyor.schema import tasks as t
 from conveyor.store import pg_listen
 from conveyor.store.base import TaskStore
 
@@ -142,11 +146,27 @@ class PostgresStore(TaskStore):
                         text("SELECT pg_advisory_unlock(:key)"), {"key": MAINTENANCE_LOCK}
                     )
 
+    @asynccontextmanager
+    async def _transaction_gate(self, write: bool) -> AsyncIterator[None]:
+        # Concurrent transactions each take their own pooled connection; the server
+        # orders them.
+        yield
+
     def _is_transient(self, exc: DBAPIError) -> bool:
         return getattr(exc.orig, "sqlstate", None) in TRANSIENT_SQLSTATES
 
     def _upsert(self, table: Any) -> Any:
         return pg_insert(table)
+
+    def _returning_view(self, stmt: Update) -> Update:
+        # Postgres's RETURNING may read the joined table: one UPDATE … FROM tasks.
+        return stmt.where(t.c.seq == d.c.task_seq).returning(*q.view_columns())
+
+    def _claim_probe(
+        self, grp: str, queues: Sequence[str], partition: str | None, now: ColumnElement[int]
+    ) -> Select[Any] | None:
+        # An idle claim takes no lock worth sparing (SKIP LOCKED, row locks only).
+        return None
 
     async def _start_wake(self) -> None:
         if not self.listen:

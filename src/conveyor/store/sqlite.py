@@ -10,8 +10,10 @@ What differs from Postgres, and only that:
   ``BEGIN`` and run beside the writer thanks to WAL;
 * the claimable probe — an idle worker asks a read-only question before taking
   the write lock, so polling never blocks producers;
-* wake-ups — in-process events only (the base class); other processes are seen
-  by polling the probe.
+* RETURNING — SQLite's may name only columns of the updated table, so the task
+  columns of a fenced write or claim come from correlated subqueries;
+* wake-ups — in-process events only (the store wakes its own waiters); other
+  processes are seen by polling the probe.
 
 In-memory databases (``sqlite:///:memory:``, ``sqlite://``): SQLite gives each
 connection its own private in-memory database, so the store must use exactly one
@@ -30,11 +32,11 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, ClassVar, TypeVar
+from typing import Any
 
-from sqlalchemy import BigInteger, ColumnElement, Select, event, literal
+from sqlalchemy import BigInteger, ColumnElement, Select, Update, event, literal, select
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import DBAPIError
@@ -42,12 +44,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from sqlalchemy.pool import StaticPool
 
 from conveyor import _values as v
+from conveyor import statements as q
 from conveyor.errors import InvalidArgument
+from conveyor.schema import deliveries as d
+from conveyor.schema import tasks as t
 from conveyor.store.base import TaskStore
 
 SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
-
-T = TypeVar("T")
 
 
 def is_memory(url: str) -> bool:
@@ -63,10 +66,6 @@ def is_memory(url: str) -> bool:
 
 class SQLiteStore(TaskStore):
     """conveyor on a SQLite file (or ``:memory:`` for throwaway use)."""
-
-    probe_before_claim: ClassVar[bool] = True
-    # SQLite's RETURNING may only name columns of the updated table.
-    returning_joins: ClassVar[bool] = False
 
     def __init__(
         self, url: str, *, busy_timeout: float = 10.0, synchronous: str = "NORMAL", **options: Any
@@ -110,16 +109,16 @@ class SQLiteStore(TaskStore):
 
         return engine
 
-    async def _run(
-        self, work: Callable[[AsyncConnection], Awaitable[T]], *, write: bool = True
-    ) -> T:
+    @asynccontextmanager
+    async def _transaction_gate(self, write: bool) -> AsyncIterator[None]:
         if not self.in_memory:
-            return await super()._run(work, write=write)
+            yield
+            return
         # The one connection runs one transaction at a time: queue for it.
         if self._serial is None:
             self._serial = asyncio.Lock()
         async with self._serial:
-            return await super()._run(work, write=write)
+            yield
 
     def _db_now(self) -> ColumnElement[int]:
         return literal(v.now_us(), BigInteger)
@@ -155,3 +154,42 @@ class SQLiteStore(TaskStore):
 
     def _upsert(self, table: Any) -> Any:
         return sqlite_insert(table)
+
+    def _returning_view(self, stmt: Update) -> Update:
+        # SQLite's RETURNING may name only the updated table's columns (an UPDATE …
+        # FROM table may not appear there), so each task column is a correlated
+        # lookup by primary key. Same names and values as Postgres's joined form.
+        columns: list[Any] = []
+        for col in q.view_columns():
+            if col.table is d:
+                columns.append(col)
+            elif col.name == "seq":
+                columns.append(d.c.task_seq.label("seq"))
+            else:
+                lookup = select(col).where(t.c.seq == d.c.task_seq).correlate(d)
+                columns.append(lookup.scalar_subquery().label(col.name))
+        return stmt.returning(*columns)
+
+    def _claim_probe(
+        self, grp: str, queues: Sequence[str], partition: str | None, now: ColumnElement[int]
+    ) -> Select[Any] | None:
+        # A claim takes the single write lock (BEGIN IMMEDIATE) and would block every
+        # producer while an idle worker polls; a read beside the writer (WAL) does not.
+        return q.claim_probe(grp, queues, now, partition)
+
+    async def _start_wake(self) -> None:
+        # No cross-process channel: waiters in other processes poll.
+        return None
+
+    async def _stop_wake(self) -> None:
+        return None
+
+    async def _notify(
+        self,
+        conn: AsyncConnection,
+        queues: Iterable[str],
+        done: bool,
+        task_ids: Iterable[str] = (),
+    ) -> None:
+        # Nobody outside this process listens; the store wakes its own waiters.
+        return None

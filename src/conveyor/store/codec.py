@@ -1,0 +1,172 @@
+"""Codec: database rows to :class:`~conveyor.models.Task` and back, group names to
+delivery keys, list cursors, and the reads that return tasks by id or sequence.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Select, select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from conveyor import _values as v
+from conveyor import statements as q
+from conveyor.errors import InvalidArgument
+from conveyor.models import ConsumerGroup, Status, Task
+from conveyor.schema import deliveries as d
+from conveyor.schema import tasks as t
+
+
+def row_to_task(row: Any) -> Task:
+    """A row of :func:`conveyor.statements.view_columns` as a Task."""
+    m = row._mapping
+    grp = m["grp"]
+    return Task(
+        id=m["id"],
+        name=m["name"],
+        queue=m["queue"],
+        partition=m["partition"],
+        payload=json.loads(m["payload"]),
+        metadata=json.loads(m["metadata"]),
+        priority=m["priority"],
+        status=Status(m["status"]),
+        attempt=m["attempt"],
+        max_attempts=m["max_attempts"],
+        run_at=v.from_us(int(m["run_at"])),
+        created_at=v.from_us(int(m["created_at"])),
+        started_at=v.from_us(m["started_at"]),
+        finished_at=v.from_us(m["finished_at"]),
+        lease_expires_at=v.from_us(m["lease_expires_at"]),
+        worker_id=m["worker_id"],
+        progress=m["progress"],
+        progress_message=m["progress_message"],
+        result=None if m["result"] is None else json.loads(m["result"]),
+        error=None if m["error"] is None else json.loads(m["error"]),
+        key=m["key"],
+        parent_id=m["parent_id"],
+        root_id=m["root_id"],
+        correlation_id=m["correlation_id"],
+        group=grp or None,
+    )
+
+
+def new_task(row: dict[str, Any], *, payload: Any, metadata: Any) -> Task:
+    """The Task a freshly inserted row (the INSERT's parameters) stands for, without
+    reading it back: queued, attempt 0, nothing run yet."""
+    return Task(
+        id=row["id"],
+        name=row["name"],
+        queue=row["queue"],
+        partition=row["partition"],
+        payload=payload,
+        metadata=metadata,
+        priority=row["priority"],
+        status=Status.QUEUED,
+        attempt=0,
+        max_attempts=row["max_attempts"],
+        run_at=v.from_us(row["run_at"]),
+        created_at=v.from_us(row["created_at"]),
+        started_at=None,
+        finished_at=None,
+        lease_expires_at=None,
+        worker_id=None,
+        progress=None,
+        progress_message=None,
+        result=None,
+        error=None,
+        key=row["key"],
+        parent_id=row["parent_id"],
+        root_id=row["root_id"],
+        correlation_id=row["correlation_id"],
+    )
+
+
+def group_row(row: Any) -> ConsumerGroup:
+    """A ``conveyor_groups`` row as a ConsumerGroup."""
+    return ConsumerGroup(
+        queue=row.queue,
+        name=row.name,
+        start=v.from_us(row.start_at),
+        created_at=v.from_us(row.created_at),
+        active=bool(row.active),
+    )
+
+
+def group_key(group: str | None) -> str:
+    """The delivery ``grp`` of a group name (``None``: queue mode)."""
+    checked = v.opt_name("group", group)
+    return checked or q.QUEUE_MODE
+
+
+def encode_cursor(seq: int) -> str:
+    """An opaque list() cursor for the position after ``seq``."""
+    return base64.urlsafe_b64encode(json.dumps({"s": seq}).encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> int:
+    """The sequence number in a list() cursor, or InvalidArgument."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        seq = json.loads(raw)["s"]
+        if not isinstance(seq, int):
+            raise TypeError
+        return seq
+    except (ValueError, KeyError, TypeError):
+        raise InvalidArgument("cursor", "is not a cursor returned by list()") from None
+
+
+def list_statement(
+    grp: str,
+    status: Status | str | None,
+    filters: dict[str, str | None],
+    cursor: str | None,
+    limit: int,
+) -> Select[Any]:
+    """list()'s query: ``grp``'s view, filtered by status and the given task columns
+    (validated here), after ``cursor``, in submit order, ``limit`` rows."""
+    stmt = q.task_view(grp)
+    if status is not None:
+        try:
+            stmt = stmt.where(d.c.status == Status(status).value)
+        except ValueError:
+            raise InvalidArgument(
+                "status", f"must be one of {', '.join(s.value for s in Status)}"
+            ) from None
+    for field, value in filters.items():
+        if value is not None:
+            stmt = stmt.where(t.c[field] == v.name(field, value))
+    if filters.get("queue") is not None:
+        stmt = stmt.where(d.c.queue == filters["queue"])  # lets the status index serve it
+    if cursor is not None:
+        stmt = stmt.where(t.c.seq > decode_cursor(cursor))
+    return stmt.order_by(t.c.seq).limit(limit)
+
+
+async def fetch_tasks(
+    conn: AsyncConnection,
+    grp: str,
+    *,
+    ids: Sequence[str] | None = None,
+    seqs: Sequence[int] | None = None,
+) -> dict[Any, Task]:
+    """The tasks with the given ids (keyed by id) or sequence numbers (keyed by seq),
+    as ``grp`` sees them; unknown ones are left out."""
+    stmt = q.task_view(grp)
+    if ids is not None:
+        wanted = sorted(set(ids))
+        # The delivery side by its primary key too: the plan must not depend on
+        # the planner's row estimates (a fresh table has none).
+        stmt = stmt.where(
+            t.c.id.in_(wanted), d.c.task_seq.in_(select(t.c.seq).where(t.c.id.in_(wanted)))
+        )
+        keyf = "id"
+    else:
+        assert seqs is not None
+        # Both sides, so the planner can drive the join from either primary key.
+        stmt = stmt.where(t.c.seq.in_(seqs), d.c.task_seq.in_(seqs))
+        keyf = "seq"
+    rows = await conn.execute(stmt)
+    return {row._mapping[keyf]: row_to_task(row) for row in rows}

@@ -1,0 +1,398 @@
+"""Consumer: claiming (plain work and streams), the fenced writes of a lease holder
+(heartbeat, progress, succeed, fail, release), batch acknowledgement, and the
+explanation of a failed fence.
+
+Fencing: every write of a holder names the task, its group, the worker and
+optionally the attempt; it changes the row only while the row is running and
+leased to that worker (on that attempt). Otherwise nothing is written and the
+caller learns why: :class:`NotFound`, :class:`TaskCancelled` or :class:`LostLease`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import ColumnElement, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from conveyor import _values as v
+from conveyor import statements as q
+from conveyor.errors import ConveyorError, InvalidArgument, LostLease, NotFound, TaskCancelled
+from conveyor.models import Task
+from conveyor.schema import deliveries as d
+from conveyor.schema import queues as qs
+from conveyor.schema import tasks as t
+from conveyor.store import codec, streams, upkeep, wake
+from conveyor.store import transactions as tx
+from conveyor.store.seam import Seam
+
+#: A validated succeed_many item: (index, task_id, worker_id, grp, attempt, result JSON).
+AckItem = tuple[int, str, str, str, int | None, str]
+
+
+def validate_acks(
+    items: Iterable[Mapping[str, Any]],
+) -> tuple[list[Task | ConveyorError | None], list[AckItem]]:
+    """Check succeed_many's items: ``(outcomes, todo)``, where ``outcomes`` holds an
+    error at the index of each item whose result is not JSON (``None`` elsewhere)
+    and ``todo`` the items to acknowledge. Malformed items raise at once."""
+    outcomes: list[Task | ConveyorError | None] = []
+    todo: list[AckItem] = []
+    for i, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            raise InvalidArgument(f"items[{i}]", "must be a dict of succeed() arguments")
+        unknown = set(item) - {"task_id", "worker_id", "result", "group", "attempt"}
+        if unknown:
+            raise InvalidArgument(sorted(unknown)[0], "is not an argument of succeed()")
+        task_id = v.name("task_id", item.get("task_id"))
+        worker_id = v.name("worker_id", item.get("worker_id"))
+        grp = codec.group_key(item.get("group"))
+        attempt = item.get("attempt")
+        if attempt is not None:
+            attempt = v.positive_int("attempt", attempt)
+        try:
+            encoded = v.to_json("result", item.get("result"))
+        except InvalidArgument as exc:
+            outcomes.append(exc)
+            continue
+        outcomes.append(None)
+        todo.append((i, task_id, worker_id, grp, attempt, encoded))
+    return outcomes, todo
+
+
+async def claim(
+    st: Seam,
+    grp: str,
+    names: Sequence[str],
+    worker_id: str,
+    lease: float | None,
+    limit: int,
+    partition: str | None,
+) -> list[Task]:
+    """Probe (where the dialect asks for it), then claim in one transaction."""
+    # The probe spares idle claimers the write lock; right after a claim that found
+    # work, the next one most likely finds work too, so it goes straight in.
+    busy_key = (grp, tuple(names), partition)
+    if busy_key not in st._busy:
+        probe = st._claim_probe(grp, names, partition, tx.now(st))
+        if probe is not None:
+
+            async def ask(conn: AsyncConnection) -> bool:
+                assert probe is not None
+                return any((await conn.execute(probe)).one())
+
+            if not await tx.run(st, ask, write=False):
+                return []
+    claimed = await tx.run(
+        st, lambda conn: claim_tx(st, conn, grp, names, worker_id, lease, limit, partition)
+    )
+    if claimed:
+        st._busy.add(busy_key)
+    else:
+        st._busy.discard(busy_key)
+    return claimed
+
+
+async def claim_tx(
+    st: Seam,
+    conn: AsyncConnection,
+    grp: str,
+    names: Sequence[str],
+    worker_id: str,
+    lease: float | None,
+    limit: int,
+    partition: str | None,
+) -> list[Task]:
+    """Recover expired leases of these queues, then lease up to ``limit`` rows: from
+    the fairest free stream or from unpartitioned work, whichever comes first."""
+    await upkeep.recover_tx(st, conn, grp, names)
+    now = tx.now(st)
+    stream = (
+        await conn.execute(st._lock_candidates(q.ready_streams(grp, names, now, partition)))
+    ).first()
+    if stream is None and partition is not None:
+        return []
+    use_stream = stream is not None
+    if stream is not None and partition is None:
+        # Streams and unpartitioned work compete: priority, then who waited longest.
+        plain = (await conn.execute(q.ready_plain(grp, names, now).limit(1))).first()
+        use_stream = plain is None or (stream.priority, -stream.available_at) > (
+            plain.priority,
+            -plain.run_at,
+        )
+    if use_stream:
+        assert stream is not None
+        seqs = await streams.next_run(st, conn, stream.queue, grp, stream.partition, limit)
+        if not seqs:
+            return []
+        taken = await take(st, conn, grp, seqs, worker_id, lease, [stream.queue])
+        await streams.refresh(st, conn, [(stream.queue, grp, stream.partition)])
+        return [task for _, task in sorted(taken, key=lambda pair: pair[0])]
+    # A CTE, not an IN-subquery: Postgres may rescan a subquery once per outer
+    # row, and each rescan with SKIP LOCKED would pick further rows past LIMIT.
+    pick = st._lock_candidates(q.ready_plain(grp, names, now).limit(limit)).cte("pick")
+    taken = await take(
+        st, conn, grp, select(pick.c.task_seq).scalar_subquery(), worker_id, lease, names
+    )
+    taken.sort(key=lambda pair: (-pair[1].priority, pair[1].run_at, pair[0]))
+    return [task for _, task in taken]
+
+
+async def take(
+    st: Seam,
+    conn: AsyncConnection,
+    grp: str,
+    seqs: Any,
+    worker_id: str,
+    lease: float | None,
+    queues: Sequence[str],
+) -> list[tuple[int, Task]]:
+    """Lease the rows and return ``(seq, task)`` pairs, in one statement."""
+    stmt = q.take(grp, seqs, tx.now(st), worker_id=worker_id, lease=lease, queues=queues)
+    result = await conn.execute(st._returning_view(stmt))
+    return [(row.seq, codec.row_to_task(row)) for row in result]
+
+
+Values = Callable[[ColumnElement[int]], dict[str, Any]]
+
+
+def heartbeat_values(lease_s: float | None) -> Values:
+    """A heartbeat: the lease runs ``lease_s`` (default: its claimed length) from now."""
+
+    def values(now: ColumnElement[int]) -> dict[str, Any]:
+        length: Any = d.c.lease if lease_s is None else lease_s
+        return {
+            "lease_expires_at": now + q.seconds_to_us(length),
+            **({"lease": lease_s} if lease_s is not None else {}),
+        }
+
+    return values
+
+
+def progress_values(progress: float | None, message: str | None) -> Values:
+    """A progress report (a no-op write when neither is given: still fenced)."""
+
+    def values(now: ColumnElement[int]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if progress is not None:
+            out["progress"] = float(progress)
+        if message is not None:
+            out["progress_message"] = message
+        return out or {"worker_id": d.c.worker_id}
+
+    return values
+
+
+def succeed_values(encoded: str) -> Values:
+    """Success with the JSON ``encoded`` result."""
+
+    def values(now: ColumnElement[int]) -> dict[str, Any]:
+        return {
+            "status": "succeeded",
+            "result": encoded,
+            "finished_at": now,
+            "lease_expires_at": None,
+        }
+
+    return values
+
+
+def release_values(now: ColumnElement[int]) -> dict[str, Any]:
+    """A release: queued again at once, the attempt given back."""
+    return {
+        "status": q.QUEUED,
+        # now, not the old run_at: eviction (max_wait) counts from run_at
+        # for tasks whose attempt is back at 0.
+        "run_at": now,
+        "attempt": d.c.attempt - 1,
+        "lease_expires_at": None,
+        "worker_id": None,
+        "progress": None,
+        "progress_message": None,
+    }
+
+
+async def owned_write(
+    st: Seam,
+    task_id: str,
+    worker_id: str,
+    group: str | None,
+    attempt: int | None,
+    values: Values,
+    *,
+    done: bool = False,
+) -> Task:
+    """Validate the fence's arguments and apply ``values`` in its own transaction."""
+    grp = codec.group_key(group)
+    task_id = v.name("task_id", task_id)
+    worker_id = v.name("worker_id", worker_id)
+    if attempt is not None:
+        attempt = v.positive_int("attempt", attempt)
+
+    async def work(conn: AsyncConnection) -> Task:
+        return await owned_update(
+            st, conn, task_id, grp, worker_id, attempt, values(tx.now(st)), done=done
+        )
+
+    task = await tx.run(st, work)
+    if done:
+        wake.wake_local(st, work=False)
+    return task
+
+
+async def owned_update(
+    st: Seam,
+    conn: AsyncConnection,
+    task_id: str,
+    grp: str,
+    worker_id: str,
+    attempt: int | None,
+    values: dict[str, Any],
+    *,
+    done: bool,
+) -> Task:
+    """Apply ``values`` to the row if it is leased to ``worker_id`` (the fence);
+    otherwise raise why not. Refreshes the stream and announces what changed."""
+    stmt = update(d).where(*q.owned(task_id, grp, worker_id, attempt)).values(**values)
+    row = (await conn.execute(st._returning_view(stmt))).first()
+    if row is None:
+        await explain_lost(conn, task_id, grp)
+    assert row is not None
+    if row.partition is not None and "status" in values:
+        await streams.refresh(st, conn, [(row.queue, grp, row.partition)])
+    if done:
+        await st._notify(conn, {row.queue}, done=True, task_ids=[task_id])
+    if (done and row.partition is not None) or values.get("status") == q.QUEUED:
+        # New work: a retry, or the stream's next task may be claimable now.
+        await st._notify(conn, {row.queue}, done=False)
+    return codec.row_to_task(row)
+
+
+async def fail_tx(
+    st: Seam,
+    conn: AsyncConnection,
+    task_id: str,
+    grp: str,
+    worker_id: str,
+    attempt: int | None,
+    encoded: str,
+    retryable: bool,
+    delay_s: float | None,
+) -> tuple[Task, bool]:
+    """Record a failed attempt: queued again after a delay while ``retryable`` and
+    attempts remain, else ``failed``. Returns the task and whether it will run again."""
+    row = (
+        await conn.execute(
+            select(d.c.attempt, d.c.max_attempts, t.c.backoff, t.c.queue)
+            .select_from(d.join(t, t.c.seq == d.c.task_seq))
+            .where(*q.owned(task_id, grp, worker_id, attempt))
+        )
+    ).first()
+    if row is None:
+        await explain_lost(conn, task_id, grp)
+    assert row is not None
+    again = retryable and row.attempt < row.max_attempts
+    now = tx.now(st)
+    if again:
+        if delay_s is None:
+            spec = json.loads(row.backoff) if row.backoff else await queue_backoff(conn, row.queue)
+            wait_s = v.backoff_delay(spec, row.attempt)
+        else:
+            wait_s = delay_s
+        values: dict[str, Any] = {
+            "status": q.QUEUED,
+            "error": encoded,
+            "lease_expires_at": None,
+            "worker_id": None,
+            "run_at": now + q.seconds_to_us(wait_s),
+        }
+    else:
+        values = {
+            "status": "failed",
+            "error": encoded,
+            "lease_expires_at": None,
+            "finished_at": now,
+        }
+    task = await owned_update(st, conn, task_id, grp, worker_id, attempt, values, done=not again)
+    return task, again
+
+
+async def queue_backoff(conn: AsyncConnection, queue: str) -> dict[str, float] | None:
+    """The stored backoff setting of ``queue``, if any."""
+    raw = (await conn.execute(select(qs.c.backoff).where(qs.c.queue == queue))).scalar()
+    return None if raw is None else dict(json.loads(raw))
+
+
+async def succeed_many_tx(
+    st: Seam,
+    conn: AsyncConnection,
+    outcomes: list[Task | ConveyorError | None],
+    todo: list[AckItem],
+) -> list[Task | ConveyorError]:
+    """Finish the leased ``todo`` items, each fenced on its own; fill ``outcomes``
+    (a copy) at their indexes with the task or the error it met."""
+    out = list(outcomes)
+    ids = sorted({item[1] for item in todo})
+    seq_of = {
+        row.id: row.seq
+        for row in await conn.execute(select(t.c.id, t.c.seq).where(t.c.id.in_(ids)))
+    }
+    owners: dict[tuple[str, str], list[tuple[int, str, int | None, str]]] = {}
+    for i, task_id, worker_id, grp, attempt, encoded in todo:
+        owners.setdefault((worker_id, grp), []).append((i, task_id, attempt, encoded))
+    finished: list[Task] = []
+    touched: set[tuple[str, str, str]] = set()
+    for (worker_id, grp), mine in owners.items():
+        wanted = sorted({seq_of[m[1]] for m in mine if m[1] in seq_of})
+        held = {}
+        if wanted:
+            locked = st._lock_rows(q.leased_to(grp, worker_id))
+            held = {row.task_seq: row for row in await conn.execute(locked, {"seqs": wanted})}
+        # The fence, per task: leased to this worker, on the attempt given.
+        ok: dict[int, str] = {}
+        for _i, task_id, attempt, encoded in mine:
+            row = held.get(seq_of.get(task_id, -1))
+            if row is not None and (attempt is None or row.attempt == attempt):
+                ok.setdefault(row.task_seq, encoded)
+        if ok:
+            await conn.execute(
+                q.finish_row(grp, tx.now(st)),
+                [{"b_seq": seq, "b_result": res} for seq, res in ok.items()],
+            )
+            for seq in ok:
+                if held[seq].partition is not None:
+                    touched.add((held[seq].queue, grp, held[seq].partition))
+        tasks_by_seq = await codec.fetch_tasks(conn, grp, seqs=sorted(ok)) if ok else {}
+        for i, task_id, _attempt, _encoded in mine:
+            found = tasks_by_seq.get(seq_of.get(task_id, -1))
+            if found is not None:
+                out[i] = found
+                finished.append(found)
+                continue
+            try:
+                await explain_lost(conn, task_id, grp)
+            except (LostLease, NotFound) as exc:
+                out[i] = exc
+    await streams.refresh(st, conn, touched)
+    if finished:
+        queues = {task.queue for task in finished}
+        await st._notify(conn, queues, done=True, task_ids=[x.id for x in finished])
+        if touched:
+            await st._notify(conn, {key[0] for key in touched}, done=False)
+    return [o for o in out if o is not None]
+
+
+async def explain_lost(conn: AsyncConnection, task_id: str, grp: str) -> None:
+    """Raise why a fenced write matched nothing: NotFound, TaskCancelled or LostLease."""
+    status = (
+        await conn.execute(
+            select(d.c.status).where(d.c.task_seq == q.task_seq_of(task_id), d.c.grp == grp)
+        )
+    ).scalar()
+    if status is None:
+        raise NotFound(f"task {task_id}" + (f" for group {grp!r}" if grp else ""))
+    if status == "cancelled":
+        raise TaskCancelled(task_id)
+    raise LostLease(task_id)

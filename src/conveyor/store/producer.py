@@ -1,0 +1,296 @@
+"""Producer: validating submit requests, inserting tasks with their delivery rows
+(fan-out at submit), idempotency keys, and the operator's cancel and retry.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from conveyor import _values as v
+from conveyor import statements as q
+from conveyor.errors import AlreadyExists, InvalidArgument
+from conveyor.models import Task
+from conveyor.schema import deliveries as d
+from conveyor.schema import keys as k
+from conveyor.schema import tasks as t
+from conveyor.store import codec, streams, upkeep
+from conveyor.store import transactions as tx
+from conveyor.store.seam import Seam
+
+CONFLICTS = ("reuse", "reject", "replace")
+DEFAULT_MAX_ATTEMPTS = 3
+SUBMIT_FIELDS = frozenset(
+    {
+        "name",
+        "payload",
+        "queue",
+        "priority",
+        "delay",
+        "run_at",
+        "max_attempts",
+        "key",
+        "conflict",
+        "partition",
+        "parent",
+        "correlation_id",
+        "metadata",
+        "backoff",
+    }
+)
+
+
+@dataclass(slots=True)
+class Request:
+    """A validated submit request."""
+
+    id: str
+    name: str
+    payload: str
+    queue: str
+    priority: int
+    delay_us: int | None
+    run_at_us: int | None
+    max_attempts: int | None
+    backoff: str | None
+    key: str | None
+    conflict: str
+    partition: str | None
+    parent_id: str | None
+    correlation_id: str | None
+    metadata: str
+
+
+def prepare(req: Mapping[str, Any]) -> Request:
+    """Validate one submit request (a mapping of submit()'s arguments)."""
+    unknown = set(req) - SUBMIT_FIELDS
+    if unknown:
+        raise InvalidArgument(sorted(unknown)[0], "is not an argument of submit()")
+    if "name" not in req:
+        raise InvalidArgument("name", "is required")
+    name = v.name("name", req["name"])
+    queue = v.name("queue", req.get("queue", "default"))
+    payload = v.to_json("payload", req.get("payload"))
+    priority = v.integer("priority", req.get("priority", 0))
+    delay, run_at = req.get("delay"), req.get("run_at")
+    if delay is not None and run_at is not None:
+        raise InvalidArgument("delay", "give delay or run_at, not both")
+    delay_us = None if delay is None else round(v.duration_seconds("delay", delay) * v.US)
+    run_at_us = None if run_at is None else v.to_us(v.aware("run_at", run_at))
+    max_attempts = req.get("max_attempts")
+    if max_attempts is not None:
+        max_attempts = v.positive_int("max_attempts", max_attempts)
+    backoff = v.backoff("backoff", req.get("backoff"))
+    key = v.opt_name("key", req.get("key"))
+    conflict = req.get("conflict", "reuse")
+    if conflict not in CONFLICTS:
+        raise InvalidArgument(
+            "conflict", f"must be one of {', '.join(CONFLICTS)}, got {conflict!r}"
+        )
+    partition = v.opt_name("partition", req.get("partition"))
+    parent = req.get("parent")
+    if isinstance(parent, Task):
+        parent = parent.id
+    parent_id = v.opt_name("parent", parent)
+    correlation_id = v.opt_name("correlation_id", req.get("correlation_id"))
+    return Request(
+        id=v.new_task_id(),
+        name=name,
+        payload=payload,
+        queue=queue,
+        priority=priority,
+        delay_us=delay_us,
+        run_at_us=run_at_us,
+        max_attempts=max_attempts,
+        backoff=None if backoff is None else json.dumps(backoff.as_dict()),
+        key=key,
+        conflict=conflict,
+        partition=partition,
+        parent_id=parent_id,
+        correlation_id=correlation_id,
+        metadata=v.metadata(req.get("metadata")),
+    )
+
+
+async def submit_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> list[Task]:
+    """Insert the requests (keys resolved first); the answering tasks in request order."""
+    # 1. Idempotency keys: claim each key first. A concurrent submit of the same
+    #    key waits on the row and then sees it, so one key makes one task.
+    chosen: dict[str, str] = {}  # key -> id of the task that answers it
+    new: list[Request] = []
+    replaced: list[str] = []
+    keyed = [r for r in reqs if r.key is not None]
+    if keyed:
+        first: dict[str, Request] = {}
+        for r in keyed:
+            first.setdefault(r.key, r)  # type: ignore[arg-type]
+        ins = (
+            st._upsert(k)
+            .values([{"key": key, "task_id": r.id} for key, r in first.items()])
+            .on_conflict_do_nothing(index_elements=["key"])
+            .returning(k.c.key)
+        )
+        won = set((await conn.execute(ins)).scalars())
+        lost = [key for key in first if key not in won]
+        existing: dict[str, str] = {}
+        if lost:
+            rows = await conn.execute(select(k.c.key, k.c.task_id).where(k.c.key.in_(lost)))
+            existing = {row.key: row.task_id for row in rows}
+        for key, r in first.items():
+            if key in won:
+                chosen[key] = r.id
+            elif r.conflict == "reject":
+                raise AlreadyExists(key, existing[key])
+            elif r.conflict == "reuse":
+                chosen[key] = existing[key]
+            else:
+                replaced.append(existing[key])
+                chosen[key] = r.id
+                await conn.execute(update(k).where(k.c.key == key).values(task_id=r.id))
+    for r in reqs:
+        if r.key is None or (chosen[r.key] == r.id):
+            new.append(r)
+    if replaced:
+        await cancel_tx(st, conn, replaced)
+
+    found: dict[str, Task] = {}
+    if new:
+        found.update(await insert_tasks(st, conn, new))
+    ids = [r.id if r.key is None else chosen[r.key] for r in reqs]
+    reused = [i for i in ids if i not in found]
+    if reused:
+        found.update(await codec.fetch_tasks(conn, q.QUEUE_MODE, ids=reused))
+    if new:
+        await st._notify(conn, {r.queue for r in new}, done=False)
+    return [found[i] for i in ids]
+
+
+async def insert_tasks(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> dict[str, Task]:
+    """Insert the task rows and their delivery rows; the new tasks by id."""
+    parents: dict[str, str] = {}
+    parent_ids = sorted({r.parent_id for r in reqs if r.parent_id is not None})
+    if parent_ids:
+        rows = await conn.execute(select(t.c.id, t.c.root_id).where(t.c.id.in_(parent_ids)))
+        parents = {row.id: row.root_id for row in rows}
+        missing = [p for p in parent_ids if p not in parents and p not in {r.id for r in reqs}]
+        if missing:
+            raise InvalidArgument("parent", f"no task has id {missing[0]!r}")
+    for r in reqs:  # a parent submitted in the same batch
+        if r.parent_id is not None and r.parent_id not in parents:
+            parents[r.parent_id] = r.parent_id
+    stream_keys = {(r.queue, p) for r in reqs if (p := r.partition) is not None}
+    await streams.serialize_producers(st, conn, stream_keys)
+    context = list(
+        await conn.execute(q.submit_context(sorted({r.queue for r in reqs}), tx.now(st)))
+    )
+    now = int(context[0].now)
+    settings = {row.queue: row for row in context if row.queue is not None}
+    params: list[dict[str, Any]] = []
+    for r in reqs:
+        root = r.id if r.parent_id is None else parents.get(r.parent_id, r.parent_id)
+        conf = settings.get(r.queue)
+        max_attempts = r.max_attempts or (conf.max_attempts if conf is not None else None)
+        params.append(
+            {
+                "id": r.id,
+                "name": r.name,
+                "queue": r.queue,
+                "partition": r.partition,
+                "payload": r.payload,
+                "metadata": r.metadata,
+                "priority": r.priority,
+                "max_attempts": max_attempts or DEFAULT_MAX_ATTEMPTS,
+                "backoff": r.backoff or (conf.backoff if conf is not None else None),
+                "created_at": now,
+                "run_at": r.run_at_us if r.run_at_us is not None else now + (r.delay_us or 0),
+                "key": r.key,
+                "parent_id": r.parent_id,
+                "root_id": root,
+                "correlation_id": r.correlation_id,
+            }
+        )
+    # One multi-row INSERT of plain values.
+    result = await conn.execute(t.insert().returning(t.c.seq), params)
+    seqs = list(result.scalars())
+    out = {
+        r.id: codec.new_task(row, payload=json.loads(r.payload), metadata=json.loads(r.metadata))
+        for r, row in zip(reqs, params, strict=True)
+    }
+    await conn.execute(q.fan_out(seqs))
+    if stream_keys:
+        touched = await conn.execute(
+            select(d.c.queue, d.c.grp, d.c.partition)
+            .where(d.c.task_seq.in_(seqs), d.c.partition.is_not(None))
+            .distinct()
+        )
+        await streams.refresh(st, conn, [tuple(row) for row in touched])
+    return out
+
+
+async def cancel_tx(st: Seam, conn: AsyncConnection, task_ids: Sequence[str]) -> None:
+    """Withdraw the tasks for queue mode and every group (active rows only)."""
+    now = tx.now(st)
+    rows = await conn.execute(
+        update(d)
+        .where(
+            d.c.task_seq.in_(select(t.c.seq).where(t.c.id.in_(task_ids))),
+            d.c.status.in_(q.ACTIVE),
+        )
+        .values(status="cancelled", finished_at=now, lease_expires_at=None)
+        .returning(d.c.queue, d.c.grp, d.c.partition)
+    )
+    changed = list(rows)
+    await streams.refresh(st, conn, [tuple(r) for r in changed if r.partition is not None])
+    if changed:
+        await st._notify(conn, {r.queue for r in changed}, done=True, task_ids=task_ids)
+
+
+async def retry_tx(
+    st: Seam, conn: AsyncConnection, task_id: str, grp: str, reset_attempts: bool
+) -> Task | None:
+    """Queue a failed, cancelled or evicted row of ``grp`` again; the task as ``grp``
+    sees it afterwards (``None`` if unknown)."""
+    now = tx.now(st)
+    values: dict[str, Any] = {
+        "status": q.QUEUED,
+        "run_at": now,
+        "finished_at": None,
+        "lease_expires_at": None,
+        "worker_id": None,
+    }
+    if reset_attempts:
+        # A fresh budget of the task's max_attempts, counted on from the current
+        # attempt: attempt numbers never repeat, so the fence of a stale run can
+        # never match a newer one.
+        budget = select(t.c.max_attempts).where(t.c.seq == d.c.task_seq)
+        values["max_attempts"] = d.c.attempt + budget.scalar_subquery()
+    retryable = (
+        d.c.task_seq == q.task_seq_of(task_id),
+        d.c.grp == grp,
+        d.c.status.in_(("failed", "cancelled", "evicted")),
+    )
+    # A finished row already rolled up into the counts leaves them again.
+    before = (
+        await conn.execute(
+            st._lock_rows(select(d.c.queue, d.c.status, d.c.rolled).where(*retryable))
+        )
+    ).first()
+    if before is not None and before.rolled:
+        await upkeep.add_counts(st, conn, {(before.queue, grp, before.status): -1})
+    rows = list(
+        await conn.execute(
+            update(d)
+            .where(*retryable)
+            .values(rolled=0, **values)
+            .returning(d.c.queue, d.c.grp, d.c.partition)
+        )
+    )
+    await streams.refresh(st, conn, [tuple(r) for r in rows if r.partition is not None])
+    if rows:
+        await st._notify(conn, {rows[0].queue}, done=False)
+    return (await codec.fetch_tasks(conn, grp, ids=[task_id])).get(task_id)

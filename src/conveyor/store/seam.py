@@ -1,0 +1,172 @@
+"""The dialect seam: everything a backend supplies, declared in one place.
+
+:class:`Seam` is the whole contract between the protocol (the role modules of
+this package, which :class:`~conveyor.store.base.TaskStore` uses) and a dialect
+(:mod:`conveyor.store.sqlite`, :mod:`conveyor.store.postgres`). A dialect
+implements exactly these abstract methods and nothing else; each docstring
+states what the protocol relies on. Where a dialect must supply its own SQL,
+the seam asks for a *statement*, never for a different protocol step.
+
+The class also names the per-store state the role modules read (the engine,
+the clock offset, the in-process wakers), so they depend on this module and
+never on the store class itself.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import ColumnElement, Select, Update
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+if TYPE_CHECKING:
+    from conveyor.store.wake import Waker
+
+
+class Seam(abc.ABC):
+    """What a backend supplies to the protocol, and the state the protocol shares."""
+
+    # ------------------------------------------------ state the roles read
+    #: The database URL the store was made with.
+    url: str
+    #: Whether open() applies pending migrations.
+    migrate: bool
+    #: Seconds added to the store's clock; lets tests move time without sleeping.
+    clock_offset: float
+    #: Statement and lock timeouts in seconds (a dialect applies them per transaction).
+    statement_timeout: float
+    lock_timeout: float
+    _engine: AsyncEngine | None
+    _work_waker: Waker | None
+    _done_waker: Waker | None
+    #: (queue, group) pairs this store has seen subscribed: claims skip the check.
+    _known_groups: set[tuple[str, str]]
+    #: Claim keys whose last claim found work: the next one skips the probe.
+    _busy: set[tuple[str, tuple[str, ...], str | None]]
+
+    async def open(self) -> None:  # pragma: no cover - TaskStore implements it
+        """Connect and migrate (see :meth:`conveyor.store.base.TaskStore.open`)."""
+        raise NotImplementedError
+
+    def _wake(
+        self, *, queues: Iterable[str] | None = (), task_ids: Iterable[str] | None = ()
+    ) -> None:  # pragma: no cover - TaskStore implements it
+        """Wake this process's waiters (see :mod:`conveyor.store.wake`)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------- connections
+    @abc.abstractmethod
+    def _create_engine(self) -> AsyncEngine:
+        """Build the async engine, with the dialect's connection set-up attached.
+
+        The engine must honour the ``conveyor_write`` execution option: a write
+        transaction (``True``) must be able to proceed to commit without a lock
+        upgrade failing (SQLite: ``BEGIN IMMEDIATE``); a read (``False``) must not
+        block writers. The store's ``statement_timeout`` and ``lock_timeout`` hold
+        for every transaction.
+        """
+
+    @abc.abstractmethod
+    def _transaction_gate(self, write: bool) -> AbstractAsyncContextManager[None]:
+        """Entered around every transaction attempt the store runs (``write``: whether
+        it is a write transaction); where the backend needs transactions of this
+        process queued in-process (one SQLite connection to a private in-memory
+        database), it makes them wait their turn, in arrival order. Otherwise it
+        returns at once."""
+
+    @abc.abstractmethod
+    def _is_transient(self, exc: DBAPIError) -> bool:
+        """True for driver errors that a retry of the whole transaction can cure
+        (a busy database, a serialization failure, a deadlock); False otherwise.
+        Must not raise, and must look only at ``exc`` (no I/O)."""
+
+    # ------------------------------------------------------------- clock
+    @abc.abstractmethod
+    def _db_now(self) -> ColumnElement[int]:
+        """The clock as a SQL expression in integer microseconds since the epoch.
+
+        Every statement of the protocol that depends on time reads it through this
+        (plus the store's ``clock_offset``). Within one statement it must be stable,
+        so comparisons with it can be index conditions."""
+
+    # ----------------------------------------------------------- locking
+    @abc.abstractmethod
+    def _lock_candidates(self, stmt: Select[Any]) -> Select[Any]:
+        """Make a candidate-selection statement safe against concurrent claimers:
+        two transactions running it at once must never both get the same row, and
+        neither may wait for the other (Postgres: ``FOR UPDATE SKIP LOCKED``; SQLite:
+        the write lock the transaction already holds)."""
+
+    @abc.abstractmethod
+    def _lock_rows(self, stmt: Select[Any]) -> Select[Any]:
+        """Make a read lock the rows it returns until commit, waiting for holders,
+        so that the transaction's later reads and writes of them see no concurrent
+        change (Postgres: ``FOR UPDATE``; SQLite: the write lock)."""
+
+    @abc.abstractmethod
+    async def _lock_for_backfill(self, conn: AsyncConnection) -> None:
+        """The producer barrier: wait out producers in flight, and hold new ones back
+        until ``conn``'s transaction ends, so a new group's backfill sees every task
+        committed before it and every later task gets its delivery row at submit."""
+
+    @abc.abstractmethod
+    def _lock_for_migration(self, conn: Connection) -> None:
+        """Serialise migrations: inside ``conn``'s transaction, wait until no other
+        process is migrating the same database; the lock ends with the transaction."""
+
+    @abc.abstractmethod
+    def _maintenance_lock(self) -> AbstractAsyncContextManager[bool]:
+        """Yield whether this caller should run a maintenance pass now. At most one
+        caller at a time may get True where passes could collide; the others get
+        False at once (they skip) rather than queueing."""
+
+    # -------------------------------------------------------- statements
+    @abc.abstractmethod
+    def _upsert(self, table: Any) -> Any:
+        """``INSERT`` for ``table`` supporting ``on_conflict_do_nothing`` and
+        ``on_conflict_do_update`` (both dialects spell them alike)."""
+
+    @abc.abstractmethod
+    def _returning_view(self, stmt: Update) -> Update:
+        """Make an ``UPDATE`` of delivery rows return, for each row it changes, every
+        column of :func:`conveyor.statements.view_columns` under the same names (the
+        joined task row as the updated delivery sees it), in one statement."""
+
+    @abc.abstractmethod
+    def _claim_probe(
+        self, grp: str, queues: Sequence[str], partition: str | None, now: ColumnElement[int]
+    ) -> Select[Any] | None:
+        """A cheap read-only statement a claim runs *before* its write transaction,
+        returning one row whose columns are truthy when the claim could find work
+        (ready rows, free streams, expired leases); or ``None`` where an idle claim
+        takes no lock worth sparing and claims go straight in."""
+
+    # ------------------------------------------------------- wake channel
+    @abc.abstractmethod
+    async def _start_wake(self) -> None:
+        """Start the cross-process wake channel (called once by open()). What arrives
+        from other processes is handed to ``self._wake``. A backend without one does
+        nothing: its waiters poll."""
+
+    @abc.abstractmethod
+    async def _stop_wake(self) -> None:
+        """Stop the cross-process wake channel (called once by close())."""
+
+    @abc.abstractmethod
+    async def _notify(
+        self,
+        conn: AsyncConnection,
+        queues: Iterable[str],
+        done: bool,
+        task_ids: Iterable[str] = (),
+    ) -> None:
+        """Announce, inside ``conn``'s committing transaction, new work in ``queues``
+        (``done=False``) or tasks that became terminal (``done=True``: ``task_ids``,
+        or an empty ``task_ids`` when the caller does not know which — waiters then
+        look again). Other processes' listeners must hear it only if the transaction
+        commits. (This process's own waiters are woken by the store after commit.)"""

@@ -1,0 +1,101 @@
+"""Streams: the FIFO state machine of partitioned work.
+
+A stream is the tasks of one (queue, group, partition), delivered in submit
+order. Its row in ``conveyor_streams`` holds the head (first active task) and
+``available_at``: set when the head is queued and due and no task of the
+stream is leased, ``NULL`` otherwise. Claims pick the fairest available stream
+by index; every transition of a partitioned delivery row recomputes its
+stream with :func:`refresh`.
+
+Lock order: stream rows are locked in sorted (queue, group, partition) order,
+and a stream row is locked before its head is read, so a transition committed
+meanwhile is seen and no stale head is written back. Producers of a stream
+serialise on its queue-mode stream row (:func:`serialize_producers`) before
+inserting, so within a stream the sequence order is the commit order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy import false, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from conveyor import statements as q
+from conveyor.schema import streams as s
+from conveyor.store import transactions as tx
+from conveyor.store.seam import Seam
+
+
+async def serialize_producers(
+    st: Seam, conn: AsyncConnection, keys: Iterable[tuple[str, str]]
+) -> None:
+    """Lock the queue-mode stream rows of the (queue, partition) streams a producer
+    is about to add to, creating them as needed; held until commit."""
+    stream_keys = sorted(set(keys))
+    if not stream_keys:
+        return
+    lock = st._upsert(s).values(
+        [{"queue": qn, "grp": q.QUEUE_MODE, "partition": p} for qn, p in stream_keys]
+    )
+    # Updates nothing, but Postgres still locks the conflicting row.
+    lock = lock.on_conflict_do_update(
+        index_elements=["queue", "grp", "partition"],
+        set_={"head_seq": lock.excluded.head_seq},
+        where=false(),
+    )
+    await conn.execute(lock)
+
+
+async def next_run(
+    st: Seam, conn: AsyncConnection, queue: str, grp: str, partition: str, limit: int
+) -> list[int]:
+    """The sequence numbers a claim of this stream may take: its first active rows
+    while they are queued and due, at most ``limit``."""
+    rows = await conn.execute(q.stream_rows(queue, grp, partition, limit, tx.now(st)))
+    seqs = []
+    for row in rows:
+        if row.status != q.QUEUED or not row.due:
+            break
+        seqs.append(row.task_seq)
+    return seqs
+
+
+async def refresh(st: Seam, conn: AsyncConnection, keys: Iterable[tuple[Any, ...]]) -> None:
+    """Recompute head and availability of each (queue, group, partition) stream.
+
+    A stream is available when its first active task is queued and due and no
+    task of it is leased. ``available_at`` records when the current head became
+    available, which is what fair stream selection orders by.
+    """
+    for queue, grp, partition in sorted(set(keys)):
+        # Lock the stream row before reading its head: a transition committed by
+        # another transaction while we wait is then visible to the reads below,
+        # so nobody writes back a head computed from a stale view.
+        locked = st._lock_rows(q.stream_state(queue, grp, partition))
+        state = (await conn.execute(locked)).first()
+        if state is None:
+            await conn.execute(
+                st._upsert(s)
+                .values(queue=queue, grp=grp, partition=partition)
+                .on_conflict_do_nothing(index_elements=["queue", "grp", "partition"])
+            )
+            state = (await conn.execute(locked)).first()
+        head = (await conn.execute(q.stream_head(queue, grp, partition, tx.now(st)))).first()
+        available: int | None = None
+        head_seq = None if head is None else head.task_seq
+        priority = None if head is None else head.priority
+        if head is not None and head.status == q.QUEUED:
+            held = (await conn.execute(q.stream_running(queue, grp, partition))).scalar()
+            if not held:
+                if state is not None and state.head_seq == head_seq and state.available_at:
+                    available = max(state.available_at, head.run_at)
+                else:
+                    available = max(head.now, head.run_at)
+        if state is None or (state.head_seq, state.available_at) != (head_seq, available):
+            await conn.execute(
+                update(s)
+                .where(s.c.queue == queue, s.c.grp == grp, s.c.partition == partition)
+                .values(head_seq=head_seq, priority=priority, available_at=available)
+            )

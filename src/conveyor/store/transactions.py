@@ -1,0 +1,138 @@
+"""Transactions and retries: opening the engine, migrating, running a unit of work
+in one transaction, and the store's clock.
+
+Every protocol step runs through :func:`run`, which retries the whole
+transaction on errors the dialect calls transient and turns a lost database
+into :class:`~conveyor.errors.StoreUnavailable`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import ColumnElement, select
+from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from conveyor import _values as v
+from conveyor.errors import (
+    ConfigurationError,
+    ConveyorError,
+    ProtocolVersionMismatch,
+    StoreUnavailable,
+)
+from conveyor.migrations import SCRIPT_LOCATION, VERSION_TABLE
+from conveyor.schema import PROTOCOL_VERSION, meta
+from conveyor.store.seam import Seam
+
+log = logging.getLogger("conveyor.store")
+
+T = TypeVar("T")
+
+TRANSIENT_RETRIES = 8
+
+
+def safe_url(st: Seam) -> str:
+    """The store's URL with any password hidden, for messages."""
+    return make_url(st.url).render_as_string(hide_password=True)
+
+
+async def open_engine(st: Seam) -> AsyncEngine:
+    """Create the engine, migrate (or check) the schema, and return the engine."""
+    engine = st._create_engine()
+    try:
+        async with engine.connect() as conn:
+            conn = await conn.execution_options(conveyor_write=True)
+            await conn.run_sync(lambda sync: migrate_and_check(st, sync))
+    except ConveyorError:
+        await engine.dispose()
+        raise
+    except (DBAPIError, OSError) as exc:
+        await engine.dispose()
+        raise StoreUnavailable(
+            f"cannot open {safe_url(st)}: {exc}. Check that the database "
+            "is running and the URL is right."
+        ) from exc
+    return engine
+
+
+def migrate_and_check(st: Seam, conn: Connection) -> None:
+    """Apply pending migrations (when ``st.migrate``) and check the protocol version."""
+    with conn.begin():
+        st._lock_for_migration(conn)
+        script = ScriptDirectory(SCRIPT_LOCATION)
+        context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+        current = context.get_current_heads()
+        known = {rev.revision for rev in script.walk_revisions()}
+        unknown = [rev for rev in current if rev not in known]
+        if unknown:
+            raise ProtocolVersionMismatch(
+                f"the database is at schema revision {unknown[0]}, which this version of "
+                "conveyor does not know: upgrade conveyor"
+            )
+        if st.migrate and set(current) != set(script.get_heads()):
+            cfg = Config()
+            cfg.set_main_option("script_location", SCRIPT_LOCATION)
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+        elif not current:
+            raise ConfigurationError(
+                "the database has no conveyor schema: run `conveyor migrate` or open "
+                "the store with migrate=True"
+            )
+        version = conn.execute(
+            select(meta.c.value).where(meta.c.key == "protocol_version")
+        ).scalar_one_or_none()
+    if version is None or int(version) != PROTOCOL_VERSION:
+        raise ProtocolVersionMismatch(
+            f"the database speaks protocol {version}, this conveyor speaks "
+            f"{PROTOCOL_VERSION}: use a matching conveyor version"
+        )
+
+
+def now(st: Seam) -> ColumnElement[int]:
+    """The store's clock (the dialect's, moved by ``clock_offset``) as SQL."""
+    clock = st._db_now()
+    if st.clock_offset:
+        return clock + round(st.clock_offset * v.US)
+    return clock
+
+
+async def now_us(st: Seam, conn: AsyncConnection) -> int:
+    """Read the store's clock, in microseconds."""
+    return int((await conn.execute(select(now(st)))).scalar_one())
+
+
+async def run(
+    st: Seam, work: Callable[[AsyncConnection], Awaitable[T]], *, write: bool = True
+) -> T:
+    """Run ``work`` in one transaction, retrying transient failures with backoff."""
+    if st._engine is None:
+        await st.open()
+    assert st._engine is not None
+    delay = 0.01
+    for attempt in range(TRANSIENT_RETRIES + 1):
+        try:
+            async with st._transaction_gate(write), st._engine.connect() as conn:
+                conn = await conn.execution_options(conveyor_write=write)
+                async with conn.begin():
+                    return await work(conn)
+        except DBAPIError as exc:
+            if st._is_transient(exc) and attempt < TRANSIENT_RETRIES:
+                log.debug("transient database error, retrying: %s", exc.orig)
+                await asyncio.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 1.0)
+                continue
+            if isinstance(exc, OperationalError) or exc.connection_invalidated:
+                raise StoreUnavailable(f"database error: {exc.orig}") from exc
+            raise
+    raise AssertionError("unreachable")

@@ -1,0 +1,410 @@
+"""Upkeep: lease recovery, eviction (``max_wait``), retention, the rolled-up counts
+behind stats(), and the maintenance pass that runs them.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import delete, func, select, true, tuple_, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from conveyor import _values as v
+from conveyor import statements as q
+from conveyor.errors import InvalidArgument
+from conveyor.models import Backoff, GroupStats, QueueStats, Status
+from conveyor.schema import counts as cn
+from conveyor.schema import deliveries as d
+from conveyor.schema import groups as g
+from conveyor.schema import keys as k
+from conveyor.schema import maintenance as mt
+from conveyor.schema import queues as qs
+from conveyor.schema import tasks as t
+from conveyor.store import streams, wake
+from conveyor.store import transactions as tx
+from conveyor.store.seam import Seam
+
+PURGE_BATCH = 1_000
+ROLLUP_BATCH = 5_000
+TERMINAL = ("succeeded", "failed", "cancelled", "evicted")
+LEASE_EXPIRED = json.dumps(
+    {
+        "type": "LeaseExpired",
+        "code": "lease_expired",
+        "message": "the lease expired on the last attempt",
+        "retryable": False,
+        "traceback": None,
+    }
+)
+
+
+async def recover_tx(
+    st: Seam, conn: AsyncConnection, grp: str | None, names: Sequence[str] | None
+) -> tuple[int, int]:
+    """Expired leases (of ``grp`` in ``names``; ``None``: all): requeued while
+    attempts remain, else failed. Returns ``(requeued, failed)``."""
+    rows = list(await conn.execute(q.recover_expired(tx.now(st), grp, names, LEASE_EXPIRED)))
+    requeued = [r for r in rows if r.status == q.QUEUED]
+    failed = [r for r in rows if r.status != q.QUEUED]
+    touched = [(r.queue, r.grp, r.partition) for r in rows if r.partition is not None]
+    await streams.refresh(st, conn, touched)
+    if failed:
+        await st._notify(conn, {r.queue for r in failed}, done=True)
+    if requeued:
+        # Recovered by maintain() (or a claimer of other queues): idle workers
+        # should hear of the work rather than wait for their next poll.
+        await st._notify(conn, {r.queue for r in requeued}, done=False)
+    return len(requeued), len(failed)
+
+
+def queue_settings(
+    *,
+    lease: v.Duration | None,
+    max_attempts: int | None,
+    backoff: Backoff | dict[str, float] | v.Duration | None,
+    retention: v.Duration | None,
+    max_wait: v.Duration | None,
+    queue_mode: bool | None,
+) -> dict[str, Any]:
+    """Validate configure_queue()'s arguments: the column values to store."""
+    values: dict[str, Any] = {}
+    if lease is not None:
+        values["lease"] = v.duration_seconds("lease", lease, allow_zero=False)
+    if max_attempts is not None:
+        values["max_attempts"] = v.positive_int("max_attempts", max_attempts)
+    if backoff is not None:
+        b = v.backoff("backoff", backoff)
+        assert b is not None
+        values["backoff"] = json.dumps(b.as_dict())
+    if retention is not None:
+        values["retention"] = v.duration_seconds("retention", retention)
+    if max_wait is not None:
+        values["max_wait"] = v.duration_seconds("max_wait", max_wait, allow_zero=False)
+    if queue_mode is not None:
+        if not isinstance(queue_mode, bool):
+            raise InvalidArgument("queue_mode", f"must be True or False, got {queue_mode!r}")
+        values["queue_mode"] = queue_mode
+    return values
+
+
+async def get_queue_tx(conn: AsyncConnection, queue: str) -> dict[str, Any]:
+    """The stored settings of ``queue`` (``None`` where the default applies)."""
+    row = (await conn.execute(select(qs).where(qs.c.queue == queue))).first()
+    out: dict[str, Any] = {
+        "queue": queue,
+        "lease": None,
+        "max_attempts": None,
+        "backoff": None,
+        "retention": None,
+        "max_wait": None,
+        "queue_mode": True,
+    }
+    if row is not None:
+        out.update(
+            lease=row.lease,
+            max_attempts=row.max_attempts,
+            backoff=None if row.backoff is None else json.loads(row.backoff),
+            retention=row.retention,
+            max_wait=row.max_wait,
+            queue_mode=row.queue_mode is not False,
+        )
+    return out
+
+
+async def history_tx(conn: AsyncConnection, limit: int) -> list[dict[str, Any]]:
+    """The most recent maintenance passes, newest first."""
+    rows = await conn.execute(select(mt).order_by(mt.c.id.desc()).limit(limit))
+    return [
+        {
+            "ran_at": v.from_us(int(r.ran_at)),
+            "recovered": r.recovered,
+            "expired": r.expired,
+            "evicted": r.evicted,
+            "deleted": r.deleted,
+            "duration": r.duration,
+        }
+        for r in rows
+    ]
+
+
+async def configure_tx(st: Seam, conn: AsyncConnection, queue: str, values: dict[str, Any]) -> None:
+    """Store the given settings of ``queue`` (others keep their value)."""
+    now = await tx.now_us(st, conn)
+    ins = st._upsert(qs).values(queue=queue, updated_at=now, **values)
+    await conn.execute(
+        ins.on_conflict_do_update(index_elements=["queue"], set_={"updated_at": now, **values})
+    )
+
+
+async def maintain(st: Seam) -> dict[str, int]:
+    """One maintenance pass (see :meth:`conveyor.store.base.TaskStore.maintain`)."""
+    started = time.monotonic()
+    async with st._maintenance_lock() as mine:
+        if not mine:
+            return {"recovered": 0, "expired": 0, "evicted": 0, "deleted": 0, "skipped": 1}
+        requeued, failed = await tx.run(st, lambda conn: recover_tx(st, conn, None, None))
+        settings = await tx.run(st, all_settings, write=False)
+        evicted = 0
+        deleted = 0
+        for row in settings:
+            if row.max_wait is not None:
+                evicted += await tx.run(
+                    st, functools.partial(evict_tx, st, queue=row.queue, max_wait=row.max_wait)
+                )
+            if row.retention is not None:
+                deleted += await purge(st, row.queue, row.retention, row.queue_mode)
+        await rollup(st)
+        counts = {
+            "recovered": requeued,
+            "expired": failed,
+            "evicted": evicted,
+            "deleted": deleted,
+        }
+
+        async def record(conn: AsyncConnection) -> None:
+            now = await tx.now_us(st, conn)
+            await conn.execute(
+                mt.insert().values(ran_at=now, duration=time.monotonic() - started, **counts)
+            )
+
+        await tx.run(st, record)
+    if evicted or failed:
+        wake.wake_local(st, work=False)
+    return {**counts, "skipped": 0}
+
+
+async def all_settings(conn: AsyncConnection) -> list[Any]:
+    """The settings rows of queues with eviction or retention configured."""
+    rows = await conn.execute(
+        select(qs).where((qs.c.max_wait.is_not(None)) | (qs.c.retention.is_not(None)))
+    )
+    return list(rows)
+
+
+async def evict_tx(st: Seam, conn: AsyncConnection, queue: str, max_wait: float) -> int:
+    """Tasks never claimed ``max_wait`` after their run_at become ``evicted``."""
+    now_us = await tx.now_us(st, conn)
+    cutoff = now_us - round(max_wait * v.US)
+    grps = [
+        q.QUEUE_MODE,
+        *(
+            await conn.execute(select(g.c.name).where(g.c.queue == queue, g.c.active.is_(True)))
+        ).scalars(),
+    ]
+    evicted = 0
+    touched: list[tuple[Any, ...]] = []
+    for grp in grps:
+        rows = list(
+            await conn.execute(
+                update(d)
+                .where(
+                    d.c.grp == grp,
+                    d.c.queue == queue,
+                    d.c.status == q.QUEUED,
+                    d.c.attempt == 0,
+                    d.c.run_at < cutoff,
+                )
+                .values(status="evicted", finished_at=now_us)
+                .returning(d.c.queue, d.c.grp, d.c.partition)
+            )
+        )
+        evicted += len(rows)
+        touched += [tuple(r) for r in rows if r.partition is not None]
+    await streams.refresh(st, conn, touched)
+    if evicted:
+        await st._notify(conn, {queue}, done=True)
+    return evicted
+
+
+async def purge(st: Seam, queue: str, retention: float, queue_mode: bool | None) -> int:
+    """Delete tasks finished for everyone more than ``retention`` seconds ago.
+
+    Walks candidates in (finished_at, task) order with a moving cursor, one
+    bounded batch per transaction, so a large purge never holds long locks and
+    a task kept back (a slow group) is looked at once per pass.
+    """
+    cursor: tuple[int, int] = (-1, -1)
+    deleted = 0
+    while True:
+        batch, cursor = await tx.run(
+            st,
+            functools.partial(
+                purge_batch,
+                st,
+                queue=queue,
+                retention=retention,
+                queue_mode=queue_mode,
+                cursor=cursor,
+            ),
+        )
+        if batch < 0:
+            return deleted
+        deleted += batch
+
+
+async def purge_batch(
+    st: Seam,
+    conn: AsyncConnection,
+    queue: str,
+    retention: float,
+    queue_mode: bool | None,
+    cursor: tuple[int, int],
+) -> tuple[int, tuple[int, int]]:
+    """One bounded batch of :func:`purge`: ``(deleted, next cursor)``, ``-1`` when done."""
+    now_us = await tx.now_us(st, conn)
+    cutoff = now_us - round(retention * v.US)
+    # Which delivery rows must be finished: queue mode's unless the queue is
+    # declared group-only, and every (active) group's.
+    holds = d.c.grp != q.QUEUE_MODE if queue_mode is False else true()
+    candidates = list(
+        await conn.execute(
+            select(d.c.finished_at, d.c.task_seq)
+            .where(
+                d.c.queue == queue,
+                d.c.finished_at.is_not(None),
+                d.c.finished_at < cutoff,
+                tuple_(d.c.finished_at, d.c.task_seq) > tuple_(*cursor),
+                holds,
+            )
+            .order_by(d.c.finished_at, d.c.task_seq)
+            .limit(PURGE_BATCH)
+        )
+    )
+    if not candidates:
+        return -1, cursor
+    seqs = sorted({row.task_seq for row in candidates})
+    pending = d.alias("pending")
+    blocked = set(
+        (
+            await conn.execute(
+                select(pending.c.task_seq).where(
+                    pending.c.task_seq.in_(seqs),
+                    (pending.c.grp != q.QUEUE_MODE) if queue_mode is False else true(),
+                    (pending.c.finished_at.is_(None)) | (pending.c.finished_at >= cutoff),
+                )
+            )
+        ).scalars()
+    )
+    doomed = [seq for seq in seqs if seq not in blocked]
+    if doomed:
+        rolled = await conn.execute(
+            select(d.c.queue, d.c.grp, d.c.status, func.count())
+            .where(d.c.task_seq.in_(doomed), d.c.rolled == 1)
+            .group_by(d.c.queue, d.c.grp, d.c.status)
+        )
+        await add_counts(st, conn, {(qn, gr, s): -n for qn, gr, s, n in rolled})
+        ids = select(t.c.id).where(t.c.seq.in_(doomed))
+        await conn.execute(delete(k).where(k.c.task_id.in_(ids)))
+        await conn.execute(delete(d).where(d.c.task_seq.in_(doomed)))
+        await conn.execute(delete(t).where(t.c.seq.in_(doomed)))
+    last = candidates[-1]
+    return len(doomed), (last.finished_at, last.task_seq)
+
+
+async def add_counts(
+    st: Seam, conn: AsyncConnection, deltas: Mapping[tuple[str, str, str], int]
+) -> None:
+    """Add to the rolled-up finished counts of (queue, group, status)."""
+    for (queue, grp, status), n in sorted(deltas.items()):
+        if n:
+            ins = st._upsert(cn).values(queue=queue, grp=grp, status=status, n=n)
+            await conn.execute(
+                ins.on_conflict_do_update(
+                    index_elements=["queue", "grp", "status"], set_={"n": cn.c.n + n}
+                )
+            )
+
+
+async def rollup(st: Seam) -> int:
+    """Fold finished rows into ``conveyor_counts`` in bounded batches, so stats()
+    reads totals plus the few rows finished since, whatever the history."""
+    total = 0
+    while True:
+        rolled = await tx.run(st, lambda conn: rollup_batch(st, conn))
+        if not rolled:
+            return total
+        total += rolled
+
+
+async def rollup_batch(st: Seam, conn: AsyncConnection) -> int:
+    """Fold one bounded batch of finished rows; how many."""
+    seqs = list(
+        (
+            await conn.execute(
+                select(d.c.task_seq)
+                .where(*q.unrolled(), d.c.status.in_(TERMINAL))
+                .limit(ROLLUP_BATCH)
+            )
+        ).scalars()
+    )
+    if not seqs:
+        return 0
+    rows = await conn.execute(
+        update(d)
+        .where(*q.unrolled(), d.c.status.in_(TERMINAL), d.c.task_seq.in_(sorted(set(seqs))))
+        .values(rolled=1)
+        .returning(d.c.queue, d.c.grp, d.c.status)
+    )
+    deltas: dict[tuple[str, str, str], int] = {}
+    n = 0
+    for row in rows:
+        key = (row.queue, row.grp, row.status)
+        deltas[key] = deltas.get(key, 0) + 1
+        n += 1
+    await add_counts(st, conn, deltas)
+    return n
+
+
+async def stats_tx(st: Seam, conn: AsyncConnection, queue: str | None) -> list[QueueStats]:
+    """Per-queue counts, lag and oldest claimable age (see TaskStore.stats)."""
+    now = await tx.now_us(st, conn)
+    # Totals folded up by maintain(), plus the rows not folded yet (the active
+    # ones and the recently finished), read from their partial index.
+    live_q = (
+        select(d.c.queue, d.c.grp, d.c.status, func.count())
+        .where(*q.unrolled())
+        .group_by(d.c.queue, d.c.grp, d.c.status)
+    )
+    rolled_q = select(cn.c.queue, cn.c.grp, cn.c.status, cn.c.n)
+    oldest_q = (
+        select(d.c.queue, d.c.grp, func.min(d.c.run_at))
+        .where(*q.unrolled(), *q.claimable(now))
+        .group_by(d.c.queue, d.c.grp)
+    )
+    if queue is not None:
+        live_q = live_q.where(d.c.queue == queue)
+        rolled_q = rolled_q.where(cn.c.queue == queue)
+        oldest_q = oldest_q.where(d.c.queue == queue)
+    counts: dict[tuple[str, str], dict[str, int]] = {}
+    for stmt in (live_q, rolled_q):
+        for qn, grp, status, n in await conn.execute(stmt):
+            per = counts.setdefault((qn, grp), {x.value: 0 for x in Status})
+            per[status] += int(n)
+    counts = {key: c for key, c in counts.items() if any(c.values()) or key[1]}
+    oldest = {(qn, grp): (now - m) / v.US for qn, grp, m in await conn.execute(oldest_q)}
+    group_rows = await conn.execute(
+        select(g.c.queue, g.c.name).where(g.c.active.is_(True))
+        if queue is None
+        else select(g.c.queue, g.c.name).where(g.c.active.is_(True), g.c.queue == queue)
+    )
+    for qn, name in group_rows:
+        counts.setdefault((qn, name), {x.value: 0 for x in Status})
+    out: dict[str, QueueStats] = {}
+    for qn, grp in sorted(counts):
+        if qn not in out:
+            base = counts.get((qn, q.QUEUE_MODE), {x.value: 0 for x in Status})
+            out[qn] = QueueStats(
+                queue=qn, counts=base, oldest_claimable_age=oldest.get((qn, q.QUEUE_MODE))
+            )
+        if grp:
+            c = counts[(qn, grp)]
+            out[qn].groups[grp] = GroupStats(
+                counts=c,
+                lag=c["queued"] + c["running"],
+                oldest_claimable_age=oldest.get((qn, grp)),
+            )
+    return list(out.values())
