@@ -1,17 +1,19 @@
-"""``conveyor demo``: a self-contained tour of the store, on a throwaway SQLite file.
+"""``conveyor demo``: a tour of conveyor the way an application uses it.
 
-It submits tasks to three queues and consumes them with in-process workers that
-use the store's claim/succeed API directly:
+Tasks are defined with ``@app.task`` and run by real :class:`~conveyor.worker.Worker`
+instances (four of them, in this process) on a throwaway SQLite file:
 
-* ``demo.jobs`` — a plain job queue, consumed in queue mode by competing workers;
-  a few tasks fail on their first attempt to show retries;
-* ``demo.events`` — a bus: consumer groups ``analytics`` and ``audit`` each
-  receive every event, while queue-mode workers also consume it (mixed mode);
-* ``demo.stream`` — a partitioned stream (one partition per customer) that must be
-  processed in submit order within each partition, by two competing workers.
+* ``demo.jobs``: image jobs, consumed in queue mode by two competing workers; a
+  few fail once and are retried; one of them, followed closely, tells its whole
+  story (submitted, claimed, progress, failed, retried, succeeded);
+* ``demo.events``: a bus: consumer groups ``analytics`` and ``audit`` each
+  receive every event, while the queue-mode workers consume them too (mixed mode);
+* ``demo.orders``: a partitioned stream (one partition per customer) that must
+  be handled in submit order within each partition, by the two competing workers.
 
-At the end it prints throughput, what each mode processed, and checks that every
-partition was processed in submit order (exit 1 if not).
+It is paced to last a few seconds, shows live progress per consumer, then prints
+a table (in the order of the bars), the followed task's story, the ordering
+check (exit 1 if any partition ran out of order) and where the database is.
 """
 
 from __future__ import annotations
@@ -29,342 +31,289 @@ from typing import Any
 from rich import box
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 from rich.table import Table
-from sqlalchemy.engine import make_url
 
 import conveyor
-from conveyor.models import Status, Task
-from conveyor.store.base import TaskStore
+from conveyor.models import Status
+from conveyor.registry import TaskCall
+from conveyor.worker import Context, Worker
 
-JOBS = "demo.jobs"
-EVENTS = "demo.events"
-STREAM = "demo.stream"
 GROUPS = ("analytics", "audit")
-BATCH = 32  # tasks per claim: amortises the write lock over many tasks
-SUBMIT_CHUNK = 100
-FLAKY_EVERY = 20  # one job in this many fails once, then succeeds on retry
-IDLE_WAIT = 0.02
+TARGET_SECONDS = 3.0  # how long the default run should take: long enough to watch
+SLOTS = 4  # concurrency of each worker
+FLAKY_EVERY = 15  # one job in this many fails once, then succeeds on retry
+STORY_STEPS = (("downloading", 0.2), ("resizing", 0.5), ("uploading", 0.8))
+RETRY_DELAY = 0.6  # seconds: the followed task's backoff, so its retry is visible
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Plan:
-    """How many tasks go where."""
+    """How many tasks go where, and how long each handler takes."""
 
     jobs: int
     events: int
-    stream: int
+    orders: int
     partitions: int
+    pace: float  # mean seconds a handler works
 
     @classmethod
     def split(cls, tasks: int) -> Plan:
-        """Spread ``tasks`` over the three queues (40% jobs, 30% events, 30% stream)."""
-        jobs = tasks * 4 // 10
-        stream = tasks * 3 // 10
-        events = tasks - jobs - stream
-        return cls(jobs=jobs, events=events, stream=stream, partitions=max(2, min(8, stream // 4)))
+        """40% jobs, 30% events, 30% orders, paced to last about TARGET_SECONDS."""
+        jobs, orders = tasks * 4 // 10, tasks * 3 // 10
+        events = tasks - jobs - orders
+        # The two queue-mode workers carry every task: that is the longest line.
+        pace = min(0.2, max(0.001, TARGET_SECONDS * 2 * SLOTS / tasks))
+        return cls(jobs, events, orders, max(2, min(8, orders // 6)), pace)
 
-    @property
-    def targets(self) -> dict[str, int]:
-        """Deliveries each consumer must finish: queue mode takes jobs and events."""
-        out = {"queue mode": self.jobs + self.events, "partitioned": self.stream}
-        for group in GROUPS:
-            out[f"group {group}"] = self.events
-        return out
+    def consumers(self, names: dict[str, str]) -> list[tuple[str, str, int]]:
+        """``(label, queue, expected)`` per consumer, in display order."""
+        rows = [("queue mode", names["jobs"], self.jobs)]
+        rows.append(("queue mode", names["events"], self.events))
+        rows += [(f"group {g}", names["events"], self.events) for g in GROUPS]
+        rows.append(("partitioned, 2 workers", names["orders"], self.orders))
+        return rows
 
 
 @dataclass
-class Outcome:
-    """What happened during one demo run."""
+class Tour:
+    """What the handlers saw, for the bars and the summary."""
 
-    url: str
     plan: Plan
-    queues: dict[str, str]
-    submit_seconds: float = 0.0
-    run_seconds: float = 0.0
-    done: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    retried: int = 0
+    names: dict[str, str]
+    done: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
+    retried: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     order: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+    story: list[tuple[float, str]] = field(default_factory=list)
+    story_id: str | None = None
+    t0: float = field(default_factory=time.monotonic)
+    seconds: float = 0.0
     problems: list[str] = field(default_factory=list)
 
-    @property
-    def deliveries(self) -> int:
-        """Task deliveries completed across every mode."""
-        return sum(self.done.values())
+    def tell(self, line: str) -> None:
+        """Add a line to the followed task's story."""
+        self.story.append((time.monotonic() - self.t0, line))
+
+    def finished(self, ctx: Context, label: str | None = None) -> None:
+        """Count a handler that is about to succeed."""
+        task = ctx.task
+        key = (label or (f"group {task.group}" if task.group else "queue mode"), task.queue)
+        self.done[key] += 1
+        if task.attempt > 1:
+            self.retried[key] += 1
+
+    async def work(self, spread: float = 0.5) -> None:
+        """Pretend to work for about ``plan.pace`` seconds."""
+        await asyncio.sleep(self.plan.pace * random.uniform(1 - spread, 1 + spread))
+
+
+def build_app(url: str, tour: Tour) -> conveyor.App:
+    """The demo's App: four task functions, as an application would write them."""
+    app = conveyor.App(url)
+    names = tour.names
+
+    @app.task(name="demo.resize", queue=names["jobs"], backoff=RETRY_DELAY, max_attempts=3)
+    async def resize(ctx: Context, image: str, flaky: bool = False) -> dict[str, Any]:
+        follow = ctx.task.id == tour.story_id
+        if follow:
+            tour.tell(f"claimed by {ctx.worker_id}, attempt {ctx.task.attempt}")
+            for message, fraction in STORY_STEPS:
+                await ctx.progress(fraction, message)
+                tour.tell(f"progress {fraction:.0%} {message}")
+                await tour.work(0)
+        else:
+            await tour.work()
+        if flaky and ctx.task.attempt == 1:
+            if follow:
+                tour.tell(
+                    f"fails: ConnectionError; queued again, due in {RETRY_DELAY:g} s (backoff)"
+                )
+            raise ConnectionError(f"the image store timed out on {image}")
+        tour.finished(ctx)
+        return {"image": image, "thumbnail": image.replace(".png", "-64.png")}
+
+    @app.task(name="demo.event", queue=names["events"])
+    async def event(ctx: Context, kind: str, n: int) -> None:
+        await tour.work()
+        tour.finished(ctx)
+
+    @app.task(name="demo.order_step", queue=names["orders"], partition=lambda c, s: c)
+    async def order_step(ctx: Context, customer: str, seq: int) -> None:
+        tour.order[customer].append(seq)
+        await tour.work()
+        tour.finished(ctx, "partitioned, 2 workers")
+
+    return app
 
 
 def run(*, url: str | None, tasks: int, keep: bool, console: Console) -> int:
     """Run the demo and print what happened; returns the exit code (0, or 1 on failure)."""
     tmp: Path | None = None
+    suffix = ""
     if url is None:
         tmp = Path(tempfile.mkdtemp(prefix="conveyor-demo-"))
         url = f"sqlite:///{tmp / 'demo.db'}"
-        suffix = ""
     else:
         # A user's database may hold earlier runs: give this one its own queues.
-        suffix = "-" + _run_tag()
-    queues = {"jobs": JOBS + suffix, "events": EVENTS + suffix, "stream": STREAM + suffix}
-    outcome = Outcome(url=url, plan=Plan.split(tasks), queues=queues)
+        suffix = f"-{int(time.time()) % 100000:05d}{random.randrange(100):02d}"
+    names = {q: f"demo.{q}{suffix}" for q in ("jobs", "events", "orders")}
+    tour = Tour(plan=Plan.split(tasks), names=names)
+    console.print(f"[bold]conveyor demo[/]  database: {escape(url)}")
     try:
-        asyncio.run(_tour(outcome, console))
+        asyncio.run(_tour(url, tour, console))
     finally:
         if tmp is not None and not keep:
             shutil.rmtree(tmp, ignore_errors=True)
-    _summary(outcome, console, temporary=tmp is not None, keep=keep)
-    return 1 if outcome.problems else 0
+    _summary(url, tour, console, temporary=tmp is not None, keep=keep)
+    return 1 if tour.problems else 0
 
 
-def _run_tag() -> str:
-    return f"{int(time.time()) % 100000:05d}{random.randrange(100):02d}"
-
-
-async def _tour(outcome: Outcome, console: Console) -> None:
-    plan, names = outcome.plan, outcome.queues
-    store = conveyor.connect(outcome.url)
-    async with store:
+async def _tour(url: str, tour: Tour, console: Console) -> None:
+    app = build_app(url, tour)
+    plan, names = tour.plan, tour.names
+    async with app:
+        store = app.store
         for group in GROUPS:
-            await store.subscribe(names["events"], group, start="new")
-        started = time.perf_counter()
-        with console.status("submitting tasks…"):
-            requests = _requests(plan, names)
-            for i in range(0, len(requests), SUBMIT_CHUNK):
-                await store.submit_many(requests[i : i + SUBMIT_CHUNK])
-        outcome.submit_seconds = time.perf_counter() - started
-        console.print(
-            f"submitted [bold]{len(requests)}[/] tasks in {outcome.submit_seconds:.2f} s "
-            f"to {escape(names['jobs'])}, {escape(names['events'])} "
-            f"(+ groups {' and '.join(GROUPS)}) and {escape(names['stream'])} "
-            f"({plan.partitions} partitions)"
+            await store.subscribe(names["events"], group, start="all")
+        resize, event, step = (
+            app.tasks[n] for n in ("demo.resize", "demo.event", "demo.order_step")
         )
-        await _consume(store, outcome, console)
-        await _verify(store, outcome)
-
-
-def _requests(plan: Plan, names: dict[str, str]) -> list[dict[str, Any]]:
-    """The tasks to submit, interleaved across queues and partitions."""
-    rng = random.Random(7)
-    kinds = ["jobs"] * plan.jobs + ["events"] * plan.events + ["stream"] * plan.stream
-    rng.shuffle(kinds)
-    per_partition: dict[str, int] = defaultdict(int)
-    out: list[dict[str, Any]] = []
-    for i, kind in enumerate(kinds):
-        if kind == "jobs":
-            flaky = i % FLAKY_EVERY == 0
-            out.append(
-                {
-                    "name": "flaky_job" if flaky else "resize_image",
-                    "payload": {"image": f"img-{i}.png", "width": 64 + i % 7 * 32},
-                    "queue": names["jobs"],
-                    "priority": rng.choice((0, 0, 0, 5)),
-                }
-            )
-        elif kind == "events":
-            out.append(
-                {
-                    "name": "order_placed",
-                    "payload": {"order": i, "amount": rng.randrange(5, 500)},
-                    "queue": names["events"],
-                }
-            )
-        else:
-            partition = f"customer-{rng.randrange(plan.partitions)}"
-            n = per_partition[partition]
-            per_partition[partition] += 1
-            out.append(
-                {
-                    "name": "apply_change",
-                    "payload": {"customer": partition, "n": n},
-                    "queue": names["stream"],
-                    "partition": partition,
-                }
-            )
-    return out
-
-
-async def _consume(store: TaskStore, outcome: Outcome, console: Console) -> None:
-    targets = outcome.plan.targets
-    names = outcome.queues
-    progress = Progress(
-        TextColumn("{task.description:<18}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-    )
-    bars = {mode: progress.add_task(mode, total=total) for mode, total in targets.items()}
-    started = time.perf_counter()
-    with progress:
+        followed = await resize.submit("cover.png", flaky=True)
+        tour.story_id = followed.id
+        tour.t0 = time.monotonic()
+        tour.tell(f"submitted to {names['jobs']} as {followed.id}")
+        kinds = ["job"] * (plan.jobs - 1) + ["event"] * plan.events + ["order"] * plan.orders
+        random.Random(7).shuffle(kinds)
+        requests: list[dict[str, Any]] = []
+        seq: dict[str, int] = defaultdict(int)
+        for i, kind in enumerate(kinds):  # numbered in submit order, per partition
+            if kind == "job":
+                args: list[Any] = [f"img-{i}.png"]
+                requests.append(TaskCall(resize, {}).request(args, {"flaky": i % FLAKY_EVERY == 1}))
+            elif kind == "event":
+                requests.append(TaskCall(event, {}).request(["click", i], {}))
+            else:
+                customer = f"customer-{i % plan.partitions}"
+                requests.append(TaskCall(step, {}).request([customer, seq[customer]], {}))
+                seq[customer] += 1
+        for i in range(0, len(requests), 500):
+            await store.submit_many(requests[i : i + 500])
+        console.print(
+            f"submitted {tasks_total(plan)} tasks: {plan.jobs} jobs, {plan.events} events "
+            f"(also to groups {' and '.join(GROUPS)}), {plan.orders} orders in "
+            f"{plan.partitions} partitions; 4 workers on it now"
+        )
         workers = [
-            _worker(
-                store,
-                outcome,
-                progress,
-                bars,
-                "queue mode",
-                [names["jobs"], names["events"]],
-                None,
-                f"demo-q{i}",
-            )
-            for i in range(2)
+            app.worker(list(names.values()), concurrency=SLOTS, worker_id=f"worker-{i}")
+            for i in (1, 2)
         ]
         workers += [
-            _worker(store, outcome, progress, bars, f"group {g}", [names["events"]], g, f"demo-{g}")
+            app.worker(names["events"], concurrency=SLOTS, group=g, worker_id=f"worker-{g}")
             for g in GROUPS
         ]
-        workers += [
-            _worker(
-                store, outcome, progress, bars, "partitioned", [names["stream"]], None, f"demo-s{i}"
-            )
-            for i in range(2)
-        ]
-        # Generous: a healthy run takes seconds; this only keeps a stuck run from hanging.
-        limit = 60.0 + outcome.plan.jobs / 20
+        for w in workers:
+            w.poll_interval = 0.05
+        started = time.monotonic()
+        runs = [asyncio.create_task(w.run()) for w in workers]
         try:
-            await asyncio.wait_for(asyncio.gather(*workers), timeout=limit)
-        except TimeoutError:
-            outcome.problems.append(f"workers did not finish within {limit:.0f} s")
-    outcome.run_seconds = time.perf_counter() - started
+            await _watch(tour, console)
+        finally:
+            tour.seconds = time.monotonic() - started
+            await _stop(workers, runs)
+        final = await store.get(followed.id)
+        if final is not None and final.status is Status.SUCCEEDED:
+            tour.tell(f"succeeded on attempt {final.attempt}, result {final.result}")
+        else:
+            tour.problems.append(f"the followed task ended {final and final.status.value}")
+    _check_order(tour)
 
 
-async def _worker(
-    store: TaskStore,
-    outcome: Outcome,
-    progress: Progress,
-    bars: dict[str, TaskID],
-    mode: str,
-    queues: list[str],
-    group: str | None,
-    worker_id: str,
-) -> None:
-    """Claim batches and finish them in order until ``mode`` has done its share."""
-    target = outcome.plan.targets[mode]
-    while outcome.done[mode] < target:
-        claimed = await store.claim(queues, worker_id=worker_id, limit=BATCH, group=group, lease=30)
-        if not claimed:
-            await store.wait_for_work(queues, IDLE_WAIT)
-            continue
-        acks: list[dict[str, Any]] = []
-        for task in claimed:
-            await asyncio.sleep(0)  # stands in for real work; lets the others interleave
-            if task.name == "flaky_job" and task.attempt == 1 and group is None:
-                await store.fail(
-                    task.id,
-                    worker_id=worker_id,
-                    error="simulated failure on the first attempt",
-                    delay=0,
-                    attempt=task.attempt,
-                )
-                outcome.retried += 1
-                continue
-            if task.partition is not None:
-                # Recorded before the write: the order in which work happened.
-                outcome.order[task.partition].append(int(task.payload["n"]))
-            acks.append(
-                {
-                    "task_id": task.id,
-                    "worker_id": worker_id,
-                    "result": _result(task),
-                    "group": group,
-                    "attempt": task.attempt,
-                }
-            )
-        # One commit acknowledges the whole batch, each task still fenced on its own.
-        for result in await store.succeed_many(acks):
-            if isinstance(result, Exception):
-                outcome.problems.append(f"an acknowledgement failed: {result}")
-                continue
-            outcome.done[mode] += 1
-            progress.advance(bars[mode])
+def tasks_total(plan: Plan) -> int:
+    """How many tasks the plan submits."""
+    return plan.jobs + plan.events + plan.orders
 
 
-def _result(task: Task) -> dict[str, Any]:
-    if task.partition is not None:
-        return {"applied": task.payload["n"]}
-    return {"ok": True}
+async def _watch(tour: Tour, console: Console) -> None:
+    """Live bars, one per consumer, until every consumer has finished its share."""
+    rows = tour.plan.consumers(tour.names)
+    progress = Progress(
+        TextColumn("{task.description:<34}"),
+        BarColumn(bar_width=30),
+        MofNCompleteColumn(),
+        console=console,
+        transient=False,
+    )
+    bars: list[tuple[TaskID, tuple[str, str], int]] = []
+    for label, queue, expected in rows:
+        bars.append(
+            (progress.add_task(f"{label}: {queue}", total=expected), (label, queue), expected)
+        )
+    deadline = time.monotonic() + max(60.0, TARGET_SECONDS * 10)
+    with progress:
+        while True:
+            for bar, key, _ in bars:
+                progress.update(bar, completed=tour.done[key])
+            if all(tour.done[key] >= expected for _, key, expected in bars):
+                return
+            if time.monotonic() > deadline:
+                tour.problems.append("the workers did not finish within the time limit")
+                return
+            await asyncio.sleep(0.1)
 
 
-async def _verify(store: TaskStore, outcome: Outcome) -> None:
-    """Check partition order as the workers saw it and as the store recorded it."""
-    for partition, seen in sorted(outcome.order.items()):
-        if seen != list(range(len(seen))):
-            first = next(i for i, n in enumerate(seen) if n != i)
-            outcome.problems.append(
-                f"{partition}: position {first} processed task #{seen[first]}, expected #{first}"
-            )
-    # The store's view: within each partition, finish times follow submit order.
-    finished: dict[str, list[tuple[int, Any]]] = defaultdict(list)
-    cursor: str | None = None
-    while True:
-        page = await store.list(queue=outcome.queues["stream"], limit=1000, cursor=cursor)
-        for task in page.items:
-            if task.status is not Status.SUCCEEDED:
-                outcome.problems.append(f"stream task {task.id} ended {task.status.value}")
-            elif task.partition is not None:
-                finished[task.partition].append((task.payload["n"], task.finished_at))
-        if page.next_cursor is None:
-            break
-        cursor = page.next_cursor
-    for partition, rows in sorted(finished.items()):
-        times = [when for _, when in rows]
-        if [n for n, _ in rows] != list(range(len(rows))) or times != sorted(times):
-            outcome.problems.append(f"{partition}: finish times do not follow submit order")
-    for report in await store.stats():
-        if report.queue not in outcome.queues.values():
-            continue
-        views: list[tuple[str, dict[str, int]]] = [("queue mode", report.counts)]
-        views += [(f"group {n}", g.counts) for n, g in report.groups.items()]
-        for label, counts in views:
-            open_ = counts.get("queued", 0) + counts.get("running", 0)
-            if open_:
-                outcome.problems.append(f"{report.queue} ({label}): {open_} task(s) unfinished")
+async def _stop(workers: list[Worker], runs: list[asyncio.Task[None]]) -> None:
+    for w in workers:
+        w.stop()
+    await asyncio.gather(*runs, return_exceptions=True)
 
 
-def _summary(outcome: Outcome, console: Console, *, temporary: bool, keep: bool) -> None:
-    plan, names = outcome.plan, outcome.queues
-    rate = outcome.deliveries / outcome.run_seconds if outcome.run_seconds else 0.0
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="what happened", title_justify="left")
-    table.add_column("mode")
-    table.add_column("queue")
-    table.add_column("done", justify="right")
-    table.add_column("notes")
-    notes: dict[str, tuple[str, str]] = {
-        "queue mode": (
-            f"{names['jobs']}, {names['events']}",
-            f"competing workers; {outcome.retried} retried after a simulated failure",
-        ),
-        "partitioned": (names["stream"], f"{plan.partitions} partitions, FIFO within each"),
-    }
-    for group in GROUPS:
-        notes[f"group {group}"] = (names["events"], "receives every event")
-    for mode in ("queue mode", *(f"group {g}" for g in GROUPS), "partitioned"):
-        queue, note = notes[mode]
-        done, total = outcome.done[mode], plan.targets[mode]
-        shown = f"{done}" if done == total else f"[red]{done}/{total}[/]"
-        table.add_row(mode, escape(queue), shown, escape(note))
+def _check_order(tour: Tour) -> None:
+    for customer, seqs in tour.order.items():
+        if seqs != sorted(seqs):
+            tour.problems.append(f"{customer} ran out of order: {seqs}")
+
+
+def _summary(url: str, tour: Tour, console: Console, *, temporary: bool, keep: bool) -> None:
+    table = Table(box=box.SIMPLE_HEAD, title="what happened", title_justify="left")
+    for column in ("consumer", "queue"):
+        table.add_column(column)
+    for column in ("tasks", "retried", "tasks/s"):
+        table.add_column(column, justify="right")
+    seconds = max(tour.seconds, 1e-9)
+    for label, queue, _ in tour.plan.consumers(tour.names):
+        done = tour.done[(label, queue)]
+        table.add_row(
+            label,
+            escape(queue),
+            str(done),
+            str(tour.retried[(label, queue)]),
+            f"{done / seconds:,.0f}",
+        )
+    total = sum(tour.done.values())
     console.print(table)
     console.print(
-        f"throughput: [bold]{rate:,.0f} tasks/s[/] ({outcome.deliveries} deliveries in "
-        f"{outcome.run_seconds:.2f} s; submit {outcome.submit_seconds:.2f} s)"
+        f"{total} deliveries of {tasks_total(tour.plan)} tasks in {tour.seconds:.1f} s "
+        f"({total / seconds:,.0f} tasks/s; each handler sleeps ~{tour.plan.pace * 1000:.0f} ms)"
     )
-    streams = len(outcome.order)
-    if outcome.problems:
-        console.print(f"ordering checked: [bold red]✗[/] {len(outcome.problems)} problem(s)")
-        for problem in outcome.problems[:10]:
-            console.print(f"  [red]•[/] {escape(problem)}")
+    console.print("\n[bold]one task's story[/] (seconds since it was submitted)")
+    for at, line in tour.story:
+        console.print(f"  [dim]{at:5.2f}[/]  {escape(line)}")
+    if any("ran out of order" in p for p in tour.problems):
+        console.print("\n[red]✗ ordering check failed[/]")
     else:
         console.print(
-            f"ordering checked: [bold green]✓[/] all {streams} partitions processed in "
-            "submit order; every delivery succeeded"
+            f"\n[green]✓[/] ordering checked: {len(tour.order)} partitions, each handled in "
+            "submit order by two competing workers"
         )
-    safe_url = make_url(outcome.url).render_as_string(hide_password=True)
-    if temporary and keep:
-        console.print(f"database kept: try [bold]conveyor stats --url {escape(safe_url)}[/]")
-    elif not temporary:
-        console.print(f"inspect it: [bold]conveyor stats --url {escape(safe_url)}[/]")
+    for problem in tour.problems:
+        console.print(f"[red]problem:[/] {escape(problem)}")
+    if temporary and not keep:
+        console.print(
+            f"\ndatabase: {escape(url)} [dim](a temporary file, deleted now; "
+            "`conveyor demo --keep` keeps it to look around)[/]"
+        )
+    else:
+        console.print(
+            f"\ndatabase: {escape(url)}\nlook around: conveyor stats --url {escape(url)}  ·  "
+            f"conveyor list --url {escape(url)}"
+        )

@@ -24,7 +24,7 @@ def demo(
     ] = None,
     tasks: Annotated[
         int, typer.Option("--tasks", "-n", min=10, max=100_000, help="How many tasks to submit.")
-    ] = 300,
+    ] = 120,
     keep: Annotated[
         bool,
         typer.Option("--keep/--no-keep", help="Keep the temporary database and print its URL."),
