@@ -39,6 +39,7 @@ EXPORTS = [
     "Permanent",
     "ProtocolVersionMismatch",
     "QueueStats",
+    "Snooze",
     "Status",
     "StoreUnavailable",
     "SyncStore",

@@ -19,7 +19,7 @@ from conveyor.errors import (
     TaskCancelled,
 )
 from conveyor.models import Backoff, ConsumerGroup, GroupStats, Page, QueueStats, Status, Task
-from conveyor.outcomes import Permanent
+from conveyor.outcomes import Permanent, Snooze
 from conveyor.store.base import TaskStore
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "Permanent",
     "ProtocolVersionMismatch",
     "QueueStats",
+    "Snooze",
     "Status",
     "StoreUnavailable",
     "SyncStore",

@@ -151,6 +151,7 @@ class SyncStore:
     succeed_many = _blocking(TaskStore.succeed_many)
     fail = _blocking(TaskStore.fail)
     release = _blocking(TaskStore.release)
+    snooze = _blocking(TaskStore.snooze)
     subscribe = _blocking(TaskStore.subscribe)
     unsubscribe = _blocking(TaskStore.unsubscribe)
     groups = _blocking(TaskStore.groups)

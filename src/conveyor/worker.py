@@ -61,7 +61,7 @@ from conveyor.errors import (
 from conveyor.feed import Feed
 from conveyor.logs import TaskLogger
 from conveyor.models import Status, Task
-from conveyor.outcomes import TaskTimeout, UnknownTask, is_retryable
+from conveyor.outcomes import Snooze, TaskTimeout, UnknownTask, is_retryable
 from conveyor.registry import TaskHost, payload_arguments
 from conveyor.schedule import scheduler_for
 from conveyor.startup import open_when_ready
@@ -418,6 +418,8 @@ class Worker:
                 held.log.info("dropped: the lease was lost while running")
                 return held.cancelled
             raise
+        except Snooze as snooze:
+            return await self._snooze(held, snooze.delay)
         except Exception as exc:
             if isinstance(exc, TimeoutError) and scope.expired():
                 if not fn.is_async:
@@ -431,6 +433,8 @@ class Worker:
             return await self._fail(held, exc, retryable=retryable)
         finally:
             held.handler = None
+        if isinstance(result, Snooze):
+            return await self._snooze(held, result.delay)
         took = time.monotonic() - started
         held.log.info("succeeded in %.3f s", took)
         self._feed.ran(took)
@@ -482,6 +486,29 @@ class Worker:
             return False
         held.log.warning("failed for good: %s", after.error and after.error.get("message"))
         return True
+
+    async def _snooze(self, held: _Held, delay: float) -> bool:
+        """The handler asked to run again in ``delay`` seconds (no attempt spent)."""
+        task = held.task
+        try:
+            after = await self._write(
+                held,
+                lambda: self.store.snooze(
+                    task.id,
+                    worker_id=self.worker_id,
+                    delay=delay,
+                    group=self.group,
+                    attempt=task.attempt,
+                ),
+            )
+        except LostLease as exc:
+            held.log.info("dropped at snooze: %s", exc)
+            return isinstance(exc, TaskCancelled)
+        except (ConveyorError, OSError) as exc:
+            held.log.error("could not snooze (%s); the lease will run out", exc)
+            return False
+        held.log.info("snoozed: runs again at %s, no attempt spent", after.run_at.isoformat())
+        return False
 
     async def _write(self, held: _Held, call: Callable[[], Awaitable[T]]) -> T:
         """A final write, retried through a database outage for as long as the

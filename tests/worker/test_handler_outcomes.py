@@ -5,8 +5,10 @@ while running) is recorded with its traceback; ``Permanent``, ``retry_on`` /
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import timedelta
 
 import pytest
 
@@ -121,3 +123,32 @@ def test_retry_on_must_name_exception_classes(store_url: str) -> None:
     with pytest.raises(conveyor.InvalidArgument) as caught:
         app.task(no_retry_on=42)  # type: ignore[arg-type]
     assert caught.value.field == "no_retry_on"
+
+
+@pytest.mark.parametrize("how", ["raise", "return"])
+async def test_a_handler_snoozes_without_spending_attempts(app: conveyor.App, how: str) -> None:
+    runs: list[float] = []
+
+    @app.task(name="wait_for_report", queue="q", max_attempts=1)
+    async def wait_for_report(ctx: Context, report: str) -> str | conveyor.Snooze:
+        runs.append(asyncio.get_running_loop().time())
+        if len(runs) < 3:
+            if how == "raise":
+                raise conveyor.Snooze(0.2)
+            return conveyor.Snooze(timedelta(seconds=0.2))
+        return f"{report} ready"
+
+    async with running(app.worker("q", poll_interval=0.05)):
+        task = await wait_for_report.submit("r-1")
+        done = await app.store.wait(task.id, timeout=15)
+    # One attempt allowed, three runs: the two snoozes did not count.
+    assert done.status is Status.SUCCEEDED and done.result == "r-1 ready"
+    assert (done.attempt, done.max_attempts) == (3, 3)
+    assert done.error is None
+    assert all(b - a >= 0.15 for a, b in itertools.pairwise(runs))
+
+
+def test_snooze_needs_a_duration() -> None:
+    with pytest.raises(conveyor.InvalidArgument) as caught:
+        conveyor.Snooze(-1)
+    assert caught.value.field == "delay"

@@ -460,6 +460,28 @@ class TaskStore(Seam):
         wake.wake_local(self, work=True)
         return task
 
+    async def snooze(
+        self,
+        task_id: str,
+        *,
+        worker_id: str,
+        delay: v.Duration,
+        group: str | None = None,
+        attempt: int | None = None,
+    ) -> Task:
+        """Put a leased task back to run again ``delay`` from now, without
+        spending an attempt: ``queued`` with ``run_at`` = now + ``delay``. The
+        attempt number keeps counting (it fences writes) and ``max_attempts``
+        grows by one, so the attempts left are unchanged. A snoozed head of a
+        partition holds its stream, like a retry. Ownership-checked like
+        :meth:`heartbeat`; raises :class:`LostLease` if the lease is gone.
+        """
+        delay_s = v.duration_seconds("delay", delay)
+        values = consumer.snooze_values(delay_s)
+        task = await consumer.owned_write(self, task_id, worker_id, group, attempt, values)
+        wake.wake_local(self, work=True)
+        return task
+
     async def succeed_many(
         self, items: Iterable[Mapping[str, Any]]
     ) -> builtins.list[Task | ConveyorError]:

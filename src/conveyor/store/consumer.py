@@ -199,6 +199,28 @@ def succeed_values(encoded: str) -> Values:
     return values
 
 
+def snooze_values(delay_s: float) -> Values:
+    """A snooze: queued again ``delay_s`` from now without spending an attempt.
+
+    The attempt number is not given back (attempt numbers are the fencing token
+    and only grow); the budget grows by one instead, so the attempts left are
+    what they were before this run.
+    """
+
+    def values(now: ColumnElement[int]) -> dict[str, Any]:
+        return {
+            "status": q.QUEUED,
+            "run_at": now + q.seconds_to_us(delay_s),
+            "max_attempts": d.c.max_attempts + 1,
+            "lease_expires_at": None,
+            "worker_id": None,
+            "progress": None,
+            "progress_message": None,
+        }
+
+    return values
+
+
 def release_values(now: ColumnElement[int]) -> dict[str, Any]:
     """A release: queued again at once, the attempt given back."""
     return {
