@@ -90,7 +90,7 @@ async def run_tasks(
         concurrency=1,
         group=group,
         poll_interval=0.05,
-        grace=0,
+        grace=60,  # after the last claim, wait for acknowledgements still being written
         maintain_interval=None,
         worker_id="conveyor-testing",
     )
