@@ -254,6 +254,7 @@ class Worker:
                 self._slot_freed.clear()
                 await self._until(self._slot_freed.wait())
                 continue
+            idle_before = not self._held  # drain mode: a claim made while idle decides
             try:
                 found = await self._claim_round(room)
             except (ConveyorError, OSError) as exc:
@@ -264,8 +265,8 @@ class Worker:
                 continue
             failures = 0
             if not found:
-                if self.stop_when_idle and not self._held:
-                    break  # drained: nothing claimable and nothing running
+                if self.stop_when_idle and idle_before and not self._held:
+                    break  # drained: nothing claimable, nothing running or being acked
                 # Also wake when a slot frees: finishing a partitioned task can
                 # make the next one of its stream claimable.
                 self._slot_freed.clear()
