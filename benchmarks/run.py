@@ -531,6 +531,15 @@ class Target:
     upper: bool = False  # the goal is a ceiling (latency in ms), not a floor
 
     @property
+    def gap(self) -> str:
+        """How far from the goal: the factor still missing, or "" when met."""
+        if self.met is not False or self.ratio is None or self.goal is None:
+            return ""
+        if self.upper:
+            return f"{self.ratio / self.goal:.1f}× over"
+        return f"needs {self.goal / self.ratio:.1f}×" if self.ratio > 0 else "needs ∞"
+
+    @property
     def met(self) -> bool | None:
         if self.ratio is None or self.goal is None:
             return None
@@ -713,16 +722,18 @@ def render(selected: list[Workload], env: dict[str, Any], cfg: Config, markdown:
     if found:
         lines.append("\n## Targets" if markdown else "\nTargets (same-run ratios)")
         if markdown:
-            lines.append("\n| target | measured | ratio / value | met |\n|---|---|---|---|")
+            lines.append(
+                "\n| target | measured | ratio / value | met | short by |\n|---|---|---|---|---|"
+            )
         for t in found:
             value = (
                 "—" if t.ratio is None else (f"{t.ratio:.1f} ms" if t.upper else f"{t.ratio:.2f}")
             )
             met = {True: "yes", False: "**no**" if markdown else "NO", None: "?"}[t.met]
             if markdown:
-                lines.append(f"| {t.text} | {t.measured} | {value} | {met} |")
+                lines.append(f"| {t.text} | {t.measured} | {value} | {met} | {t.gap} |")
             else:
-                lines.append(f"  {t.text:<58}{t.measured:>20}  {value:>8}  {met}")
+                lines.append(f"  {t.text:<58}{t.measured:>20}  {value:>8}  {met:<4} {t.gap}")
     lines.append("\n## Environment" if markdown else "\nEnvironment")
     for key, value in env.items():
         lines.append(f"- {key}: {value}" if markdown else f"  {key}: {value}")
