@@ -11,9 +11,10 @@ partition that must go one after another. The feed keeps
   and waits until a quarter of that room is free unless a slot would sit idle,
   so a busy worker claims several tasks per round trip rather than one per
   finished task;
-* a **cap per stream**: once claims return partitioned work, each claim asks for
-  at most :data:`STREAM_CAP` tasks, so one round takes the heads of several
-  streams and one long stream cannot fill every slot;
+* a **cap per stream** (``claim(per_stream=)``): one claim takes the heads of
+  several streams, one task each (two while prefetching), so one long stream
+  cannot fill every slot while others wait; a round claims again while streams
+  keep coming and slots are left;
 * **back-pressure** on acknowledgements: a slot is freed when its handler
   returns, before the success is written (group commit writes it with others);
   while more than twice ``concurrency`` acknowledgements are in flight, the
@@ -28,7 +29,6 @@ from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
 PREFETCH_BELOW = 0.1  # seconds: buffer ahead only while handlers average less than this
-STREAM_CAP = 4  # tasks of one partition per claim, once partitioned work shows up
 RUN_TIME_WEIGHT = 0.2  # weight of the newest run time in the moving average
 
 H = TypeVar("H")
@@ -64,9 +64,11 @@ class Feed(Generic[H]):
         idle = self.busy < self.concurrency and not self.units
         return room if idle or room >= max(1, capacity // 4) else 0
 
-    def claim_limit(self, room: int) -> int:
-        """``limit`` for the next claim of a round with ``room`` units left."""
-        return min(room, STREAM_CAP) if self.streams else room
+    @property
+    def per_stream(self) -> int:
+        """Tasks of one stream per claim: the head, and the next one while prefetching
+        (it runs right after the head, in the same slot, without another claim)."""
+        return 2 if self.prefetch else 1
 
     def add(self, tasks: Iterable[H], partition_of: Callable[[H], str | None]) -> int:
         """Buffer a claim's tasks as units; returns how many units they made."""
@@ -110,4 +112,4 @@ class Feed(Generic[H]):
             self.mean_run += RUN_TIME_WEIGHT * (seconds - self.mean_run)
 
 
-__all__ = ["PREFETCH_BELOW", "STREAM_CAP", "Feed"]
+__all__ = ["PREFETCH_BELOW", "Feed"]

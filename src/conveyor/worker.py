@@ -287,8 +287,9 @@ class Worker:
                 self.queues,
                 worker_id=self.worker_id,
                 lease=self.lease,
-                limit=self._feed.claim_limit(room),
+                limit=room,
                 group=self.group,
+                per_stream=self._feed.per_stream,
             )
             if not tasks:
                 break
@@ -296,7 +297,7 @@ class Worker:
             room -= self._feed.add([self._hold(t) for t in tasks], lambda h: h.task.partition)
             self._fill()
             if not self._feed.streams:
-                break  # unpartitioned work came in one claim of the whole room
+                break  # no stream in this claim: there is no point in asking again
         return found
 
     async def _until(self, *waits: Awaitable[Any]) -> None:

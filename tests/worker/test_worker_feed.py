@@ -13,7 +13,7 @@ import pytest
 
 import conveyor
 from conveyor import Status
-from conveyor.feed import PREFETCH_BELOW, STREAM_CAP, Feed
+from conveyor.feed import PREFETCH_BELOW, Feed
 from conveyor.worker import Context, Worker
 
 
@@ -158,16 +158,17 @@ def test_a_busy_worker_waits_for_a_quarter_of_its_room() -> None:
     assert feed.room() == 2
 
 
-def test_partitioned_claims_are_capped_per_stream() -> None:
+def test_partitioned_work_is_taken_one_or_two_per_stream() -> None:
     feed: Feed[tuple[str, str | None]] = Feed(10)
-    assert feed.claim_limit(10) == 10
-    made = feed.add([("a", "p1"), ("b", "p1")], lambda t: t[1])
-    assert made == 1 and feed.streams and feed.claim_limit(10) == STREAM_CAP
-    assert feed.add([("c", None)], lambda t: t[1]) == 1 and feed.streams is False
-    feed.add([("d", "p2"), ("e", "p2")], lambda t: t[1])
-    assert feed.streams and feed.claim_limit(10) == STREAM_CAP and feed.claim_limit(2) == 2
+    assert feed.per_stream == 1
+    made = feed.add([("a", "p1"), ("b", "p1"), ("c", "p2")], lambda t: t[1])
+    assert made == 2 and feed.streams
+    assert feed.add([("d", None), ("e", None)], lambda t: t[1]) == 2 and feed.streams is False
+    for _ in range(30):
+        feed.ran(0.001)
+    assert feed.per_stream == 2  # prefetching: a stream's next task comes along
     assert feed.take() == [("a", "p1"), ("b", "p1")]
-    assert feed.drain() == [("c", None), ("d", "p2"), ("e", "p2")] and feed.buffered == 0
+    assert feed.drain() == [("c", "p2"), ("d", None), ("e", None)] and feed.buffered == 0
 
 
 def test_acknowledgements_far_behind_stop_the_claims() -> None:

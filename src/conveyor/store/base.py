@@ -336,12 +336,15 @@ class TaskStore(Seam):
         limit: int = 1,
         group: str | None = None,
         partition: str | None = None,
+        per_stream: int | None = None,
     ) -> builtins.list[Task]:
         """Lease up to ``limit`` claimable tasks, after recovering expired leases.
 
         Unpartitioned tasks come in claim order (priority, then run_at, then
-        submit order). Partitioned tasks come from one stream per claim, in submit
-        order, only while no earlier task of the stream is leased or waiting.
+        submit order). Partitioned tasks come in submit order, only while no
+        earlier task of their stream is leased or waiting: from one stream per
+        claim, or with ``per_stream`` at most that many from each of several
+        streams (each stream's tasks together), until ``limit`` is used up.
         """
         names = v.names("queues", queues)
         worker_id = v.name("worker_id", worker_id)
@@ -350,12 +353,16 @@ class TaskStore(Seam):
         if limit > MAX_LIMIT:
             raise InvalidArgument("limit", f"must be at most {MAX_LIMIT}, got {limit}")
         partition = v.opt_name("partition", partition)
+        if per_stream is not None:
+            per_stream = v.positive_int("per_stream", per_stream)
         grp = codec.group_key(group)
         if group is not None:
             for queue in names:
                 if (queue, group) not in self._known_groups:
                     await self.subscribe(queue, group, start="all", _if_missing=True)
-        return await consumer.claim(self, grp, names, worker_id, lease_s, limit, partition)
+        return await consumer.claim(
+            self, grp, names, worker_id, lease_s, limit, partition, per_stream
+        )
 
     async def heartbeat(
         self,

@@ -70,6 +70,7 @@ async def claim(
     lease: float | None,
     limit: int,
     partition: str | None,
+    per_stream: int | None = None,
 ) -> list[Task]:
     """Probe (where the dialect asks for it), then claim in one transaction."""
     # The probe spares idle claimers the write lock; right after a claim that found
@@ -86,7 +87,8 @@ async def claim(
             if not await tx.run(st, ask, write=False):
                 return []
     claimed = await tx.run(
-        st, lambda conn: claim_tx(st, conn, grp, names, worker_id, lease, limit, partition)
+        st,
+        lambda conn: claim_tx(st, conn, grp, names, worker_id, lease, limit, partition, per_stream),
     )
     if claimed:
         st._busy.add(busy_key)
@@ -104,16 +106,51 @@ async def claim_tx(
     lease: float | None,
     limit: int,
     partition: str | None,
+    per_stream: int | None = None,
 ) -> list[Task]:
     """Recover expired leases of these queues, then lease up to ``limit`` rows: from
-    the fairest free stream or from unpartitioned work, whichever comes first."""
+    the fairest free stream or from unpartitioned work, whichever comes first.
+
+    With ``per_stream``, a stream gives at most that many tasks and the claim goes
+    on choosing (the stream it took from is held now, so it is not chosen again)
+    until ``limit`` is used up or nothing is left: one claim then serves several
+    streams. Each stream's tasks come together, in submit order.
+    """
     await upkeep.recover_tx(st, conn, grp, names)
+    claimed: list[Task] = []
+    left = limit
+    while left > 0:
+        cap = left if per_stream is None else min(left, per_stream)
+        got, streams_left = await _claim_once(
+            st, conn, grp, names, worker_id, lease, left, cap, partition
+        )
+        claimed += got
+        left -= len(got)
+        if not got or not streams_left or per_stream is None or partition is not None:
+            break
+    return claimed
+
+
+async def _claim_once(
+    st: Seam,
+    conn: AsyncConnection,
+    grp: str,
+    names: Sequence[str],
+    worker_id: str,
+    lease: float | None,
+    limit: int,
+    stream_limit: int,
+    partition: str | None,
+) -> tuple[list[Task], bool]:
+    """One choice between the fairest free stream (up to ``stream_limit`` of its
+    tasks) and unpartitioned work (up to ``limit``): the tasks, and whether a free
+    stream was seen (so another choice may find more)."""
     now = tx.now(st)
     stream = (
         await conn.execute(st._lock_candidates(q.ready_streams(grp, names, now, partition)))
     ).first()
     if stream is None and partition is not None:
-        return []
+        return [], False
     use_stream = stream is not None
     if stream is not None and partition is None:
         # Streams and unpartitioned work compete: priority, then who waited longest.
@@ -124,12 +161,12 @@ async def claim_tx(
         )
     if use_stream:
         assert stream is not None
-        seqs = await streams.next_run(st, conn, stream.queue, grp, stream.partition, limit)
+        seqs = await streams.next_run(st, conn, stream.queue, grp, stream.partition, stream_limit)
         if not seqs:
-            return []
+            return [], False
         taken = await take(st, conn, grp, seqs, worker_id, lease, [stream.queue])
         await streams.refresh(st, conn, [(stream.queue, grp, stream.partition)])
-        return [task for _, task in sorted(taken, key=lambda pair: pair[0])]
+        return [task for _, task in sorted(taken, key=lambda pair: pair[0])], True
     # A CTE, not an IN-subquery: Postgres may rescan a subquery once per outer
     # row, and each rescan with SKIP LOCKED would pick further rows past LIMIT.
     pick = st._lock_candidates(q.ready_plain(grp, names, now).limit(limit)).cte("pick")
@@ -137,7 +174,7 @@ async def claim_tx(
         st, conn, grp, select(pick.c.task_seq).scalar_subquery(), worker_id, lease, names
     )
     taken.sort(key=lambda pair: (-pair[1].priority, pair[1].run_at, pair[0]))
-    return [task for _, task in taken]
+    return [task for _, task in taken], stream is not None
 
 
 async def take(
