@@ -114,17 +114,62 @@ def names(field: str, value: Any) -> list[str]:
     return out
 
 
-def to_json(field: str, value: Any) -> str:
-    """Serialise ``value`` as strict JSON (no NaN), or raise naming the field."""
+def to_json(field: str, value: Any, *, max_size: int | None = None) -> str:
+    """Serialise ``value`` as strict JSON, or raise naming the field.
+
+    Refused: what JSON cannot hold (NaN and infinities, bytes, sets, arbitrary
+    objects, cycles, lone surrogates), dict keys that are not strings (JSON would
+    turn ``1`` into ``"1"``, and ``{1: .., "1": ..}`` into one key), nesting deeper
+    than :data:`MAX_DEPTH`, and an encoding longer than ``max_size`` bytes. What
+    passes reads back equal, except that tuples come back as lists.
+    """
     try:
         encoded = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
-        encoded.encode("utf-8")  # lone surrogates serialise but no database stores them
-        return encoded
+        raw = encoded.encode("utf-8")  # lone surrogates serialise but no database stores them
+    except RecursionError:
+        raise InvalidArgument(field, f"is nested more than {MAX_DEPTH} levels deep") from None
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(field, f"must be JSON-serialisable ({exc})") from None
+    if max_size is not None and len(raw) > max_size:
+        raise InvalidArgument(
+            field,
+            f"is {len(raw)} bytes as JSON, over the limit of {max_size} bytes: store large "
+            "data elsewhere and pass a reference (or raise the store's limit)",
+        )
+    if "{" in encoded or encoded.count("[") > MAX_DEPTH:
+        _check_shape(field, value)
+    return encoded
 
 
-def metadata(value: Any) -> str:
+# Deeper values are refused: reading them back (json.loads recurses) must never
+# depend on how deep the caller's stack happens to be.
+MAX_DEPTH = 100
+
+
+def _check_shape(field: str, value: Any) -> None:
+    """String keys only, at most :data:`MAX_DEPTH` levels (``value`` encodes as JSON)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            if depth > MAX_DEPTH:
+                raise InvalidArgument(field, f"is nested more than {MAX_DEPTH} levels deep")
+            for key, inner in item.items():
+                if not isinstance(key, str):
+                    raise InvalidArgument(
+                        field, f"dict keys must be strings, got {type(key).__name__} {key!r}"
+                    )
+                if isinstance(inner, dict | list | tuple):
+                    stack.append((inner, depth + 1))
+        elif isinstance(item, list | tuple):
+            if depth > MAX_DEPTH:
+                raise InvalidArgument(field, f"is nested more than {MAX_DEPTH} levels deep")
+            stack.extend(
+                (inner, depth + 1) for inner in item if isinstance(inner, dict | list | tuple)
+            )
+
+
+def metadata(value: Any, *, max_size: int | None = None) -> str:
     """Metadata is a JSON object (dict with string keys)."""
     if value is None:
         return "{}"
@@ -132,7 +177,19 @@ def metadata(value: Any) -> str:
         raise InvalidArgument(
             "metadata", f"must be a dict with string keys, got {type(value).__name__}"
         )
-    return to_json("metadata", value)
+    return to_json("metadata", value, max_size=max_size)
+
+
+#: Default cap on an encoded payload, metadata or result (``max_payload_size`` and
+#: ``max_result_size`` of :func:`conveyor.connect`).
+DEFAULT_MAX_SIZE = 1 << 20
+
+
+def size_limit(field: str, value: Any) -> int | None:
+    """A byte count for a size limit (``None``: no limit)."""
+    if value is None:
+        return None
+    return positive_int(field, value)
 
 
 def aware(field: str, value: Any) -> datetime:
