@@ -55,8 +55,9 @@ def connect(url: str | None = None, **options: Any) -> TaskStore:
 
     No I/O happens here; ``async with store`` (or the first call) opens it.
     Options: ``migrate`` (default True), ``statement_timeout``, ``lock_timeout``,
-    ``poll_interval``, ``engine_options``; SQLite also ``busy_timeout`` and
-    ``synchronous``.
+    ``poll_interval``, ``engine_options``, ``max_payload_size`` and
+    ``max_result_size`` (bytes of JSON, default 1 MiB, ``None`` for no limit);
+    SQLite also ``busy_timeout`` and ``synchronous``.
     """
     dialect, async_url = resolve_url(url)
     if dialect == "sqlite":

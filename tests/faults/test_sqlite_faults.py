@@ -228,5 +228,5 @@ def test_disk_full(tmp_path: Path, how: str) -> None:
         figures.lost = 0
         figures.extra = {"error": message, "integrity_check": _integrity(path)}
         figures.show()
-        assert "full" in message, message
+        assert "full" in message and "free disk space" in message, message
         assert figures.extra["integrity_check"] == "ok"

@@ -59,8 +59,14 @@ class TaskStore(Seam):
         lock_timeout: float = 10.0,
         poll_interval: float = 1.0,
         engine_options: Mapping[str, Any] | None = None,
+        max_payload_size: int | None = v.DEFAULT_MAX_SIZE,
+        max_result_size: int | None = v.DEFAULT_MAX_SIZE,
     ) -> None:
         self.url = url
+        #: Largest payload (and metadata) accepted, in bytes of JSON; None: no limit.
+        self.max_payload_size = v.size_limit("max_payload_size", max_payload_size)
+        #: Largest result accepted by succeed(), in bytes of JSON; None: no limit.
+        self.max_result_size = v.size_limit("max_result_size", max_result_size)
         self.migrate = migrate
         self.statement_timeout = v.duration_seconds("statement_timeout", statement_timeout)
         self.lock_timeout = v.duration_seconds("lock_timeout", lock_timeout)
@@ -181,7 +187,7 @@ class TaskStore(Seam):
         for i, req in enumerate(requests):
             if not isinstance(req, Mapping):
                 raise InvalidArgument(f"requests[{i}]", "must be a dict of submit() arguments")
-            prepared.append(producer.prepare(req))
+            prepared.append(producer.prepare(req, max_size=self.max_payload_size))
         if not prepared:
             return []
         tasks = await self._run(lambda conn: producer.submit_tx(self, conn, prepared))
@@ -413,7 +419,7 @@ class TaskStore(Seam):
         attempt: int | None = None,
     ) -> Task:
         """Finish a leased task as ``succeeded`` with ``result`` (JSON)."""
-        encoded = v.to_json("result", result)
+        encoded = v.to_json("result", result, max_size=self.max_result_size)
 
         values = consumer.succeed_values(encoded)
         return await consumer.owned_write(
@@ -502,7 +508,7 @@ class TaskStore(Seam):
         :class:`InvalidArgument` for a result that is not JSON) — one item's
         failure does not hold back the others.
         """
-        outcomes, todo = consumer.validate_acks(items)
+        outcomes, todo = consumer.validate_acks(items, max_size=self.max_result_size)
         if not todo:
             return [o for o in outcomes if o is not None]
 

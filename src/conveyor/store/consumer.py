@@ -33,11 +33,12 @@ AckItem = tuple[int, str, str, str, int | None, str]
 
 
 def validate_acks(
-    items: Iterable[Mapping[str, Any]],
+    items: Iterable[Mapping[str, Any]], *, max_size: int | None = None
 ) -> tuple[list[Task | ConveyorError | None], list[AckItem]]:
     """Check succeed_many's items: ``(outcomes, todo)``, where ``outcomes`` holds an
-    error at the index of each item whose result is not JSON (``None`` elsewhere)
-    and ``todo`` the items to acknowledge. Malformed items raise at once."""
+    error at the index of each item whose result is not JSON or over ``max_size``
+    bytes (``None`` elsewhere) and ``todo`` the items to acknowledge. Malformed
+    items raise at once."""
     outcomes: list[Task | ConveyorError | None] = []
     todo: list[AckItem] = []
     for i, item in enumerate(items):
@@ -53,7 +54,7 @@ def validate_acks(
         if attempt is not None:
             attempt = v.positive_int("attempt", attempt)
         try:
-            encoded = v.to_json("result", item.get("result"))
+            encoded = v.to_json("result", item.get("result"), max_size=max_size)
         except InvalidArgument as exc:
             outcomes.append(exc)
             continue

@@ -34,6 +34,7 @@ from conveyor.store import pg_listen
 from conveyor.store.base import TaskStore
 
 TRANSIENT_SQLSTATES = frozenset({"40001", "40P01"})
+DISK_FULL = "53100"
 # The protocol locks a row and then re-reads what it guards (a stream's head, a
 # key's holder) expecting to see what committed meanwhile: READ COMMITTED only.
 # Under a snapshot isolation those re-reads would see the transaction's start.
@@ -151,6 +152,9 @@ class PostgresStore(TaskStore):
         # Concurrent transactions each take their own pooled connection; the server
         # orders them.
         yield
+
+    def _is_full(self, exc: DBAPIError) -> bool:
+        return getattr(exc.orig, "sqlstate", None) == DISK_FULL
 
     def _is_transient(self, exc: DBAPIError) -> bool:
         return getattr(exc.orig, "sqlstate", None) in TRANSIENT_SQLSTATES

@@ -66,8 +66,9 @@ class Request:
     metadata: str
 
 
-def prepare(req: Mapping[str, Any]) -> Request:
-    """Validate one submit request (a mapping of submit()'s arguments)."""
+def prepare(req: Mapping[str, Any], *, max_size: int | None = None) -> Request:
+    """Validate one submit request (a mapping of submit()'s arguments); payload and
+    metadata may take at most ``max_size`` bytes of JSON each."""
     unknown = set(req) - SUBMIT_FIELDS
     if unknown:
         raise InvalidArgument(sorted(unknown)[0], "is not an argument of submit()")
@@ -75,7 +76,7 @@ def prepare(req: Mapping[str, Any]) -> Request:
         raise InvalidArgument("name", "is required")
     name = v.name("name", req["name"])
     queue = v.name("queue", req.get("queue", "default"))
-    payload = v.to_json("payload", req.get("payload"))
+    payload = v.to_json("payload", req.get("payload"), max_size=max_size)
     priority = v.integer("priority", req.get("priority", 0))
     delay, run_at = req.get("delay"), req.get("run_at")
     if delay is not None and run_at is not None:
@@ -113,7 +114,7 @@ def prepare(req: Mapping[str, Any]) -> Request:
         partition=partition,
         parent_id=parent_id,
         correlation_id=correlation_id,
-        metadata=v.metadata(req.get("metadata")),
+        metadata=v.metadata(req.get("metadata"), max_size=max_size),
     )
 
 

@@ -79,6 +79,11 @@ class Seam(abc.ABC):
         database), it makes them wait their turn, in arrival order. Otherwise it
         returns at once."""
 
+    def _is_full(self, exc: DBAPIError) -> bool:
+        """True when ``exc`` says the database ran out of space (a full disk, a file
+        at its size limit). Must not raise, and must look only at ``exc``."""
+        return False
+
     @abc.abstractmethod
     def _is_transient(self, exc: DBAPIError) -> bool:
         """True for driver errors that a retry of the whole transaction can cure

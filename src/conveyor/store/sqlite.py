@@ -145,6 +145,10 @@ class SQLiteStore(TaskStore):
         # writer lock already serialises concurrent passes, and each step is idempotent.
         yield True
 
+    def _is_full(self, exc: DBAPIError) -> bool:
+        # SQLITE_FULL: the disk, or the file's max_page_count, has no room left.
+        return "database or disk is full" in str(exc.orig)
+
     def _is_transient(self, exc: DBAPIError) -> bool:
         orig = exc.orig
         message = str(orig).lower()

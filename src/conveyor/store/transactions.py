@@ -132,6 +132,12 @@ async def run(
                 await asyncio.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, 1.0)
                 continue
+            if st._is_full(exc):
+                raise StoreUnavailable(
+                    f"the database is full ({' '.join(str(exc.orig).split())}): nothing of "
+                    "this call was written; free disk space (or raise the database's size "
+                    "limit) and retry"
+                ) from exc
             if isinstance(exc, OperationalError) or exc.connection_invalidated:
                 raise StoreUnavailable(f"database error: {exc.orig}") from exc
             raise
