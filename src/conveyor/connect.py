@@ -76,6 +76,9 @@ def _blocking(
 
     @functools.wraps(method)
     def call(self: SyncStore, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        if kwargs.get("connection") is not None:
+            joined: R = self._in_callers_transaction(method.__name__, args, kwargs)
+            return joined
         bound: Callable[P, Coroutine[Any, Any, R]] = getattr(self.store, method.__name__)
         return self._call(bound(*args, **kwargs))
 
@@ -100,6 +103,26 @@ class SyncStore:
         loop = self._ensure_loop()
         future: Future[R] = asyncio.run_coroutine_threadsafe(coro, loop)
         return future.result()
+
+    def _in_callers_transaction(
+        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """``submit``/``submit_many`` with ``connection=``: a blocking Connection or
+        Session is used in the caller's thread, where it belongs; the store's one
+        submit path runs on it without ever waiting on the store's loop."""
+        from conveyor.store import external
+
+        sync = external.sync_connection_of(kwargs["connection"])
+        if sync is None:
+            raise ConfigurationError(
+                "connection: the sync store takes a SQLAlchemy Connection or Session "
+                f"(got {type(kwargs['connection']).__name__}); pass an AsyncConnection or "
+                "AsyncSession to the async store"
+            )
+        loop = self._ensure_loop()
+        self._call(external.store_identity(self.store))  # opens the store on its loop
+        joined = {**kwargs, "connection": external.SyncConnection(sync, loop)}
+        return external.run_inline(getattr(self.store, method)(*args, **joined))
 
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:

@@ -96,6 +96,20 @@ def payload_arguments(payload: Any) -> tuple[list[Any], dict[str, Any]]:
     return [payload], {}
 
 
+def _connection_of(kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """Split a caller's SQLAlchemy connection or session (``connection=``) from a
+    task function's own keyword arguments (a connection is never a task argument:
+    it could not be stored as JSON)."""
+    from sqlalchemy.engine import Connection
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+    from sqlalchemy.orm import Session
+
+    found = kwargs.get("connection")
+    if isinstance(found, AsyncConnection | AsyncSession | Connection | Session):
+        return found, {name: value for name, value in kwargs.items() if name != "connection"}
+    return None, kwargs
+
+
 class TaskCall(Generic[P]):
     """A task function with per-call submit options bound; see
     :meth:`TaskFunction.with_options`."""
@@ -105,12 +119,20 @@ class TaskCall(Generic[P]):
         self.options = options
 
     async def submit(self, *args: P.args, **kwargs: P.kwargs) -> Task:
-        """Submit one run with the function's arguments; returns the queued task."""
-        return await self.fn.app.store.submit(**self.request(args, kwargs))
+        """Submit one run with the function's arguments; returns the queued task.
+
+        ``connection=`` (an ``AsyncConnection`` or ``AsyncSession``) writes it in the
+        caller's transaction, as :meth:`TaskStore.submit` does."""
+        connection, kwargs = _connection_of(kwargs)
+        request = self.request(args, kwargs)
+        return await self.fn.app.store.submit(**request, connection=connection)
 
     def submit_sync(self, *args: P.args, **kwargs: P.kwargs) -> Task:
-        """:meth:`submit`, blocking (for scripts and sync web handlers)."""
-        return self.fn.app.sync_store.submit(**self.request(args, kwargs))
+        """:meth:`submit`, blocking (for scripts and sync web handlers);
+        ``connection=`` takes a blocking ``Connection`` or ``Session``."""
+        connection, kwargs = _connection_of(kwargs)
+        request = self.request(args, kwargs)
+        return self.fn.app.sync_store.submit(**request, connection=connection)
 
     def request(self, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
         """The keyword arguments of :meth:`TaskStore.submit` for one call."""

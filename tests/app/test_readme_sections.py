@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from _readme import blocks
 
 pytest_plugins = ["pytester"]
-
-README = Path(__file__).resolve().parents[2] / "README.md"
-
-
-def blocks(section: str, language: str = "python") -> list[str]:
-    """The ``language`` code blocks of the README section titled ``section``."""
-    text = README.read_text()
-    start = text.index(f"\n## {section}\n")
-    end = text.find("\n## ", start + 1)
-    body = text[start : end if end != -1 else len(text)]
-    return re.findall(rf"```{language}\n(.*?)```", body, flags=re.S)
 
 
 def test_periodic_tasks_example_runs(tmp_path: Path) -> None:

@@ -150,12 +150,15 @@ class TaskStore(Seam):
         correlation_id: str | None = None,
         metadata: dict[str, Any] | None = None,
         backoff: Backoff | dict[str, float] | v.Duration | None = None,
+        connection: Any = None,
     ) -> Task:
         """Insert one task and return it (queue-mode view).
 
         With ``key``, an existing task under that key is returned unchanged
         (``conflict="reuse"``), refused with :class:`AlreadyExists` (``"reject"``),
-        or cancelled and replaced (``"replace"``).
+        or cancelled and replaced (``"replace"``). With ``connection`` (the caller's
+        SQLAlchemy ``AsyncConnection`` or ``AsyncSession``), the task is written in
+        the caller's transaction and exists only once the caller commits.
         """
         request = {
             "name": name,
@@ -173,13 +176,19 @@ class TaskStore(Seam):
             "metadata": metadata,
             "backoff": backoff,
         }
-        return (await self.submit_many([request]))[0]
+        return (await self.submit_many([request], connection=connection))[0]
 
-    async def submit_many(self, requests: Iterable[Mapping[str, Any]]) -> builtins.list[Task]:
+    async def submit_many(
+        self, requests: Iterable[Mapping[str, Any]], *, connection: Any = None
+    ) -> builtins.list[Task]:
         """Insert many tasks in one transaction; returns them in request order.
 
         Each request is a mapping with :meth:`submit`'s argument names. One bad
-        request rejects the whole batch before anything is written.
+        request rejects the whole batch before anything is written. With
+        ``connection`` (an ``AsyncConnection`` or ``AsyncSession``), the transaction
+        is the caller's: nothing is committed here, keys, partitions and groups
+        behave as always, and :class:`ConfigurationError` refuses a connection in
+        autocommit mode or to another database than the store's.
         """
         if isinstance(requests, Mapping):
             raise InvalidArgument("requests", "must be a list of request dicts, not one dict")
@@ -190,6 +199,8 @@ class TaskStore(Seam):
             prepared.append(producer.prepare(req, max_size=self.max_payload_size))
         if not prepared:
             return []
+        if connection is not None:
+            return await producer.submit_in(self, connection, prepared)
         tasks = await self._run(lambda conn: producer.submit_tx(self, conn, prepared))
         wake.wake_local(self, work=True)
         return tasks

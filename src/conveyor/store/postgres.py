@@ -27,7 +27,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from conveyor import statements as q
-from conveyor.errors import InvalidArgument
+from conveyor.errors import ConfigurationError, InvalidArgument
 from conveyor.schema import deliveries as d
 from conveyor.schema import tasks as t
 from conveyor.store import pg_listen
@@ -99,6 +99,29 @@ class PostgresStore(TaskStore):
             )
 
         return engine
+
+    async def _database_identity(self, conn: AsyncConnection) -> tuple[Any, ...]:
+        # The server (its start time and port: host names and sockets vary by client)
+        # and the database on it.
+        row = (
+            await conn.execute(
+                text(
+                    "SELECT pg_postmaster_start_time()::text, current_setting('port'), "
+                    "current_database()"
+                )
+            )
+        ).one()
+        return ("postgresql", *row)
+
+    async def _join_transaction(self, conn: AsyncConnection) -> None:
+        # psycopg outside autocommit begins a transaction with the first statement;
+        # a driver connection switched to autocommit behind SQLAlchemy's back has none.
+        raw: Any = (await conn.get_raw_connection()).driver_connection
+        if getattr(raw, "autocommit", False) is True:
+            raise ConfigurationError(
+                "connection: its psycopg connection is in autocommit mode, so there is no "
+                "transaction to join; leave autocommit off"
+            )
 
     def _db_now(self) -> ColumnElement[int]:
         # statement_timestamp(), not now(): each statement of a longer transaction sees

@@ -10,16 +10,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select, update
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
 from conveyor import statements as q
-from conveyor.errors import AlreadyExists, InvalidArgument
+from conveyor.errors import AlreadyExists, InvalidArgument, StoreUnavailable
 from conveyor.models import Task
 from conveyor.schema import deliveries as d
 from conveyor.schema import keys as k
 from conveyor.schema import tasks as t
-from conveyor.store import codec, streams, upkeep
+from conveyor.store import codec, external, streams, upkeep, wake
 from conveyor.store import transactions as tx
 from conveyor.store.seam import Seam
 
@@ -169,6 +170,23 @@ async def submit_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> lis
     if new:
         await st._notify(conn, {r.queue for r in new}, done=False)
     return [found[i] for i in ids]
+
+
+async def submit_in(st: Seam, connection: Any, reqs: list[Request]) -> list[Task]:
+    """:func:`submit_tx` in the caller's transaction (``submit(..., connection=...)``):
+    no commit of ours; this process's workers are woken after the caller commits."""
+    conn = await external.resolve(st, connection)
+    try:
+        # A savepoint: a refused or failed submit leaves the caller's transaction as
+        # it was (no half-written keys) and usable.
+        async with conn.begin_nested():
+            tasks = await submit_tx(st, conn, reqs)
+    except DBAPIError as exc:
+        raise StoreUnavailable(
+            f"the submit failed in the caller's transaction ({exc.orig}); roll it back"
+        ) from exc
+    external.after_commit(conn, lambda: wake.wake_local(st, work=True))
+    return tasks
 
 
 async def insert_tasks(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> dict[str, Task]:

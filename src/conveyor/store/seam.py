@@ -85,6 +85,20 @@ class Seam(abc.ABC):
         return False
 
     @abc.abstractmethod
+    async def _database_identity(self, conn: AsyncConnection) -> tuple[Any, ...]:
+        """Which database ``conn`` is connected to, as a value equal for any two
+        connections to the same database and different otherwise (however the URLs
+        spell host names): how ``submit(..., connection=...)`` refuses a caller's
+        connection to another database. Raises :class:`ConfigurationError` for a
+        database no other connection can share."""
+
+    @abc.abstractmethod
+    async def _join_transaction(self, conn: AsyncConnection) -> None:
+        """Make sure a caller's connection (not one of the store's) is inside a
+        database transaction before the producer reads and writes in it, so that
+        its savepoint and its rows belong to the caller's transaction."""
+
+    @abc.abstractmethod
     def _is_transient(self, exc: DBAPIError) -> bool:
         """True for driver errors that a retry of the whole transaction can cure
         (a busy database, a serialization failure, a deadlock); False otherwise.

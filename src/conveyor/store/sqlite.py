@@ -31,6 +31,7 @@ crash (kill -9) but a power cut may lose the last transactions. Pass
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -45,7 +46,7 @@ from sqlalchemy.pool import StaticPool
 
 from conveyor import _values as v
 from conveyor import statements as q
-from conveyor.errors import InvalidArgument
+from conveyor.errors import ConfigurationError, InvalidArgument
 from conveyor.schema import deliveries as d
 from conveyor.schema import tasks as t
 from conveyor.store.base import TaskStore
@@ -119,6 +120,25 @@ class SQLiteStore(TaskStore):
             self._serial = asyncio.Lock()
         async with self._serial:
             yield
+
+    async def _database_identity(self, conn: AsyncConnection) -> tuple[Any, ...]:
+        # The file behind the connection, as SQLite resolved it.
+        rows = (await conn.exec_driver_sql("PRAGMA database_list")).all()
+        path = next((str(row.file) for row in rows if row.name == "main"), "")
+        if not path:
+            raise ConfigurationError(
+                "connection: an in-memory SQLite database belongs to one connection and "
+                "cannot be shared; use a SQLite file"
+            )
+        return ("sqlite", os.path.realpath(path))
+
+    async def _join_transaction(self, conn: AsyncConnection) -> None:
+        # sqlite3's default (legacy) transaction control begins a transaction only
+        # before the first INSERT/UPDATE/DELETE: a SAVEPOINT before that would open,
+        # and its RELEASE commit, a transaction of its own. Begin the caller's now.
+        raw: Any = (await conn.get_raw_connection()).driver_connection
+        if not raw.in_transaction:
+            await conn.exec_driver_sql("BEGIN")
 
     def _db_now(self) -> ColumnElement[int]:
         return literal(v.now_us(), BigInteger)
