@@ -18,6 +18,7 @@ from conveyor import (
     NotFound,
     ProtocolVersionMismatch,
     Status,
+    StoreError,
     StoreUnavailable,
     TaskCancelled,
 )
@@ -41,6 +42,7 @@ EXPORTS = [
     "QueueStats",
     "Snooze",
     "Status",
+    "StoreError",
     "StoreUnavailable",
     "SyncStore",
     "Task",
@@ -60,6 +62,7 @@ CODES: dict[type[ConveyorError], str] = {
     ProtocolVersionMismatch: "protocol_version_mismatch",
     NotFound: "not_found",
     StoreUnavailable: "store_unavailable",
+    StoreError: "store_error",
 }
 
 

@@ -15,6 +15,7 @@ from conveyor.errors import (
     LostLease,
     NotFound,
     ProtocolVersionMismatch,
+    StoreError,
     StoreUnavailable,
     TaskCancelled,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "QueueStats",
     "Snooze",
     "Status",
+    "StoreError",
     "StoreUnavailable",
     "SyncStore",
     "Task",

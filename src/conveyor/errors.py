@@ -10,7 +10,8 @@ Every error derives from :class:`ConveyorError` and carries a stable ``code``::
     │   └── TaskCancelled              "task_cancelled"
     ├── ProtocolVersionMismatch        "protocol_version_mismatch"
     ├── NotFound                       "not_found"
-    └── StoreUnavailable               "store_unavailable"
+    ├── StoreUnavailable               "store_unavailable"
+    └── StoreError                     "store_error"
 
 Driver errors are translated in one place (the store's transaction runner) and
 chained with ``raise ... from`` so the original stays visible.
@@ -100,3 +101,11 @@ class StoreUnavailable(ConveyorError):
     contention that outlasted the bounded retries). Safe to retry."""
 
     code = "store_unavailable"
+
+
+class StoreError(ConveyorError):
+    """The database refused an operation in a way no rule of the protocol expects
+    (a constraint it should not meet, a value it cannot store). The transaction was
+    rolled back and nothing was written; the message carries the database's words."""
+
+    code = "store_error"

@@ -29,6 +29,7 @@ from sqlalchemy import (
     null,
     or_,
     select,
+    tuple_,
     union_all,
     update,
 )
@@ -103,6 +104,7 @@ def view_columns() -> list[ColumnElement[Any]]:
         d.c.progress_message,
         d.c.result,
         d.c.error,
+        d.c.lease,
     ]
 
 
@@ -177,14 +179,19 @@ def fan_out(seqs: Sequence[int]) -> Insert:
     return d.insert().from_select(SEEDED, source)
 
 
-def backfill(queue: str, grp: str, start_at: int | None) -> Insert:
-    """Delivery rows for a newly subscribed group: the retained history from its start.
+def backfill(
+    queue: str, grp: str, start_at: int | None, after: int = 0, upto: int | None = None
+) -> Insert:
+    """Delivery rows for a newly subscribed group: the retained history from its start,
+    the tasks with ``after < seq <= upto`` (one chunk of a long history).
 
     A task already cancelled for queue mode is withdrawn, so it arrives cancelled.
     """
     qm = d.alias("qm")
     mine = d.alias("mine")
-    cond = [t.c.queue == queue]
+    cond = [t.c.queue == queue, t.c.seq > after]
+    if upto is not None:
+        cond.append(t.c.seq <= upto)
     if start_at is not None:
         cond.append(t.c.created_at >= start_at)
     source = (
@@ -312,13 +319,22 @@ def expired(now: Now, grp: str | None, queues: Sequence[str] | None) -> list[Col
     return cond
 
 
-def recover_expired(now: Now, grp: str | None, queues: Sequence[str] | None, error: str) -> Update:
+def recover_expired(
+    now: Now,
+    grp: str | None,
+    queues: Sequence[str] | None,
+    error: str,
+    rows: Sequence[tuple[int, str]] | None = None,
+) -> Update:
     """Expired leases: claimable again at once while attempts remain, else ``failed``
-    with ``error`` (one statement for both outcomes)."""
+    with ``error`` (one statement for both outcomes). ``rows`` narrows it to the
+    (task_seq, grp) pairs found (and their streams locked) beforehand."""
     last = d.c.attempt >= d.c.max_attempts
+    stmt = update(d)
+    if rows is not None:
+        stmt = stmt.where(tuple_(d.c.task_seq, d.c.grp).in_(rows))
     return (
-        update(d)
-        .where(*expired(now, grp, queues))
+        stmt.where(*expired(now, grp, queues))
         .values(
             status=case((last, literal("failed")), else_=literal(QUEUED)),
             finished_at=case((last, now), else_=null()),
@@ -428,10 +444,11 @@ def stream_state(queue: str, grp: str, partition: str) -> Select[Any]:
 
 
 def delete_group(queue: str, grp: str) -> list[Delete]:
-    """Remove a group's delivery, stream and count rows."""
+    """Remove a group's stream, delivery and count rows (stream rows first: the
+    lock order)."""
     return [
-        delete(d).where(d.c.queue == queue, d.c.grp == grp),
         delete(s).where(s.c.queue == queue, s.c.grp == grp),
+        delete(d).where(d.c.queue == queue, d.c.grp == grp),
         delete(cn).where(cn.c.queue == queue, cn.c.grp == grp),
     ]
 
@@ -459,3 +476,50 @@ def claimable(now: Now | int) -> list[ColumnElement[bool]]:
             ),
         ),
     ]
+
+
+def stream_rows_of(keys: Sequence[tuple[str, str, str]]) -> Select[Any]:
+    """The existing stream rows of ``keys`` — (grp, queue, partition) triples — in
+    the lock order (grp, queue, partition)."""
+    return (
+        select(s.c.grp, s.c.queue, s.c.partition)
+        .where(tuple_(s.c.grp, s.c.queue, s.c.partition).in_(keys))
+        .order_by(s.c.grp, s.c.queue, s.c.partition)
+    )
+
+
+def partition_streams(pairs: Sequence[tuple[str, str]], grp: str | None) -> Select[Any]:
+    """The stream rows of (queue, partition) ``pairs`` — of every group, or of
+    ``grp`` — in the lock order (grp, queue, partition)."""
+    stmt = select(s.c.grp, s.c.queue, s.c.partition).where(
+        tuple_(s.c.queue, s.c.partition).in_(pairs)
+    )
+    if grp is not None:
+        stmt = stmt.where(s.c.grp == grp)
+    return stmt.order_by(s.c.grp, s.c.queue, s.c.partition)
+
+
+def idle_streams(limit: int) -> Select[Any]:
+    """Stream rows with no head (nothing active in the stream), in lock order."""
+    return (
+        select(s.c.grp, s.c.queue, s.c.partition)
+        .where(s.c.head_seq.is_(None))
+        .order_by(s.c.grp, s.c.queue, s.c.partition)
+        .limit(limit)
+    )
+
+
+def busy_streams(keys: Sequence[tuple[str, str, str]]) -> Select[Any]:
+    """Which of the (grp, queue, partition) ``keys`` still have an active row."""
+    return (
+        select(d.c.grp, d.c.queue, d.c.partition)
+        .where(tuple_(d.c.grp, d.c.queue, d.c.partition).in_(keys), active())
+        .distinct()
+    )
+
+
+def delete_streams(keys: Sequence[tuple[str, str, str]]) -> Delete:
+    """Delete the (grp, queue, partition) stream rows ``keys`` that are still empty."""
+    return delete(s).where(
+        tuple_(s.c.grp, s.c.queue, s.c.partition).in_(keys), s.c.head_seq.is_(None)
+    )

@@ -20,7 +20,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import ColumnElement, select
 from sqlalchemy.engine import Connection, make_url
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from conveyor import _values as v
@@ -28,6 +29,7 @@ from conveyor.errors import (
     ConfigurationError,
     ConveyorError,
     ProtocolVersionMismatch,
+    StoreError,
     StoreUnavailable,
 )
 from conveyor.migrations import SCRIPT_LOCATION, VERSION_TABLE
@@ -139,6 +141,26 @@ async def run(
                     "limit) and retry"
                 ) from exc
             if isinstance(exc, OperationalError) or exc.connection_invalidated:
-                raise StoreUnavailable(f"database error: {exc.orig}") from exc
-            raise
+                raise StoreUnavailable(
+                    f"database error: {exc.orig}. The transaction was rolled back; it is "
+                    "safe to try again."
+                ) from exc
+            raise StoreError(
+                f"the database refused the operation: {exc.orig}. The transaction was "
+                "rolled back and nothing was written; if the data is valid this is a bug "
+                "in conveyor: please report it with this message."
+            ) from exc
+        except PoolTimeout as exc:
+            raise StoreUnavailable(
+                f"no database connection became free in time ({exc}). Allow more "
+                "connections (engine_options pool_size / max_overflow / pool_timeout) or "
+                "make fewer calls at once."
+            ) from exc
+        except SQLAlchemyError as exc:
+            # Whatever else SQLAlchemy raises is translated too: no SQLAlchemy or
+            # driver exception ever leaves the public API.
+            raise StoreError(
+                f"database layer error: {exc}. The transaction was rolled back and "
+                "nothing was written."
+            ) from exc
     raise AssertionError("unreachable")
