@@ -77,6 +77,9 @@ class Task:
     root_id: str
     correlation_id: str | None
     group: str | None = None
+    #: Seconds the current (or last) lease was granted for: what a holder's
+    #: heartbeats must keep ahead of. ``None`` before the first claim.
+    lease: float | None = None
 
     @property
     def terminal(self) -> bool:

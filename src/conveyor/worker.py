@@ -312,7 +312,9 @@ class Worker:
             await asyncio.gather(*jobs, return_exceptions=True)
 
     def _hold(self, task: Task) -> _Held:
-        interval = self._lease_for(task.queue) / 3
+        # Every third of the lease this claim was granted (the queue's setting may
+        # have changed since this worker last read it).
+        interval = (task.lease or self._lease_for(task.queue)) / 3
         held = _Held(task=task, interval=interval, next_beat=time.monotonic() + interval)
         self._held[task.id] = held
         return held

@@ -50,6 +50,7 @@ def row_to_task(row: Any) -> Task:
         root_id=m["root_id"],
         correlation_id=m["correlation_id"],
         group=grp or None,
+        lease=m["lease"],
     )
 
 
