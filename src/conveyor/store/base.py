@@ -456,6 +456,8 @@ class TaskStore(Seam):
         grp = codec.group_key(group)
         worker_id = v.name("worker_id", worker_id)
         task_id = v.name("task_id", task_id)
+        if attempt is not None:
+            attempt = v.positive_int("attempt", attempt)
         task, again = await self._run(
             lambda conn: consumer.fail_tx(
                 self, conn, task_id, grp, worker_id, attempt, encoded, bool(retryable), delay_s
@@ -474,9 +476,11 @@ class TaskStore(Seam):
     ) -> Task:
         """Hand a leased task back unfinished: ``queued`` and claimable at once.
 
-        The attempt is given back too (it did not run to an outcome), so a worker
-        shutting down costs the task nothing. Ownership-checked like
-        :meth:`heartbeat`; raises :class:`LostLease` if the lease is gone.
+        The run reached no outcome, so it costs the task nothing: its budget
+        (``max_attempts``) grows by one. The attempt number stays — attempt numbers
+        only grow, so the released run's ``attempt=`` fence never matches a later
+        run. Ownership-checked like :meth:`heartbeat`; raises :class:`LostLease` if
+        the lease is gone.
         """
 
         values = consumer.release_values
@@ -560,7 +564,7 @@ class TaskStore(Seam):
         queue = v.name("queue", queue)
         group = v.name("group", group)
         self._known_groups.discard((queue, group))
-        return await self._run(lambda conn: groups.unsubscribe_tx(conn, queue, group))
+        return await self._run(lambda conn: groups.unsubscribe_tx(self, conn, queue, group))
 
     async def groups(self, queue: str | None = None) -> builtins.list[ConsumerGroup]:
         """Registered consumer groups (active and not), optionally of one queue."""

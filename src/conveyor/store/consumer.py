@@ -260,13 +260,14 @@ def snooze_values(delay_s: float) -> Values:
 
 
 def release_values(now: ColumnElement[int]) -> dict[str, Any]:
-    """A release: queued again at once, the attempt given back."""
+    """A release: queued again at once, without spending the budget. The attempt
+    number stays (the next claim takes a new one: attempt numbers only grow, so the
+    released run's fence never matches a later run); ``max_attempts`` grows by one
+    instead, so the run that reached no outcome costs nothing."""
     return {
         "status": q.QUEUED,
-        # now, not the old run_at: eviction (max_wait) counts from run_at
-        # for tasks whose attempt is back at 0.
         "run_at": now,
-        "attempt": d.c.attempt - 1,
+        "max_attempts": d.c.max_attempts + 1,
         "lease_expires_at": None,
         "worker_id": None,
         "progress": None,
@@ -312,11 +313,31 @@ async def owned_update(
     values: dict[str, Any],
     *,
     done: bool,
+    stream_locked: bool = False,
 ) -> Task:
     """Apply ``values`` to the row if it is leased to ``worker_id`` (the fence);
-    otherwise raise why not. Refreshes the stream and announces what changed."""
-    stmt = update(d).where(*q.owned(task_id, grp, worker_id, attempt)).values(**values)
-    row = (await conn.execute(st._returning_view(stmt))).first()
+    otherwise raise why not. Refreshes the stream and announces what changed.
+
+    A status change moves the row's stream, so its stream row is locked first (the
+    lock order, see :mod:`.streams`) unless the caller did (``stream_locked``).
+    """
+    owned = q.owned(task_id, grp, worker_id, attempt)
+
+    async def write(*only: ColumnElement[bool]) -> Any:
+        stmt = update(d).where(*owned, *only).values(**values)
+        return (await conn.execute(st._returning_view(stmt))).first()
+
+    if "status" in values and st.row_locks and not stream_locked:
+        # Unpartitioned rows have no stream: one statement. Otherwise find the
+        # stream (a task's partition never changes), lock it, then write.
+        row = await write(d.c.partition.is_(None))
+        if row is None:
+            where = (await conn.execute(select(d.c.queue, d.c.partition).where(*owned))).first()
+            if where is not None:
+                await streams.lock_streams(st, conn, [(where.queue, grp, where.partition)])
+                row = await write()
+    else:
+        row = await write()
     if row is None:
         await explain_lost(conn, task_id, grp)
     assert row is not None
@@ -345,7 +366,7 @@ async def fail_tx(
     attempts remain, else ``failed``. Returns the task and whether it will run again."""
     row = (
         await conn.execute(
-            select(d.c.attempt, d.c.max_attempts, t.c.backoff, t.c.queue)
+            select(d.c.attempt, d.c.max_attempts, d.c.partition, t.c.backoff, t.c.queue)
             .select_from(d.join(t, t.c.seq == d.c.task_seq))
             .where(*q.owned(task_id, grp, worker_id, attempt))
         )
@@ -353,6 +374,8 @@ async def fail_tx(
     if row is None:
         await explain_lost(conn, task_id, grp)
     assert row is not None
+    # The lock order: the stream row before the delivery row (re-checked below).
+    await streams.lock_streams(st, conn, [(row.queue, grp, row.partition)])
     again = retryable and row.attempt < row.max_attempts
     now = tx.now(st)
     if again:
@@ -375,7 +398,9 @@ async def fail_tx(
             "lease_expires_at": None,
             "finished_at": now,
         }
-    task = await owned_update(st, conn, task_id, grp, worker_id, attempt, values, done=not again)
+    task = await owned_update(
+        st, conn, task_id, grp, worker_id, attempt, values, done=not again, stream_locked=True
+    )
     return task, again
 
 
@@ -395,13 +420,20 @@ async def succeed_many_tx(
     (a copy) at their indexes with the task or the error it met."""
     out = list(outcomes)
     ids = sorted({item[1] for item in todo})
-    seq_of = {
-        row.id: row.seq
-        for row in await conn.execute(select(t.c.id, t.c.seq).where(t.c.id.in_(ids)))
-    }
+    idents = list(
+        await conn.execute(select(t.c.id, t.c.seq, t.c.queue, t.c.partition).where(t.c.id.in_(ids)))
+    )
+    seq_of = {row.id: row.seq for row in idents}
     owners: dict[tuple[str, str], list[tuple[int, str, int | None, str]]] = {}
     for i, task_id, worker_id, grp, attempt, encoded in todo:
         owners.setdefault((worker_id, grp), []).append((i, task_id, attempt, encoded))
+    # The lock order: every stream these acks may move, before any delivery row.
+    where = {row.id: row for row in idents if row.partition is not None}
+    await streams.lock_streams(
+        st,
+        conn,
+        [(where[it[1]].queue, it[3], where[it[1]].partition) for it in todo if it[1] in where],
+    )
     finished: list[Task] = []
     touched: set[tuple[str, str, str]] = set()
     for (worker_id, grp), mine in owners.items():

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import BigInteger, ColumnElement, Select, Update, cast, event, extract, func, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -57,6 +57,8 @@ def _read_committed(field: str, level: object) -> str:
 
 class PostgresStore(TaskStore):
     """conveyor on PostgreSQL (psycopg 3)."""
+
+    row_locks: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -137,13 +139,20 @@ class PostgresStore(TaskStore):
     def _lock_rows(self, stmt: Select[Any]) -> Select[Any]:
         return stmt.with_for_update()
 
+    def _share_rows(self, stmt: Select[Any]) -> Select[Any]:
+        # FOR KEY SHARE: the lightest row lock; many producers hold it at once, and
+        # unsubscribe's FOR UPDATE of the group row still waits for them.
+        return stmt.with_for_update(read=True, key_share=True)
+
     async def _lock_for_backfill(self, conn: AsyncConnection) -> None:
         # Producers take the stream rows (partitioned submits) and then insert tasks.
-        # SHARE locks on both, in that order, wait for every producer in flight and
-        # hold new ones back until the backfill commits; claims and acks are paused
-        # only for the length of the backfill.
-        await conn.execute(text("LOCK TABLE conveyor_streams IN SHARE MODE"))
-        await conn.execute(text("LOCK TABLE conveyor_tasks IN SHARE MODE"))
+        # SHARE ROW EXCLUSIVE on both, in that order, waits for every producer in
+        # flight and holds new ones back until the subscribe commits. It is
+        # self-exclusive, so two subscribes (both write stream rows) queue instead of
+        # deadlocking; readers and FOR UPDATE row locks pass, writes to these two
+        # tables wait for the length of the backfill.
+        await conn.execute(text("LOCK TABLE conveyor_streams IN SHARE ROW EXCLUSIVE MODE"))
+        await conn.execute(text("LOCK TABLE conveyor_tasks IN SHARE ROW EXCLUSIVE MODE"))
 
     def _lock_for_migration(self, conn: Connection) -> None:
         conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})

@@ -18,6 +18,7 @@ from conveyor import statements as q
 from conveyor.errors import AlreadyExists, InvalidArgument, StoreUnavailable
 from conveyor.models import Task
 from conveyor.schema import deliveries as d
+from conveyor.schema import groups as g
 from conveyor.schema import keys as k
 from conveyor.schema import tasks as t
 from conveyor.store import codec, external, streams, upkeep, wake
@@ -122,7 +123,11 @@ def prepare(req: Mapping[str, Any], *, max_size: int | None = None) -> Request:
 async def submit_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> list[Task]:
     """Insert the requests (keys resolved first); the answering tasks in request order."""
     # 1. Idempotency keys: claim each key first. A concurrent submit of the same
-    #    key waits on the row and then sees it, so one key makes one task.
+    #    key waits on the row and then sees it, so one key makes one task. A key
+    #    already held is locked (sorted: the lock order) and read after the lock, so
+    #    a concurrent replace has committed its swap by then and retention cannot
+    #    delete the holder before this transaction ends; a key retention deleted
+    #    since the insert looked is free again, and the insert is tried anew.
     chosen: dict[str, str] = {}  # key -> id of the task that answers it
     new: list[Request] = []
     replaced: list[str] = []
@@ -131,18 +136,24 @@ async def submit_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> lis
         first: dict[str, Request] = {}
         for r in keyed:
             first.setdefault(r.key, r)  # type: ignore[arg-type]
-        ins = (
-            st._upsert(k)
-            .values([{"key": key, "task_id": r.id} for key, r in first.items()])
-            .on_conflict_do_nothing(index_elements=["key"])
-            .returning(k.c.key)
-        )
-        won = set((await conn.execute(ins)).scalars())
-        lost = [key for key in first if key not in won]
+        won: set[str] = set()
         existing: dict[str, str] = {}
-        if lost:
-            rows = await conn.execute(select(k.c.key, k.c.task_id).where(k.c.key.in_(lost)))
-            existing = {row.key: row.task_id for row in rows}
+        pending = sorted(first)
+        while pending:
+            ins = (
+                st._upsert(k)
+                .values([{"key": key, "task_id": first[key].id} for key in pending])
+                .on_conflict_do_nothing(index_elements=["key"])
+                .returning(k.c.key)
+            )
+            won |= set((await conn.execute(ins)).scalars())
+            lost = [key for key in pending if key not in won]
+            if not lost:
+                break
+            holders = select(k.c.key, k.c.task_id).where(k.c.key.in_(lost)).order_by(k.c.key)
+            rows = await conn.execute(st._lock_rows(holders))
+            existing.update({row.key: row.task_id for row in rows})
+            pending = [key for key in lost if key not in existing]
         for key, r in first.items():
             if key in won:
                 chosen[key] = r.id
@@ -202,6 +213,18 @@ async def insert_tasks(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> 
     for r in reqs:  # a parent submitted in the same batch
         if r.parent_id is not None and r.parent_id not in parents:
             parents[r.parent_id] = r.parent_id
+    if st.row_locks:
+        # Share the active group rows the fan-out below reads (the lock order: group
+        # rows before stream rows). Unsubscribe locks the row, so it waits for the
+        # producers in flight and later ones see the group inactive: no delivery row
+        # is ever written for a group whose state unsubscribe already dropped.
+        await conn.execute(
+            st._share_rows(
+                select(g.c.queue, g.c.name)
+                .where(g.c.queue.in_(sorted({r.queue for r in reqs})), g.c.active.is_(True))
+                .order_by(g.c.queue, g.c.name)
+            )
+        )
     stream_keys = {(r.queue, p) for r in reqs if (p := r.partition) is not None}
     await streams.serialize_producers(st, conn, stream_keys)
     context = list(
@@ -253,6 +276,7 @@ async def insert_tasks(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> 
 
 async def cancel_tx(st: Seam, conn: AsyncConnection, task_ids: Sequence[str]) -> None:
     """Withdraw the tasks for queue mode and every group (active rows only)."""
+    await streams.lock_task_streams(st, conn, task_ids, None)  # the lock order
     now = tx.now(st)
     rows = await conn.execute(
         update(d)
@@ -293,6 +317,7 @@ async def retry_tx(
         d.c.grp == grp,
         d.c.status.in_(("failed", "cancelled", "evicted")),
     )
+    await streams.lock_task_streams(st, conn, [task_id], grp)  # the lock order
     # A finished row already rolled up into the counts leaves them again.
     before = (
         await conn.execute(

@@ -17,7 +17,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from sqlalchemy import ColumnElement, Select, Update
 from sqlalchemy.engine import Connection
@@ -32,6 +32,10 @@ class Seam(abc.ABC):
     """What a backend supplies to the protocol, and the state the protocol shares."""
 
     # ------------------------------------------------ state the roles read
+    #: Whether the backend has row locks whose order matters (Postgres). Without
+    #: them (SQLite: one writer holds the whole database) the protocol skips the
+    #: steps that only take locks ahead of time (see :mod:`conveyor.store.streams`).
+    row_locks: ClassVar[bool]
     #: The database URL the store was made with.
     url: str
     #: Whether open() applies pending migrations.
@@ -128,10 +132,19 @@ class Seam(abc.ABC):
         change (Postgres: ``FOR UPDATE``; SQLite: the write lock)."""
 
     @abc.abstractmethod
+    def _share_rows(self, stmt: Select[Any]) -> Select[Any]:
+        """Make a read take a shared lock on the rows it returns until commit: many
+        transactions may share it, and a :meth:`_lock_rows` of the same row waits
+        for them (producers share the group rows they fan out to; unsubscribe
+        locks the row). Postgres: ``FOR KEY SHARE``; SQLite: the write lock."""
+
+    @abc.abstractmethod
     async def _lock_for_backfill(self, conn: AsyncConnection) -> None:
-        """The producer barrier: wait out producers in flight, and hold new ones back
-        until ``conn``'s transaction ends, so a new group's backfill sees every task
-        committed before it and every later task gets its delivery row at submit."""
+        """The producer barrier, taken first in a subscribe's transaction: wait out
+        producers in flight, and hold new ones back until ``conn``'s transaction
+        ends, so a new group's backfill sees every task committed before it and every
+        later task gets its delivery row at submit. It must exclude other subscribes
+        too (they write stream rows), and must not block readers or row locks."""
 
     @abc.abstractmethod
     def _lock_for_migration(self, conn: Connection) -> None:

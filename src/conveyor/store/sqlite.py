@@ -35,7 +35,7 @@ import os
 import sqlite3
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import BigInteger, ColumnElement, Select, Update, event, literal, select
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -67,6 +67,9 @@ def is_memory(url: str) -> bool:
 
 class SQLiteStore(TaskStore):
     """conveyor on a SQLite file (or ``:memory:`` for throwaway use)."""
+
+    # One writer holds the whole database: there are no row locks to order.
+    row_locks: ClassVar[bool] = False
 
     def __init__(
         self, url: str, *, busy_timeout: float = 10.0, synchronous: str = "NORMAL", **options: Any
@@ -148,6 +151,10 @@ class SQLiteStore(TaskStore):
         return stmt
 
     def _lock_rows(self, stmt: Select[Any]) -> Select[Any]:
+        # Writes run under BEGIN IMMEDIATE: nothing else can change the rows meanwhile.
+        return stmt
+
+    def _share_rows(self, stmt: Select[Any]) -> Select[Any]:
         # Writes run under BEGIN IMMEDIATE: nothing else can change the rows meanwhile.
         return stmt
 

@@ -7,11 +7,32 @@ stream is leased, ``NULL`` otherwise. Claims pick the fairest available stream
 by index; every transition of a partitioned delivery row recomputes its
 stream with :func:`refresh`.
 
-Lock order: stream rows are locked in sorted (queue, group, partition) order,
-and a stream row is locked before its head is read, so a transition committed
+The lock order — one for the whole protocol, so the store never deadlocks with
+itself. Every transaction takes its locks in this order:
+
+1. table barriers (only a subscribe takes them: :meth:`Seam._lock_for_backfill`);
+2. idempotency key rows, sorted by key (producers);
+3. consumer-group rows (producers share them, unsubscribe locks them);
+4. stream rows, sorted by (grp, queue, partition) — queue mode's ``grp ''`` sorts
+   first, which is why producers may lock their queue-mode rows early;
+5. delivery rows.
+
+Every change of a partitioned delivery row's status moves its stream, so the
+stream row is locked before the delivery row. Where only the delivery rows tell
+which streams are involved, the protocol reads them first without locks (a
+task's queue and partition never change), locks the streams with
+:func:`lock_streams` / :func:`lock_task_streams`, and only then updates the
+delivery rows, re-checking its conditions. A claim picks its stream with
+``SKIP LOCKED`` before taking delivery rows; lease recovery, cancel, retry,
+fail, succeed, release, eviction and unsubscribe all lock streams first.
+Heartbeat and progress touch one delivery row and no stream.
+
+A stream row is locked before its head is read, so a transition committed
 meanwhile is seen and no stale head is written back. Producers of a stream
 serialise on its queue-mode stream row (:func:`serialize_producers`) before
 inserting, so within a stream the sequence order is the commit order.
+On SQLite one writer holds the whole database and the order is moot
+(``row_locks`` is False: the lock-only steps are skipped).
 """
 
 from __future__ import annotations
@@ -19,11 +40,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import false, update
+from sqlalchemy import false, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import statements as q
 from conveyor.schema import streams as s
+from conveyor.schema import tasks as t
 from conveyor.store import transactions as tx
 from conveyor.store.seam import Seam
 
@@ -48,6 +70,39 @@ async def serialize_producers(
     await conn.execute(lock)
 
 
+def lock_order(key: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Sort key of a (queue, grp, partition) stream in the lock order."""
+    queue, grp, partition = key
+    return (grp, queue, partition)
+
+
+async def lock_streams(st: Seam, conn: AsyncConnection, keys: Iterable[tuple[Any, ...]]) -> None:
+    """Lock the existing stream rows of (queue, grp, partition) ``keys`` (unpartitioned
+    ones are ignored), in the lock order, before any delivery row of them."""
+    if not st.row_locks:
+        return
+    wanted = sorted({(grp, queue, p) for queue, grp, p in keys if p is not None})
+    if wanted:
+        await conn.execute(st._lock_rows(q.stream_rows_of(wanted)))
+
+
+async def lock_task_streams(
+    st: Seam, conn: AsyncConnection, task_ids: Iterable[str], grp: str | None
+) -> None:
+    """Lock the stream rows of the given tasks' partitions — every group's, or
+    ``grp``'s — in the lock order, before their delivery rows."""
+    if not st.row_locks:
+        return
+    rows = await conn.execute(
+        select(t.c.queue, t.c.partition).where(
+            t.c.id.in_(sorted(set(task_ids))), t.c.partition.is_not(None)
+        )
+    )
+    pairs = sorted({(row.queue, row.partition) for row in rows})
+    if pairs:
+        await conn.execute(st._lock_rows(q.partition_streams(pairs, grp)))
+
+
 async def next_run(
     st: Seam, conn: AsyncConnection, queue: str, grp: str, partition: str, limit: int
 ) -> list[int]:
@@ -69,7 +124,7 @@ async def refresh(st: Seam, conn: AsyncConnection, keys: Iterable[tuple[Any, ...
     task of it is leased. ``available_at`` records when the current head became
     available, which is what fair stream selection orders by.
     """
-    for queue, grp, partition in sorted(set(keys)):
+    for queue, grp, partition in sorted(set(keys), key=lock_order):
         # Lock the stream row before reading its head: a transition committed by
         # another transaction while we wait is then visible to the reads below,
         # so nobody writes back a head computed from a stale view.

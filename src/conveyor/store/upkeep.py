@@ -10,7 +10,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import delete, func, select, true, tuple_, update
+from sqlalchemy import delete, func, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
@@ -29,6 +29,7 @@ from conveyor.store import transactions as tx
 from conveyor.store.seam import Seam
 
 PURGE_BATCH = 1_000
+IDLE_STREAM_BATCH = 1_000
 ROLLUP_BATCH = 5_000
 TERMINAL = ("succeeded", "failed", "cancelled", "evicted")
 LEASE_EXPIRED = json.dumps(
@@ -47,7 +48,22 @@ async def recover_tx(
 ) -> tuple[int, int]:
     """Expired leases (of ``grp`` in ``names``; ``None``: all): requeued while
     attempts remain, else failed. Returns ``(requeued, failed)``."""
-    rows = list(await conn.execute(q.recover_expired(tx.now(st), grp, names, LEASE_EXPIRED)))
+    found: list[tuple[int, str]] | None = None
+    if st.row_locks:
+        # The lock order: find the expired rows, lock their streams, then update them
+        # (the update re-checks that each is still expired).
+        expired = list(
+            await conn.execute(
+                select(d.c.task_seq, d.c.grp, d.c.queue, d.c.partition).where(
+                    *q.expired(tx.now(st), grp, names)
+                )
+            )
+        )
+        if not expired:
+            return 0, 0
+        await streams.lock_streams(st, conn, [(r.queue, r.grp, r.partition) for r in expired])
+        found = [(r.task_seq, r.grp) for r in expired]
+    rows = list(await conn.execute(q.recover_expired(tx.now(st), grp, names, LEASE_EXPIRED, found)))
     requeued = [r for r in rows if r.status == q.QUEUED]
     failed = [r for r in rows if r.status != q.QUEUED]
     touched = [(r.queue, r.grp, r.partition) for r in rows if r.partition is not None]
@@ -158,6 +174,7 @@ async def maintain(st: Seam) -> dict[str, int]:
             if row.retention is not None:
                 deleted += await purge(st, row.queue, row.retention, row.queue_mode)
         await rollup(st)
+        await drop_idle_streams(st)
         counts = {
             "recovered": requeued,
             "expired": failed,
@@ -186,28 +203,38 @@ async def all_settings(conn: AsyncConnection) -> list[Any]:
 
 
 async def evict_tx(st: Seam, conn: AsyncConnection, queue: str, max_wait: float) -> int:
-    """Tasks never claimed ``max_wait`` after their run_at become ``evicted``."""
+    """Tasks never claimed ``max_wait`` after they became deliverable become
+    ``evicted``: for queue mode counted from their run_at, for a group from
+    max(run_at, the group's subscription) — a replay starts waiting when the group
+    subscribes, not when its tasks were first due."""
     now_us = await tx.now_us(st, conn)
     cutoff = now_us - round(max_wait * v.US)
-    grps = [
-        q.QUEUE_MODE,
-        *(
-            await conn.execute(select(g.c.name).where(g.c.queue == queue, g.c.active.is_(True)))
-        ).scalars(),
-    ]
+    groups = await conn.execute(
+        select(g.c.name, g.c.created_at).where(g.c.queue == queue, g.c.active.is_(True))
+    )
+    # A group subscribed less than max_wait ago has nothing to evict yet.
+    grps = [q.QUEUE_MODE, *(name for name, since in groups if since < cutoff)]
     evicted = 0
     touched: list[tuple[Any, ...]] = []
     for grp in grps:
+        due = (
+            d.c.grp == grp,
+            d.c.queue == queue,
+            d.c.status == q.QUEUED,
+            d.c.attempt == 0,
+            d.c.run_at < cutoff,
+        )
+        if st.row_locks:  # the lock order: the streams first
+            keys = await conn.execute(
+                select(d.c.queue, d.c.grp, d.c.partition)
+                .where(*due, d.c.partition.is_not(None))
+                .distinct()
+            )
+            await streams.lock_streams(st, conn, [tuple(key) for key in keys])
         rows = list(
             await conn.execute(
                 update(d)
-                .where(
-                    d.c.grp == grp,
-                    d.c.queue == queue,
-                    d.c.status == q.QUEUED,
-                    d.c.attempt == 0,
-                    d.c.run_at < cutoff,
-                )
+                .where(*due)
                 .values(status="evicted", finished_at=now_us)
                 .returning(d.c.queue, d.c.grp, d.c.partition)
             )
@@ -218,6 +245,35 @@ async def evict_tx(st: Seam, conn: AsyncConnection, queue: str, max_wait: float)
     if evicted:
         await st._notify(conn, {queue}, done=True)
     return evicted
+
+
+async def drop_idle_streams(st: Seam) -> int:
+    """Delete the stream rows with nothing active (a partition name used once, a
+    stream run dry), so ``conveyor_streams`` does not grow with every partition
+    ever named. The next task of such a stream creates its row again."""
+    total = 0
+    while True:
+        dropped, more = await tx.run(st, functools.partial(drop_idle_streams_batch, st))
+        total += dropped
+        if not more:
+            return total
+
+
+async def drop_idle_streams_batch(st: Seam, conn: AsyncConnection) -> tuple[int, bool]:
+    """One bounded batch of :func:`drop_idle_streams`: ``(dropped, more to look at)``."""
+    # Lock the rows without a head (skipping any a transaction holds: it is using
+    # them), then check in a fresh read that no active row appeared in them.
+    idle = [
+        tuple(row)
+        for row in await conn.execute(st._lock_candidates(q.idle_streams(IDLE_STREAM_BATCH)))
+    ]
+    if not idle:
+        return 0, False
+    busy = {tuple(row) for row in await conn.execute(q.busy_streams(idle))}
+    empty = [key for key in idle if key not in busy]
+    if empty:
+        await conn.execute(q.delete_streams(empty))
+    return len(empty), len(idle) == IDLE_STREAM_BATCH and bool(empty)
 
 
 async def purge(st: Seam, queue: str, retention: float, queue_mode: bool | None) -> int:
@@ -258,8 +314,14 @@ async def purge_batch(
     now_us = await tx.now_us(st, conn)
     cutoff = now_us - round(retention * v.US)
     # Which delivery rows must be finished: queue mode's unless the queue is
-    # declared group-only, and every (active) group's.
-    holds = d.c.grp != q.QUEUE_MODE if queue_mode is False else true()
+    # declared group-only, and every active group's. Rows of an unsubscribed group
+    # never hold a task back, so nothing is kept forever.
+    active = select(g.c.name).where(g.c.queue == queue, g.c.active.is_(True))
+    holds = (
+        d.c.grp.in_(active)
+        if queue_mode is False
+        else (d.c.grp == q.QUEUE_MODE) | d.c.grp.in_(active)
+    )
     candidates = list(
         await conn.execute(
             select(d.c.finished_at, d.c.task_seq)
@@ -283,7 +345,9 @@ async def purge_batch(
             await conn.execute(
                 select(pending.c.task_seq).where(
                     pending.c.task_seq.in_(seqs),
-                    (pending.c.grp != q.QUEUE_MODE) if queue_mode is False else true(),
+                    pending.c.grp.in_(active)
+                    if queue_mode is False
+                    else (pending.c.grp == q.QUEUE_MODE) | pending.c.grp.in_(active),
                     (pending.c.finished_at.is_(None)) | (pending.c.finished_at >= cutoff),
                 )
             )
