@@ -84,7 +84,6 @@ async def store(url: str) -> AsyncIterator[TaskStore]:
 
 
 # ---------------------------------------------------------------- item 2
-@pytest.mark.xfail(strict=True, reason="subscribe runs in two transactions (fix pending)")
 async def test_a_failed_subscribe_leaves_nothing_behind(
     url: str, raw: psycopg.Connection[Any], store: TaskStore
 ) -> None:
@@ -104,7 +103,6 @@ async def test_a_failed_subscribe_leaves_nothing_behind(
 
 
 # ---------------------------------------------------------------- item 4
-@pytest.mark.xfail(strict=True, reason="unsubscribe races producers (fix pending)")
 async def test_unsubscribe_and_a_producer_in_flight_leave_no_orphans(
     url: str, raw: psycopg.Connection[Any], store: TaskStore
 ) -> None:
@@ -145,7 +143,6 @@ def deadlocks(url: str) -> int:
     )
 
 
-@pytest.mark.xfail(strict=False, reason="lock order inverted (fix pending); random")
 async def test_cancel_fail_and_claim_on_busy_partitions_never_deadlock(url: str) -> None:
     """Claimers take stream heads while others cancel the heads and claimers fail
     some tasks back: with one lock order (stream rows, then delivery rows) Postgres
@@ -223,7 +220,6 @@ CREATE TRIGGER conveyor_test_slow_keys AFTER INSERT ON conveyor_keys
 """
 
 
-@pytest.mark.xfail(strict=True, reason="reuse reads the key holder without a lock (fix pending)")
 async def test_reuse_racing_a_purge_returns_a_task(
     url: str, raw: psycopg.Connection[Any], store: TaskStore
 ) -> None:

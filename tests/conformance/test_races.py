@@ -36,13 +36,6 @@ async def stores(url: str, n: int, **options: Any) -> AsyncIterator[list[TaskSto
         await asyncio.gather(*(st.close() for st in opened))
 
 
-def known_race(request: pytest.FixtureRequest, backend: str, reason: str) -> None:
-    """Mark a race that only Postgres can hit (SQLite's single writer rules it out)
-    as known, until its fix lands."""
-    if backend == "postgres":
-        request.applymarker(pytest.mark.xfail(strict=False, reason=reason))
-
-
 def sync_engine(url: str) -> Engine:
     """A plain blocking engine on the store's database, to look at its tables."""
     parsed = make_url(url)
@@ -60,12 +53,9 @@ def scalar(url: str, sql: str) -> Any:
 
 
 # ---------------------------------------------------------------- item 1
-async def test_first_claims_of_a_new_group_from_many_stores_at_once(
-    store_url: str, backend: str, request: pytest.FixtureRequest
-) -> None:
+async def test_first_claims_of_a_new_group_from_many_stores_at_once(store_url: str) -> None:
     """Several consumers starting together with a group nobody registered yet: every
     claim succeeds, the group is registered once, and each task is delivered once."""
-    known_race(request, backend, "group registration is check-then-insert (fix pending)")
     async with stores(store_url, 6) as sts:
         await sts[0].submit_many([{"name": "t", "queue": "q"} for _ in range(3)])
         for round_ in range(4):
@@ -85,7 +75,6 @@ async def test_first_claims_of_a_new_group_from_many_stores_at_once(
         assert names == [(f"g{i}", True) for i in range(4)]
 
 
-@pytest.mark.xfail(strict=True, reason="_run lets IntegrityError through (fix pending)")
 async def test_no_sqlalchemy_error_leaves_run(store: TaskStore) -> None:
     """Whatever the database raises that no rule translates still arrives as a
     ConveyorError naming what happened (here a constraint violation)."""
@@ -101,7 +90,6 @@ async def test_no_sqlalchemy_error_leaves_run(store: TaskStore) -> None:
     assert (await store.submit("still-works")).name == "still-works"
 
 
-@pytest.mark.xfail(strict=True, reason="_run lets the pool TimeoutError through (fix pending)")
 async def test_an_exhausted_connection_pool_is_a_conveyor_error(store_url: str) -> None:
     """A pool that runs dry (the user's own pool settings) surfaces as StoreUnavailable,
     not as SQLAlchemy's TimeoutError."""
@@ -118,10 +106,7 @@ async def test_an_exhausted_connection_pool_is_a_conveyor_error(store_url: str) 
 
 
 # ---------------------------------------------------------------- item 3
-async def test_concurrent_replaces_leave_exactly_one_live_task(
-    store_url: str, backend: str, request: pytest.FixtureRequest
-) -> None:
-    known_race(request, backend, "the key holder is read without a lock (fix pending)")
+async def test_concurrent_replaces_leave_exactly_one_live_task(store_url: str) -> None:
     async with stores(store_url, 8) as sts:
         await sts[0].submit("job", {"n": -1}, key="k")
         for round_ in range(3):
@@ -139,7 +124,6 @@ async def test_concurrent_replaces_leave_exactly_one_live_task(
 
 
 # ---------------------------------------------------------------- item 5
-@pytest.mark.xfail(strict=True, reason="eviction counts from run_at (fix pending)")
 async def test_a_replay_waits_from_the_subscription_not_from_run_at(store: TaskStore) -> None:
     await store.configure_queue("q", max_wait=60)
     plain = await store.submit("a", queue="q")
@@ -152,7 +136,9 @@ async def test_a_replay_waits_from_the_subscription_not_from_run_at(store: TaskS
         assert (await store.get(task.id)).status is Status.EVICTED  # type: ignore[union-attr]
         mine = await store.get(task.id, group="replay")
         assert mine is not None and mine.status is Status.QUEUED
-    assert len(await store.claim("q", worker_id="w", group="replay", limit=5)) == 2
+    first = await store.claim("q", worker_id="w", group="replay", limit=5)
+    second = await store.claim("q", worker_id="w", group="replay", limit=5)
+    assert sorted(t.id for t in first + second) == sorted([plain.id, ordered.id])
     late = await store.subscribe("q", "late", start="all")
     assert late.active
     store.clock_offset = 120.0 + 61
@@ -161,7 +147,6 @@ async def test_a_replay_waits_from_the_subscription_not_from_run_at(store: TaskS
 
 
 # ---------------------------------------------------------------- item 8
-@pytest.mark.xfail(strict=True, reason="release decrements attempt (fix pending)")
 async def test_release_never_lowers_the_attempt(store: TaskStore) -> None:
     task = await store.submit("t", max_attempts=1)
     (first,) = await store.claim("default", worker_id="w")
@@ -176,7 +161,6 @@ async def test_release_never_lowers_the_attempt(store: TaskStore) -> None:
     assert done.status is Status.FAILED
 
 
-@pytest.mark.xfail(strict=True, reason="fail() skips the attempt check (fix pending)")
 async def test_fail_validates_attempt(store: TaskStore) -> None:
     task = await store.submit("t")
     (claimed,) = await store.claim("default", worker_id="w")
@@ -189,7 +173,6 @@ async def test_fail_validates_attempt(store: TaskStore) -> None:
     assert now.attempt == claimed.attempt
 
 
-@pytest.mark.xfail(strict=True, reason="stream rows are never deleted (fix pending)")
 async def test_maintain_drops_idle_empty_stream_rows(store: TaskStore, store_url: str) -> None:
     await store.subscribe("q", "g")
     await store.submit_many([{"name": "t", "queue": "q", "partition": f"p{i}"} for i in range(5)])

@@ -23,13 +23,9 @@ async def app(store_url: str) -> AsyncIterator[conveyor.App]:
         await application.close()
 
 
-async def test_workers_starting_together_with_a_new_group(
-    store_url: str, backend: str, request: pytest.FixtureRequest
-) -> None:
+async def test_workers_starting_together_with_a_new_group(store_url: str) -> None:
     """Four workers (each with its own store) make their first claim for a group
     nobody registered yet at the same moment: all of them keep running."""
-    if backend == "postgres":
-        request.applymarker(pytest.mark.xfail(strict=False, reason="fix pending"))
     apps = [conveyor.App(store_url) for _ in range(4)]
     seen: list[int] = []
     fns = []
@@ -66,7 +62,6 @@ async def test_workers_starting_together_with_a_new_group(
             await application.close()
 
 
-@pytest.mark.xfail(strict=True, reason="heartbeat interval from a cached setting (fix pending)")
 async def test_heartbeat_follows_the_lease_each_claim_got(
     app: conveyor.App, store_url: str
 ) -> None:
