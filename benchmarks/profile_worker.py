@@ -6,7 +6,11 @@
 The database must be a scratch one: the tasks are queued in queue ``bench``
 first (not profiled), then one worker runs them in this process under the
 profiler. Prints the call tree (``--html FILE`` writes the interactive one) and
-the client CPU per task.
+the client CPU per task. ``--no-profile`` runs without pyinstrument, to be
+sampled from outside instead (CPU only, native frames too)::
+
+    py-spy record --format raw -o worker.txt -- python -m benchmarks.profile_worker \
+        --url /tmp/scratch.sqlite --no-profile
 """
 
 from __future__ import annotations
@@ -51,6 +55,12 @@ async def drain(
     return took, cpu
 
 
+class _NoProfile:
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
 def main() -> None:
     from pyinstrument import Profiler
 
@@ -60,15 +70,17 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--partitions", type=int)
     parser.add_argument("--html", help="also write pyinstrument's HTML report here")
+    parser.add_argument("--no-profile", action="store_true", help="run without pyinstrument")
     args = parser.parse_args()
     if not args.url.startswith("postgresql"):
         cv.setup(args.url)
-    profiler = Profiler(async_mode="enabled", interval=0.0005)
+    profiler: Any = _NoProfile() if args.no_profile else Profiler(async_mode="enabled")
     took, cpu = asyncio.run(drain(args.url, args.n, args.concurrency, args.partitions, profiler))
-    print(profiler.output_text(unicode=True, color=False, show_all=False))
+    if not args.no_profile:
+        print(profiler.output_text(unicode=True, color=False, show_all=False))
     rate, per_task = args.n / took, cpu / args.n * 1e6
     print(f"{args.n} tasks in {took:.2f} s: {rate:,.0f}/s, {per_task:,.0f} µs CPU/task")
-    if args.html:
+    if args.html and not args.no_profile:
         with open(args.html, "w") as f:
             f.write(profiler.output_html())
 
