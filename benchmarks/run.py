@@ -162,6 +162,7 @@ SQLITE_SYSTEMS = [RAW_SQLITE, HUEY, CONVEYOR_STORE_SQLITE, CONVEYOR_APP_SQLITE]
 @dataclasses.dataclass
 class Config:
     n: int
+    n_single: int  # tasks of the one-call-each enqueue workload
     reps: int
     history: int
     latency_samples: int
@@ -208,12 +209,13 @@ def enqueue_case(system: System, batch: bool) -> Case:
     assert fn is not None
 
     def run(cfg: Config) -> Outcome:
+        n = cfg.n if batch else cfg.n_single
         with fresh(system, cfg) as db:
-            out: Outcome = call(fn, db, cfg.n)
+            out: Outcome = call(fn, db, n)
             assert system.table is not None
             got = count_rows(db, system.table)
-            if got != cfg.n:
-                raise BenchError(f"{system.label}: enqueued {cfg.n}, the database holds {got}")
+            if got != n:
+                raise BenchError(f"{system.label}: enqueued {n}, the database holds {got}")
             return out
 
     return system.label, run
@@ -744,6 +746,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="N = 1,000, one repetition")
     parser.add_argument("--n", type=int, help="tasks per measurement (default 5,000)")
+    parser.add_argument(
+        "--n-single", type=int, help="tasks of the one-call-each enqueue workload (default N)"
+    )
     parser.add_argument("--reps", type=int, help="repetitions (default 3)")
     parser.add_argument("--history", type=int, help="finished tasks (default 1,000,000)")
     parser.add_argument("--latency-samples", type=int, help="measured tasks (default 250)")
@@ -764,6 +769,7 @@ def main(argv: list[str] | None = None) -> int:
     quick = args.quick
     cfg = Config(
         n=args.n or (1_000 if quick else 5_000),
+        n_single=args.n_single or args.n or (1_000 if quick else 5_000),
         reps=args.reps or (1 if quick else 3),
         history=args.history or (10_000 if quick else 1_000_000),
         latency_samples=args.latency_samples or (30 if quick else 250),
@@ -787,8 +793,10 @@ def main(argv: list[str] | None = None) -> int:
     env["load average (end)"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     env["suite time"] = f"{time.perf_counter() - started:.0f} s"
     env["N"] = cfg.n
+    env["N (enqueue, one call each)"] = cfg.n_single
     env["repetitions"] = cfg.reps
     env["history"] = cfg.history
+    env["latency samples"] = cfg.latency_samples
     print(render(selected, env, cfg, markdown=False))
     if args.markdown:
         with open(args.markdown, "w") as f:
