@@ -25,7 +25,8 @@ ADMIN_URL = os.environ.get("CONVEYOR_TEST_PG_URL", "postgresql://postgres@127.0.
 BACKENDS = ["sqlite", "postgres"]
 TABLES = (
     "conveyor_deliveries, conveyor_streams, conveyor_keys, conveyor_groups, "
-    "conveyor_queues, conveyor_maintenance, conveyor_counts, conveyor_tasks, conveyor_schedules"
+    "conveyor_queues, conveyor_maintenance, conveyor_counts, conveyor_throughput, "
+    "conveyor_totals, conveyor_tasks, conveyor_schedules"
 )
 
 

@@ -185,6 +185,13 @@ class SyncStore:
     recover = _blocking(TaskStore.recover)
     maintain = _blocking(TaskStore.maintain)
     maintenance_history = _blocking(TaskStore.maintenance_history)
+    workers = _blocking(TaskStore.workers)
+    deliveries = _blocking(TaskStore.deliveries)
+    children = _blocking(TaskStore.children)
+    queue_settings = _blocking(TaskStore.queue_settings)
+    streams = _blocking(TaskStore.streams)
+    throughput = _blocking(TaskStore.throughput)
+    finished_totals = _blocking(TaskStore.finished_totals)
 
 
 def connect_sync(url: str | None = None, **options: Any) -> SyncStore:

@@ -152,3 +152,51 @@ class GroupStats:
             "lag": self.lag,
             "oldest_claimable_age": self.oldest_claimable_age,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLeases:
+    """A worker that holds leases right now (see :meth:`TaskStore.workers`).
+
+    ``last_seen`` is its latest claim or heartbeat: a lease is always set to run
+    ``lease`` seconds from the moment of the claim or heartbeat that wrote it.
+    """
+
+    worker_id: str
+    tasks: list[Task]
+    last_seen: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class StreamInfo:
+    """One ordered stream (queue, group, partition) and what holds it up.
+
+    ``depth`` counts its queued and running tasks; ``head`` is its first one.
+    ``blocked`` says why the head cannot be claimed now: ``"leased"`` (a worker
+    holds it), ``"retry"`` (waiting for its retry), ``"run_at"`` (not due yet),
+    or ``None`` when it is free. ``until`` is when that wait ends, where known.
+    """
+
+    queue: str
+    group: str | None
+    partition: str
+    depth: int
+    head: Task | None
+    blocked: str | None
+    until: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamReport:
+    """The busiest and the most-blocked streams of a queue (see :meth:`TaskStore.streams`)."""
+
+    busiest: list[StreamInfo]
+    blocked: list[StreamInfo]
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputPoint:
+    """Tasks that finished in one minute, by terminal status."""
+
+    minute: datetime
+    counts: dict[str, int]

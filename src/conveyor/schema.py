@@ -270,3 +270,32 @@ schedules = Table(
     Column("created_at", BigInteger, nullable=False),
     Column("updated_at", BigInteger, nullable=False),
 )
+
+# Finished tasks per minute (``minute`` = microseconds since the epoch // 60 s), per
+# (queue, group, status): the dashboard's throughput plot. Filled by maintain()'s
+# roll-up from the rows it folds into conveyor_counts (so the ack path writes
+# nothing more), and pruned to the last day; the rows finished since the last
+# roll-up are added at read time from the unrolled index.
+throughput = Table(
+    "conveyor_throughput",
+    metadata,
+    Column("queue", String(NAME), primary_key=True),
+    Column("grp", String(NAME), primary_key=True),
+    Column("minute", BigInteger, primary_key=True),
+    Column("status", String(16), primary_key=True),
+    Column("n", BigInteger, nullable=False),
+)
+
+# Finished attempts ever, per (queue, group, task name, terminal status): the
+# source of monotonic Prometheus counters. Filled by the same roll-up; unlike
+# conveyor_counts it is never decremented (retention and retry leave it alone),
+# because it counts events, not rows.
+totals = Table(
+    "conveyor_totals",
+    metadata,
+    Column("queue", String(NAME), primary_key=True),
+    Column("grp", String(NAME), primary_key=True),
+    Column("name", String(NAME), primary_key=True),
+    Column("status", String(16), primary_key=True),
+    Column("n", BigInteger, nullable=False),
+)

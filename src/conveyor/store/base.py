@@ -30,12 +30,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from conveyor import _values as v
 from conveyor import statements as q
+from conveyor import tracing
 from conveyor.errors import ConveyorError, InvalidArgument, NotFound
 from conveyor.models import Backoff, ConsumerGroup, Page, QueueStats, Status, Task
 from conveyor.schema import keys as k
 from conveyor.store import codec, consumer, groups, producer, streams, upkeep, wake
 from conveyor.store import transactions as tx
-from conveyor.store.seam import Seam
+from conveyor.store.inspect import InspectReads
 
 T = TypeVar("T")
 
@@ -43,7 +44,7 @@ MAX_LIMIT = 10_000
 POLL_CAP = 0.5  # wait() never sleeps longer than this between looks
 
 
-class TaskStore(Seam):
+class TaskStore(InspectReads):
     """A durable task queue and message bus on one database.
 
     Use :func:`conveyor.connect` to make one; ``async with store:`` opens it
@@ -199,9 +200,10 @@ class TaskStore(Seam):
             prepared.append(producer.prepare(req, max_size=self.max_payload_size))
         if not prepared:
             return []
-        if connection is not None:
-            return await producer.submit_in(self, connection, prepared)
-        tasks = await self._run(lambda conn: producer.submit_tx(self, conn, prepared))
+        with tracing.producer_span(prepared):
+            if connection is not None:
+                return await producer.submit_in(self, connection, prepared)
+            tasks = await self._run(lambda conn: producer.submit_tx(self, conn, prepared))
         wake.wake_local(self, work=True)
         return tasks
 

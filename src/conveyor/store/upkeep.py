@@ -24,7 +24,7 @@ from conveyor.schema import keys as k
 from conveyor.schema import maintenance as mt
 from conveyor.schema import queues as qs
 from conveyor.schema import tasks as t
-from conveyor.store import streams, wake
+from conveyor.store import inspect, streams, wake
 from conveyor.store import transactions as tx
 from conveyor.store.seam import Seam
 
@@ -361,6 +361,13 @@ async def purge_batch(
             .group_by(d.c.queue, d.c.grp, d.c.status)
         )
         await add_counts(st, conn, {(qn, gr, s): -n for qn, gr, s, n in rolled})
+        # Finished rows not rolled up yet still count as finished (throughput, totals).
+        unrolled = await conn.execute(
+            select(d.c.task_seq, d.c.queue, d.c.grp, d.c.status, d.c.finished_at).where(
+                d.c.task_seq.in_(doomed), *q.unrolled(), d.c.status.in_(TERMINAL)
+            )
+        )
+        await inspect.fold_observed(st, conn, [tuple(r) for r in unrolled])
         ids = select(t.c.id).where(t.c.seq.in_(doomed))
         await conn.execute(delete(k).where(k.c.task_id.in_(ids)))
         await conn.execute(delete(d).where(d.c.task_seq.in_(doomed)))
@@ -387,6 +394,7 @@ async def rollup(st: Seam) -> int:
     """Fold finished rows into ``conveyor_counts`` in bounded batches, so stats()
     reads totals plus the few rows finished since, whatever the history."""
     total = 0
+    await tx.run(st, lambda conn: inspect.prune_observed(st, conn))
     while True:
         rolled = await tx.run(st, lambda conn: rollup_batch(st, conn))
         if not rolled:
@@ -411,11 +419,15 @@ async def rollup_batch(st: Seam, conn: AsyncConnection) -> int:
         update(d)
         .where(*q.unrolled(), d.c.status.in_(TERMINAL), d.c.task_seq.in_(sorted(set(seqs))))
         .values(rolled=1)
-        .returning(d.c.queue, d.c.grp, d.c.status)
+        .returning(d.c.queue, d.c.grp, d.c.status, d.c.task_seq, d.c.finished_at)
+    )
+    done = list(rows)
+    await inspect.fold_observed(
+        st, conn, [(r.task_seq, r.queue, r.grp, r.status, r.finished_at) for r in done]
     )
     deltas: dict[tuple[str, str, str], int] = {}
     n = 0
-    for row in rows:
+    for row in done:
         key = (row.queue, row.grp, row.status)
         deltas[key] = deltas.get(key, 0) + 1
         n += 1
