@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from conveyor.errors import ConveyorError, StoreUnavailable
@@ -25,6 +26,8 @@ class Acks:
         self.group = group
         self.pending: list[tuple[Task, Any, asyncio.Future[Task | ConveyorError]]] = []
         self.leading = False
+        #: Told the size of each acknowledgement batch (the worker's metrics).
+        self.observe: Callable[[int], None] = _ignore
 
     async def succeed(self, task: Task, result: Any) -> Task:
         """Acknowledge ``task``; raises what its own write met (LostLease, ...)."""
@@ -60,6 +63,7 @@ class Acks:
             }
             for task, result, _ in batch
         ]
+        self.observe(len(items))
         try:
             outcomes: list[Task | ConveyorError] = await self.store.succeed_many(items)
         except Exception as exc:
@@ -78,6 +82,10 @@ class Acks:
         for (_, _, future), outcome in zip(batch, outcomes, strict=True):
             if not future.done():
                 future.set_result(outcome)
+
+
+def _ignore(size: int) -> None:
+    pass
 
 
 __all__ = ["Acks"]

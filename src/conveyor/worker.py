@@ -59,6 +59,7 @@ from conveyor.errors import (
     TaskCancelled,
 )
 from conveyor.feed import Feed
+from conveyor.instrument import Instruments
 from conveyor.logs import TaskLogger
 from conveyor.models import Status, Task
 from conveyor.outcomes import Snooze, TaskTimeout, UnknownTask, is_retryable
@@ -96,6 +97,8 @@ class _Held:
     beating: bool = False  # a heartbeat is in flight
     slot: bool = False  # runs alone in a slot, freed when its handler returns
     acking: bool = False  # its handler returned; its success is being written
+    outcome: str = "lost"  # for metrics and traces: succeeded, failed, retry, snoozed, lost
+    error: BaseException | None = None
 
     log: TaskLogger = field(init=False)  # lines about this task name it
 
@@ -167,6 +170,8 @@ class Worker:
         #: Seconds :meth:`run` keeps trying to reach a database that does not answer
         #: before it gives up (``App.run_worker`` and the CLI wait a minute).
         self.wait_for_db = 0.0
+        self.instruments = Instruments(self)
+        self._acks.observe = self.instruments.acked
 
     # ----------------------------------------------------------- control
     @property
@@ -283,6 +288,7 @@ class Worker:
         assert self._stopping is not None
         found = 0
         while room > 0 and not self._stopping.is_set():
+            claim_started = time.monotonic()
             tasks = await self.store.claim(
                 self.queues,
                 worker_id=self.worker_id,
@@ -291,6 +297,7 @@ class Worker:
                 group=self.group,
                 per_stream=self._feed.per_stream,
             )
+            self.instruments.claimed(tasks, time.monotonic() - claim_started)
             if not tasks:
                 break
             found += len(tasks)
@@ -358,7 +365,7 @@ class Worker:
     # ------------------------------------------------------------- running
     async def _run_one(self, held: _Held) -> None:
         try:
-            await self._execute(held)
+            await self.instruments.attempt(held, self._execute(held))
         finally:
             self._free_slot(held)
             self._let_go(held)
@@ -373,7 +380,7 @@ class Worker:
         assert self._stopping is not None
         for i, held in enumerate(helds):
             try:
-                settled = await self._execute(held)
+                settled = await self.instruments.attempt(held, self._execute(held))
             finally:
                 self._let_go(held)
             rest = helds[i + 1 :]
@@ -463,6 +470,7 @@ class Worker:
         except (ConveyorError, OSError) as exc:
             held.log.error("could not record success (%s); the lease will run out", exc)
             return False
+        held.outcome = "succeeded"
         return True
 
     async def _fail(self, held: _Held, error: BaseException, *, retryable: bool) -> bool:
@@ -485,6 +493,7 @@ class Worker:
         except (ConveyorError, OSError) as exc:
             held.log.error("could not record failure (%s); the lease will run out", exc)
             return False
+        held.outcome, held.error = ("retry" if after.status is Status.QUEUED else "failed"), error
         if after.status is Status.QUEUED:
             held.log.info("will retry at %s", after.run_at.isoformat())
             return False
@@ -511,6 +520,7 @@ class Worker:
         except (ConveyorError, OSError) as exc:
             held.log.error("could not snooze (%s); the lease will run out", exc)
             return False
+        held.outcome = "snoozed"
         held.log.info("snoozed: runs again at %s, no attempt spent", after.run_at.isoformat())
         return False
 

@@ -99,6 +99,15 @@ def worker(
             "--library-log-level", help="Log level of other libraries (SQLAlchemy, drivers)."
         ),
     ] = "warning",
+    metrics_port: Annotated[
+        str | None,
+        typer.Option(
+            "--metrics-port",
+            metavar="[HOST:]PORT",
+            help="Serve Prometheus metrics here (all interfaces unless HOST; with "
+            "--processes, process i uses PORT+i).",
+        ),
+    ] = None,
     supervised_by: Annotated[int | None, typer.Option("--supervised-by", hidden=True)] = None,
 ) -> None:
     """Run a worker for an App until SIGINT/SIGTERM, then exit 0."""
@@ -120,6 +129,8 @@ def worker(
             "give comma-separated names, e.g. --queues emails,default",
         )
     application = load_user_app(app_path)
+    if metrics_port is not None:
+        metrics_address(metrics_port, 0)  # a bad address fails here, not in each child
     if processes > 1:
         # The app was loaded above only to fail fast, in one place, on a broken app.
 
@@ -134,11 +145,15 @@ def worker(
             for option, given in (("--group", group), ("--url", url), ("--lease", lease)):
                 if given is not None:
                     argv += [option, str(given)]
+            if metrics_port is not None:
+                argv += ["--metrics-port", metrics_address(metrics_port, index)]
             return argv
 
         raise typer.Exit(Supervisor(child_command, processes).run())
     if supervised_by is not None:
         watch_parent(supervised_by)
+    if metrics_port is not None:
+        serve_metrics(metrics_port, url or application.url)
     application.run_worker(
         queues=names,
         concurrency=concurrency,
@@ -149,6 +164,29 @@ def worker(
         poll_interval=poll_interval,
         wait_for_db=wait_for_db,
     )
+
+
+def metrics_address(address: str, offset: int) -> str:
+    """``--metrics-port`` for worker process ``offset`` of a supervised set: PORT+offset."""
+    from conveyor import metrics
+    from conveyor.errors import ConfigurationError
+
+    try:
+        host, port = metrics.parse_address(address)
+    except ConfigurationError as exc:
+        raise CliError(EXIT_USAGE, str(exc)) from None
+    return f"[{host}]:{port + offset}"
+
+
+def serve_metrics(address: str, url: str | None) -> None:
+    """Start the worker's metrics endpoint (``--metrics-port``) for this process."""
+    from conveyor import metrics
+    from conveyor.errors import ConfigurationError
+
+    try:
+        metrics.serve_worker_metrics(address, url)
+    except ConfigurationError as exc:
+        raise CliError(EXIT_USAGE, str(exc)) from None
 
 
 def load_user_app(app_path: str) -> App:
