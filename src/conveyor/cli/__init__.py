@@ -12,6 +12,7 @@ Commands::
     conveyor stats                        counts, oldest claimable age, group lag per queue
     conveyor schedules                    periodic tasks with their last and next run
     conveyor demo                         a self-contained tour on a throwaway SQLite file
+    conveyor dashboard                    the web dashboard (extra ``web``)
 
 Every command takes ``--url`` (default ``$CONVEYOR_URL``, else
 ``sqlite:///conveyor.db``); the data commands take ``--json`` to print JSON for
@@ -34,6 +35,7 @@ Errors are one line on stderr, ``error: ...`` followed by a hint; set
 
 from __future__ import annotations
 
+from conveyor.cli import dashboard as _dashboard  # noqa: F401
 from conveyor.cli import demo as _demo  # noqa: F401
 
 # Importing the command modules registers their commands on `cli`, in this order.

@@ -1,0 +1,266 @@
+"""The dashboard in a real browser: headless Chromium from the system's packages,
+driven by Playwright, against a dashboard served by uvicorn on a seeded SQLite store.
+
+One server and one browser for the module. Set ``CONVEYOR_SCREENSHOTS=docs`` to
+write the page screenshots the README shows (otherwise they go to a temporary
+directory)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _seed import Seeded, seed
+
+import conveyor
+from conveyor import Status
+from conveyor.store.base import TaskStore
+from conveyor.web import dashboard
+
+CHROMIUM = os.environ.get("CONVEYOR_CHROMIUM", "/usr/bin/chromium")
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+WAIT_MS = 10_000
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+
+
+def _chromium_or_skip() -> str:
+    path = CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium")
+    if path is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("the browser tests need Chromium in CI: apt-get install chromium")
+        pytest.skip("no chromium on this machine (apt-get install chromium)")
+    return path
+
+
+@dataclass
+class Served:
+    url: str
+    ids: Seeded
+    db_url: str
+    shots: Path
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    import uvicorn
+
+    _chromium_or_skip()
+    db_url = f"sqlite:///{tmp_path_factory.mktemp('browser') / 'conveyor.db'}"
+
+    async def prepare() -> Seeded:
+        async with conveyor.connect(db_url) as store:
+            return await seed(store, history=True)
+
+    ids = asyncio.run(prepare())
+    store = conveyor.connect(db_url)
+    app = dashboard(store, allow_actions=True, refresh=1.0)
+    port = _free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    )
+
+    async def main() -> None:
+        try:
+            await server.serve()
+        finally:
+            await store.close()
+
+    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not server.started:
+        assert time.monotonic() < deadline, "the dashboard did not start"
+        time.sleep(0.05)
+    target = os.environ.get("CONVEYOR_SCREENSHOTS")
+    shots = Path(target) if target else tmp_path_factory.mktemp("shots")
+    shots.mkdir(parents=True, exist_ok=True)
+    try:
+        yield Served(url=f"http://127.0.0.1:{port}", ids=ids, db_url=db_url, shots=shots)
+    finally:
+        server.should_exit = True
+        thread.join(15)
+
+
+@pytest.fixture(scope="module")
+def browser(served: Served) -> Iterator[Any]:
+    with playwright_api.sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=_chromium_or_skip(), args=ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    tab = context.new_page()
+    tab.set_default_timeout(WAIT_MS)
+    problems: list[str] = []
+    tab.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
+    tab.on(
+        "console",
+        lambda msg: problems.append(f"console: {msg.text}") if msg.type == "error" else None,
+    )
+    try:
+        yield tab
+        assert problems == []
+    finally:
+        context.close()
+
+
+def _task(db_url: str, task_id: str, group: str | None = None) -> conveyor.Task:
+    with conveyor.connect_sync(db_url) as store:
+        found = store.get(task_id, group=group)
+    assert found is not None
+    return found
+
+
+def _on_store(db_url: str, work: Any) -> Any:
+    """Run ``work(store)`` on a store of its own, in a thread: Playwright's sync API
+    keeps an event loop running in this one."""
+    out: list[Any] = []
+
+    async def go() -> None:
+        async with conveyor.connect(db_url) as store:
+            out.append(await work(store))
+
+    thread = threading.Thread(target=asyncio.run, args=(go(),))
+    thread.start()
+    thread.join(30)
+    assert out, "the store work did not finish"
+    return out[0]
+
+
+PAGES = [
+    ("queues", "/", "Queues"),
+    ("groups", "/groups", "Consumer groups"),
+    ("partitions", "/partitions?queue=orders", "Partitions of orders"),
+    ("tasks", "/tasks", "Tasks"),
+    ("workers", "/workers", "Workers"),
+]
+
+
+@pytest.mark.parametrize(("shot", "path", "heading"), PAGES, ids=[p[0] for p in PAGES])
+def test_each_page_loads(page: Any, served: Served, shot: str, path: str, heading: str) -> None:
+    page.goto(served.url + path)
+    playwright_api.expect(page.locator("h1")).to_contain_text(heading)
+    playwright_api.expect(page.locator("footer")).to_contain_text("refreshes every")
+    # The task list is long: its first screen says enough.
+    page.screenshot(path=str(served.shots / f"dashboard-{shot}.png"), full_page=shot != "tasks")
+
+
+def test_the_throughput_plot_renders(page: Any, served: Served) -> None:
+    page.goto(served.url + "/")
+    plots = page.locator("svg.plot")
+    playwright_api.expect(plots).to_have_count(4)
+    emails = page.locator('tr[data-queue="emails"] svg.plot')
+    box = emails.bounding_box()
+    assert box is not None and box["width"] > 100 and box["height"] > 20
+    # An hour of finished work, a few failures among it: both kinds of bar are drawn.
+    assert emails.locator("rect.bar.succeeded").count() >= 50
+    assert emails.locator("rect.bar.failed").count() >= 10
+    # The drawn heights, read in one go (the live refresh may swap the plot out
+    # between two calls, and a swapped-out element has no layout).
+    heights = emails.evaluate(
+        "svg => [...svg.querySelectorAll('rect.bar')].map(r => r.height.baseVal.value)"
+    )
+    assert heights and min(heights) >= 1 and max(heights) > 20
+
+
+def test_list_to_detail_to_retry(page: Any, served: Served) -> None:
+    ids = served.ids
+    dialogs: list[str] = []
+
+    def accept(dialog: Any) -> None:
+        dialogs.append(dialog.message)
+        dialog.accept()
+
+    page.on("dialog", accept)
+    page.goto(served.url + "/tasks?status=failed")
+    row = page.locator(f'tr[data-task="{ids.failed}"]')
+    row.locator("a").first.click()
+    page.wait_for_url(re.compile(f"/tasks/{ids.failed}$"))
+    playwright_api.expect(page.locator("pre.traceback")).to_contain_text("ConnectionError")
+    page.screenshot(path=str(served.shots / "dashboard-task.png"), full_page=True)
+
+    page.locator(".actions button", has_text="Retry").click()
+    playwright_api.expect(page.locator("#flash .flash.ok")).to_contain_text("queued again")
+    assert dialogs and "Retry task" in dialogs[0]
+    # The live part reloads at once (no full page load) and shows the new status.
+    playwright_api.expect(page.locator("h1 .status")).to_have_text("queued")
+    assert _task(served.db_url, ids.failed).status is Status.QUEUED
+
+
+def test_a_failing_action_shows_an_error_and_changes_nothing(page: Any, served: Served) -> None:
+    ids = served.ids
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.goto(f"{served.url}/tasks/{ids.cancelled}")
+    retry = page.locator(".actions button", has_text="Retry")
+    playwright_api.expect(retry).to_be_visible()
+
+    # Meanwhile someone else retries the task and a worker finishes it.
+    async def finish_elsewhere(store: TaskStore) -> None:
+        await store.retry(ids.cancelled)
+        [task] = await store.claim("emails", worker_id="elsewhere", limit=1)
+        while task.id != ids.cancelled:  # other queued work comes first: finish it too
+            await store.succeed(task.id, worker_id="elsewhere")
+            [task] = await store.claim("emails", worker_id="elsewhere", limit=1)
+        await store.succeed(task.id, worker_id="elsewhere", result="done")
+
+    # Freeze the page's live refresh (htmx leaves the page as it is on a 204), so
+    # the button stays the stale one a person would still be looking at.
+    page.route(
+        re.compile(r"/tasks/[^/?]+(\?.*)?$"),
+        lambda route: (
+            route.fulfill(status=204) if route.request.method == "GET" else route.continue_()
+        ),
+    )
+    _on_store(served.db_url, finish_elsewhere)
+    before = _task(served.db_url, ids.cancelled)
+    retry.click()
+    error = page.locator("#flash .flash.error")
+    playwright_api.expect(error).to_contain_text("succeeded")
+    playwright_api.expect(error).to_contain_text("only failed, cancelled or evicted")
+    page.screenshot(path=str(served.shots / "dashboard-action-error.png"), full_page=False)
+    after = _task(served.db_url, ids.cancelled)
+    assert after == before and after.status is Status.SUCCEEDED
+
+
+def test_pages_update_live_without_a_reload(page: Any, served: Served) -> None:
+    page.goto(served.url + "/workers")
+    page.evaluate("window.__marker = 'same page'")
+    assert page.locator('[data-worker="live-worker"]').count() == 0
+
+    async def claim(store: TaskStore) -> None:
+        await store.submit("poke", queue="live")
+        await store.claim("live", worker_id="live-worker")
+
+    _on_store(served.db_url, claim)
+    playwright_api.expect(page.locator('[data-worker="live-worker"]')).to_be_visible()
+    assert page.evaluate("window.__marker") == "same page"
