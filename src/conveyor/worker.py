@@ -260,6 +260,10 @@ class Worker:
                 await self._until(self._slot_freed.wait())
                 continue
             idle_before = not self._held  # drain mode: a claim made while idle decides
+            # Cleared before claiming, not after: a slot freed while the claim is in
+            # flight (its stream's next task just became claimable) must still wake
+            # the wait below.
+            self._slot_freed.clear()
             try:
                 found = await self._claim_round(room)
             except (ConveyorError, OSError) as exc:
@@ -274,7 +278,6 @@ class Worker:
                     break  # drained: nothing claimable, nothing running or being acked
                 # Also wake when a slot frees: finishing a partitioned task can
                 # make the next one of its stream claimable.
-                self._slot_freed.clear()
                 await self._until(
                     self.store.wait_for_work(self.queues, self.poll_interval),
                     self._slot_freed.wait(),

@@ -177,3 +177,38 @@ def test_acknowledgements_far_behind_stop_the_claims() -> None:
     assert feed.room() == 0
     feed.acking = 4
     assert feed.room() == 2
+
+
+async def test_a_stream_task_finishing_during_an_empty_claim_is_not_missed(
+    app: conveyor.App,
+) -> None:
+    """No wake-up from the store (as across processes on SQLite): the worker's own
+    freed slot must lead to the stream's next task, not the poll interval."""
+    done: list[int] = []
+
+    @app.task(queue="q")
+    async def step(ctx: Context, i: int) -> None:
+        # Longer than one slow empty claim, shorter than two: the task ends while
+        # the second empty claim of its run is in flight.
+        await asyncio.sleep(0.45)
+        done.append(i)
+
+    async def no_wake(queues: Any, timeout: float) -> bool:
+        await asyncio.sleep(timeout)
+        return False
+
+    real_claim = app.store.claim
+
+    async def slow_empty_claim(*args: Any, **kwargs: Any) -> Any:
+        got = await real_claim(*args, **kwargs)
+        if not got:
+            await asyncio.sleep(0.3)  # the running head finishes meanwhile
+        return got
+
+    app.store.wait_for_work = no_wake  # type: ignore[method-assign]
+    app.store.claim = slow_empty_claim  # type: ignore[method-assign]
+    handles = [await step.with_options(partition="s").submit(i) for i in range(3)]
+    async with running(app.worker("q", concurrency=2, poll_interval=30)):
+        finished = [await app.store.wait(h.id, timeout=10) for h in handles]
+    assert [t.status for t in finished] == [Status.SUCCEEDED] * 3
+    assert done == [0, 1, 2]
