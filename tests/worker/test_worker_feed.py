@@ -116,10 +116,14 @@ async def test_stop_hands_back_prefetched_tasks_at_once(app: conveyor.App) -> No
     await app.store.wait(handles[0].id, timeout=10)
     await wait_until(lambda: worker.held == 2)  # task 1 and one buffered task
     worker.stop()
-    await asyncio.sleep(0.2)
     # Whatever was buffered is claimable again while task 1 still runs.
-    later = [await app.store.get(h.id) for h in handles[2:]]
+    for _ in range(500):
+        later = [await app.store.get(h.id) for h in handles[2:]]
+        if all(t is not None and t.status is Status.QUEUED for t in later):
+            break
+        await asyncio.sleep(0.02)
     assert all(t is not None and t.status is Status.QUEUED for t in later)
+    assert not release.is_set() and started == [0, 1]
     release.set()
     await asyncio.wait_for(job, 10)
     assert started == [0, 1]
@@ -130,7 +134,7 @@ async def test_stop_hands_back_prefetched_tasks_at_once(app: conveyor.App) -> No
         Status.QUEUED,
         Status.QUEUED,
     ]
-    assert all(t is not None and t.attempt == 0 for t in final[2:])
+    assert final[3] is not None and final[3].attempt == 0  # never claimed at all
 
 
 # ------------------------------------------------------------ Feed arithmetic
