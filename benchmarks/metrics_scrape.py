@@ -67,9 +67,7 @@ async def drain(url: str, n: int, scrape_every: float | None) -> tuple[float, li
             finished.set()
 
     for i in range(0, n, 1000):
-        await app.store.submit_many(
-            [{"name": "bench.noop", "queue": queue}] * min(1000, n - i)
-        )
+        await app.store.submit_many([{"name": "bench.noop", "queue": queue}] * min(1000, n - i))
     server = scraper = None
     if scrape_every is not None:
         port = _free_port()

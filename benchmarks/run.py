@@ -457,9 +457,13 @@ def both_backend_workloads(section: str, store: System, app: System) -> list[Wor
 
 
 # ------------------------------------------------------------------ running
-def run_all(selected: list[Workload], cfg: Config) -> None:
+def run_all(selected: list[Workload], cfg: Config) -> bool:
+    """Run every workload (a failed one is reported and skipped); True if none failed."""
+    ok = True
     for wl in selected:
         for rep in range(cfg.reps):
+            if wl.error:
+                break
             # Interleave: every system once per repetition, starting one further each time.
             shift = rep % len(wl.cases)
             for label, run in wl.cases[shift:] + wl.cases[:shift]:
@@ -467,9 +471,10 @@ def run_all(selected: list[Workload], cfg: Config) -> None:
                 try:
                     out = run(cfg)
                 except BenchError as exc:
-                    wl.error = str(exc)
+                    wl.error = f"{label}: {exc}"
+                    ok = False
                     print(f"FAILED {wl.section} / {wl.name} / {label}: {exc}", flush=True)
-                    raise
+                    break
                 wl.results.setdefault(label, []).append(out)
                 took = time.perf_counter() - started
                 print(
@@ -478,6 +483,7 @@ def run_all(selected: list[Workload], cfg: Config) -> None:
                     file=sys.stderr,
                     flush=True,
                 )
+    return ok
 
 
 def describe(out: Outcome, kind: str) -> str:
@@ -783,11 +789,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     env = environment(None if args.no_pg else args.pg)
     started = time.perf_counter()
-    status = 0
     try:
-        run_all(selected, cfg)
-    except BenchError:
-        status = 1
+        status = 0 if run_all(selected, cfg) else 1
     finally:
         cfg.dbs.close()
     env["load average (end)"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -829,5 +832,5 @@ def main(argv: list[str] | None = None) -> int:
                 f,
             )
     if status:
-        print("\nthe suite FAILED: see the FAILED line above", file=sys.stderr)
+        print("\nthe suite FAILED: see the FAILED lines above", file=sys.stderr)
     return status
