@@ -59,6 +59,7 @@ from conveyor.errors import (
     TaskCancelled,
 )
 from conveyor.feed import Feed
+from conveyor.heartbeats import Heartbeats
 from conveyor.instrument import Instruments
 from conveyor.logs import TaskLogger
 from conveyor.models import Status, Task
@@ -66,7 +67,6 @@ from conveyor.outcomes import Snooze, TaskTimeout, UnknownTask, is_retryable
 from conveyor.registry import TaskHost, payload_arguments
 from conveyor.schedule import scheduler_for
 from conveyor.startup import open_when_ready
-from conveyor.statements import DEFAULT_LEASE
 from conveyor.store.base import TaskStore
 
 log = logging.getLogger("conveyor.worker")
@@ -154,8 +154,14 @@ class Worker:
         self._feed: Feed[_Held] = Feed(self.concurrency)
         self._acks = Acks(self.store, self.worker_id, self.group)
         self._runners: set[asyncio.Task[None]] = set()
-        self._beats: set[asyncio.Task[None]] = set()
-        self._queue_leases: dict[str, float] = {}
+        self._heartbeats = Heartbeats(
+            self.store,
+            worker_id=self.worker_id,
+            group=self.group,
+            queues=self.queues,
+            lease=self.lease,
+            held=self._held,
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._forced: asyncio.Event | None = None
@@ -221,8 +227,8 @@ class Worker:
         try:
             if not await open_when_ready(self.store, self.wait_for_db, self._stopping):
                 return
-            await self._refresh_leases()
-            background = [asyncio.create_task(self._heartbeat_loop(), name="conveyor-heartbeat")]
+            await self._heartbeats.refresh()
+            background = [asyncio.create_task(self._heartbeats.run(), name="conveyor-heartbeat")]
             if self.maintain_interval is not None:
                 background.append(
                     asyncio.create_task(self._maintain_loop(), name="conveyor-maintain")
@@ -241,7 +247,7 @@ class Worker:
                 await self._claim_loop()
                 await self._wind_down()
             finally:
-                jobs = [*background, *self._beats]
+                jobs = [*background, *self._heartbeats.beats]
                 for job in jobs:
                     job.cancel()
                 await asyncio.gather(*jobs, return_exceptions=True)
@@ -324,7 +330,7 @@ class Worker:
     def _hold(self, task: Task) -> _Held:
         # Every third of the lease this claim was granted (the queue's setting may
         # have changed since this worker last read it).
-        interval = (task.lease or self._lease_for(task.queue)) / 3
+        interval = (task.lease or self._heartbeats.lease_for(task.queue)) / 3
         held = _Held(task=task, interval=interval, next_beat=time.monotonic() + interval)
         self._held[task.id] = held
         return held
@@ -541,7 +547,9 @@ class Worker:
             except StoreUnavailable as exc:
                 now = time.monotonic()
                 if give_up is None:
-                    give_up = now + max(self._lease_for(held.task.queue), WRITE_RETRY_MIN)
+                    give_up = now + max(
+                        self._heartbeats.lease_for(held.task.queue), WRITE_RETRY_MIN
+                    )
                 if now >= give_up:
                     raise
                 held.log.warning("write failed (%s); retrying", exc)
@@ -564,66 +572,6 @@ class Worker:
             self._let_go(held)
 
     # ---------------------------------------------------------- background
-    def _lease_for(self, queue: str) -> float:
-        if self.lease is not None:
-            return self.lease
-        return self._queue_leases.get(queue, DEFAULT_LEASE)
-
-    async def _refresh_leases(self) -> None:
-        """Learn the queues' configured lease lengths (only used when ``lease=None``)."""
-        if self.lease is not None:
-            return
-        for queue in self.queues:
-            try:
-                setting = (await self.store.get_queue(queue))["lease"]
-            except (ConveyorError, OSError) as exc:
-                log.warning("cannot read the settings of queue %s: %s", queue, exc)
-                continue
-            self._queue_leases[queue] = float(setting) if setting else DEFAULT_LEASE
-
-    async def _heartbeat_loop(self) -> None:
-        while True:
-            now = time.monotonic()
-            for held in self._held.values():
-                if held.next_beat <= now and not (held.lost or held.beating):
-                    # One task each, so a slow write for one lease delays no other.
-                    held.beating = True
-                    self._start_beat(held)
-            # Tick at a quarter of the shortest interval, counting queues with nothing
-            # held yet, so a task claimed while idle gets its first beat on time.
-            shortest = min(
-                (h.interval for h in self._held.values()),
-                default=min(self._lease_for(q) for q in self.queues) / 3,
-            )
-            await asyncio.sleep(min(1.0, shortest / 4))
-
-    def _start_beat(self, held: _Held) -> None:
-        beat = asyncio.create_task(self._beat(held), name=f"conveyor-beat-{held.task.id}")
-        self._beats.add(beat)
-        beat.add_done_callback(self._beats.discard)
-
-    async def _beat(self, held: _Held) -> None:
-        task = held.task
-        try:
-            await self.store.heartbeat(
-                task.id, worker_id=self.worker_id, group=self.group, attempt=task.attempt
-            )
-            held.next_beat = time.monotonic() + held.interval
-        except LostLease as exc:
-            if held.finishing:
-                return  # our own succeed/fail/release got there first
-            held.lost = True
-            held.cancelled = isinstance(exc, TaskCancelled)
-            held.log.info("lease lost (%s); stopping the handler", exc)
-            if held.handler is not None:
-                held.handler.cancel()
-        except (ConveyorError, OSError) as exc:
-            # Try again soon; the lease has two more intervals of slack.
-            held.next_beat = time.monotonic() + min(1.0, held.interval / 3)
-            held.log.warning("heartbeat failed: %s", exc)
-        finally:
-            held.beating = False
-
     async def _maintain_loop(self) -> None:
         assert self.maintain_interval is not None
         # Spread the workers of a fleet started together over the interval.
@@ -635,7 +583,7 @@ class Worker:
                     log.info("maintenance: %s", counts)
             except (ConveyorError, OSError) as exc:
                 log.warning("maintenance failed: %s", exc)
-            await self._refresh_leases()
+            await self._heartbeats.refresh()
             await asyncio.sleep(self.maintain_interval)
 
     # ------------------------------------------------------------ stopping
