@@ -768,6 +768,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-pg", action="store_true", help="SQLite only")
     parser.add_argument("--no-sqlite", action="store_true", help="PostgreSQL only")
     parser.add_argument("--only", action="append", default=[], help="run workloads matching")
+    parser.add_argument("--skip", action="append", default=[], help="leave out workloads matching")
     parser.add_argument("--json", help="also write the raw measurements here")
     parser.add_argument("--markdown", help="also write the tables as Markdown here")
     args = parser.parse_args(argv)
@@ -786,6 +787,7 @@ def main(argv: list[str] | None = None) -> int:
         wl
         for wl in workloads(pg=not args.no_pg, sqlite=not args.no_sqlite, quick=quick)
         if not args.only or any(w.lower() in f"{wl.section} {wl.name}".lower() for w in args.only)
+        if not any(w.lower() in f"{wl.section} {wl.name}".lower() for w in args.skip)
     ]
     env = environment(None if args.no_pg else args.pg)
     started = time.perf_counter()
