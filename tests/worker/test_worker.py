@@ -263,7 +263,9 @@ async def test_partition_stream_runs_in_order(app: conveyor.App) -> None:
     assert all(d.status is Status.SUCCEEDED for d in done)
     assert order == list(range(8))
     assert not overlap
-    assert done[3].attempt == 2 and {d.attempt for i, d in enumerate(done) if i != 3} == {1}
+    # Attempts spent (max_attempts - attempt: a release spends none, so tasks handed
+    # back after 3 failed still show 2 left): task 3 one more than the others.
+    assert [d.max_attempts - d.attempt for d in done] == [2, 2, 2, 1, 2, 2, 2, 2]
 
 
 async def test_partition_from_a_function_of_the_arguments(app: conveyor.App) -> None:
@@ -383,16 +385,19 @@ async def test_stop_hands_back_what_outlives_the_grace_period(app: conveyor.App)
     assert 0.4 < time.monotonic() - began < 3
     back = await app.store.get(a.id)
     assert back is not None
+    # Handed back without spending the budget: attempt numbers only grow, so the
+    # budget (max_attempts) grows by one instead.
     assert (back.status, back.attempt, back.worker_id, back.lease_expires_at) == (
         Status.QUEUED,
-        0,
+        1,
         None,
         None,
     )
+    assert back.max_attempts == a.max_attempts + 1
     finished = await app.store.get(b.id)
     assert finished is not None and finished.status is Status.SUCCEEDED
     [again] = await app.store.claim("q", worker_id="other")  # claimable at once
-    assert again.id == a.id and again.attempt == 1
+    assert again.id == a.id and again.attempt == 2
 
 
 async def test_second_stop_cuts_the_grace_period_short(app: conveyor.App) -> None:
@@ -429,7 +434,7 @@ async def test_group_worker_consumes_as_its_group(app: conveyor.App) -> None:
     assert queue_mode is not None and queue_mode.status is Status.QUEUED
 
 
-async def test_release_gives_the_attempt_back(store: conveyor.TaskStore) -> None:
+async def test_release_costs_no_attempt(store: conveyor.TaskStore) -> None:
     task = await store.submit("x", queue="q")
     [claimed] = await store.claim("q", worker_id="w1")
     with pytest.raises(LostLease):
@@ -437,15 +442,18 @@ async def test_release_gives_the_attempt_back(store: conveyor.TaskStore) -> None
     with pytest.raises(LostLease):
         await store.release(task.id, worker_id="w1", attempt=2)
     back = await store.release(task.id, worker_id="w1", attempt=claimed.attempt)
+    # The attempt number stays (they only grow: a fence never matches two runs);
+    # the budget grows by one instead, so the release cost nothing.
     assert (back.status, back.attempt, back.worker_id, back.lease_expires_at) == (
         Status.QUEUED,
-        0,
+        1,
         None,
         None,
     )
+    assert back.max_attempts == claimed.max_attempts + 1
     assert back.run_at >= claimed.run_at
     [again] = await store.claim("q", worker_id="w2")
-    assert again.attempt == 1
+    assert again.attempt == 2
     with pytest.raises(LostLease):
         await store.release(task.id, worker_id="w1")
 

@@ -109,9 +109,11 @@ async def test_sigterm_finishes_in_flight_work_and_hands_back_the_rest(
     assert done.result == {"tag": "quick", "pid": proc.pid}
     back = await store.get(stuck.id)
     assert back is not None
-    assert (back.status, back.attempt, back.worker_id) == (Status.QUEUED, 0, None)
+    # Handed back at no cost: the attempt number stays, the budget grows by one.
+    assert (back.status, back.attempt, back.worker_id) == (Status.QUEUED, 1, None)
+    assert back.max_attempts == stuck.max_attempts + 1
     [again] = await store.claim("procs", worker_id="successor")  # claimable at once
-    assert again.id == stuck.id and again.attempt == 1
+    assert again.id == stuck.id and again.attempt == 2
 
 
 async def test_kill_9_tasks_are_recovered_after_the_lease(
