@@ -793,6 +793,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     try:
         status = 0 if run_all(selected, cfg) else 1
+    except KeyboardInterrupt:
+        # Interrupted: report what was measured so far (unfinished workloads show "—").
+        status = 1
+        env["interrupted"] = "yes: the workloads after the last one printed did not run"
     finally:
         cfg.dbs.close()
     env["load average (end)"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
