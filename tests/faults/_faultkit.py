@@ -6,6 +6,7 @@ Run as a script, this file is one of the child processes::
     python _faultkit.py producer URL LOGDIR DURATION RATE PARTITIONS
     python _faultkit.py batch URL QUEUE COUNT
     python _faultkit.py hammer URL LOGDIR NAME DURATION
+    python _faultkit.py soakworker URL LOGDIR NAME GROUP     (GROUP "-": queue mode)
 
 * a **worker** runs :data:`app` (task ``step``) and appends one JSON line per
   handler run to ``LOGDIR/exec-NAME.jsonl``; its log (stderr) shows each
@@ -90,6 +91,17 @@ async def step(ctx: Any, seq: int, part: str | None, fail_first: bool = False) -
     return seq
 
 
+SOAK_QUEUE = "soak"
+
+
+@app.task(name="soak", queue=SOAK_QUEUE)
+async def soak(ctx: Any, n: int, flaky: bool, doomed: bool) -> int:
+    """The soak test's task: ``flaky`` fails its first attempt, ``doomed`` every one."""
+    if doomed or (flaky and ctx.task.attempt == 1):
+        raise RuntimeError(f"planned failure of soak task {n}")
+    return n
+
+
 # ------------------------------------------------------------------ children
 class _Fields(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
@@ -107,7 +119,17 @@ class _OneLine(logging.Formatter):
         return " | ".join(super().format(record).splitlines())
 
 
-def _worker(url: str, logdir: str, name: str, lease: float, poll: float, concurrency: int) -> None:
+def _worker(
+    url: str,
+    logdir: str,
+    name: str,
+    lease: float,
+    poll: float,
+    concurrency: int,
+    queue: str = QUEUE,
+    group: str | None = None,
+    level: int = logging.INFO,
+) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(_Fields())
     handler.setFormatter(
@@ -115,10 +137,11 @@ def _worker(url: str, logdir: str, name: str, lease: float, poll: float, concurr
             "%(asctime)s %(levelname)s %(name)s: %(message)s [task=%(task_id)s attempt=%(attempt)s]"
         )
     )
-    logging.basicConfig(level=logging.INFO, handlers=[handler])
+    logging.basicConfig(level=level, handlers=[handler])
     os.environ["FAULTS_EXEC_LOG"] = str(Path(logdir) / f"exec-{name}.jsonl")
     app.run_worker(
-        [QUEUE],
+        [queue],
+        group=group,
         concurrency=concurrency,
         lease=lease,
         poll_interval=poll,
@@ -247,6 +270,12 @@ def main(argv: list[str]) -> None:
     elif role == "producer":
         logdir, duration, rate, partitions = rest
         asyncio.run(_producer(url, logdir, float(duration), float(rate), int(partitions)))
+    elif role == "soakworker":
+        logdir, name, group = rest
+        # Quiet (a line per task is most of the work otherwise); a short poll, as
+        # partitioned streams that wait for a retry are rechecked at each poll.
+        group_name = None if group == "-" else group
+        _worker(url, logdir, name, 30.0, 0.2, 20, SOAK_QUEUE, group_name, logging.WARNING)
     elif role == "hammer":
         logdir, name, duration = rest
         asyncio.run(_hammer(url, logdir, name, float(duration)))
