@@ -5,6 +5,7 @@ Run as a script, this file is one of the child processes::
     python _faultkit.py worker URL LOGDIR NAME LEASE POLL CONCURRENCY
     python _faultkit.py producer URL LOGDIR DURATION RATE PARTITIONS
     python _faultkit.py batch URL QUEUE COUNT
+    python _faultkit.py txbatch URL QUEUE COUNT
     python _faultkit.py hammer URL LOGDIR NAME DURATION
     python _faultkit.py soakworker URL LOGDIR NAME GROUP     (GROUP "-": queue mode)
 
@@ -16,6 +17,9 @@ Run as a script, this file is one of the child processes::
   returns; every task whose submit returned is a line in ``LOGDIR/acked.jsonl``;
 * a **batch** producer prints ``begin``, submits ``COUNT`` tasks in one
   ``submit_many`` and prints ``done`` (the test kills it in between);
+* a **txbatch** producer submits ``COUNT`` tasks in its own transaction
+  (``connection=``) beside a row of its own, prints ``submitted``, and commits
+  when a line arrives on stdin (the test kills it before);
 * a **hammer** submits, claims and acknowledges on one SQLite file for
   ``DURATION`` seconds, logging each write that returned to ``LOGDIR/ops-NAME.jsonl``.
 
@@ -262,6 +266,30 @@ async def _hammer(url: str, logdir: str, name: str, duration: float) -> None:
     print(json.dumps({"submitted": n, "errors": dict(errors)}), flush=True)
 
 
+async def _txbatch(url: str, queue: str, count: int) -> None:
+    """Submit ``count`` tasks in the caller's own transaction, beside a row of the
+    caller's own; print ``submitted`` and commit only when told to on stdin."""
+    from sqlalchemy import text
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from conveyor.connect import resolve_url
+
+    requests = [{"name": "bulk", "payload": {"i": i}, "queue": queue} for i in range(count)]
+    engine = create_async_engine(resolve_url(url)[1])
+    async with conveyor.connect(url, **producer_options(url)) as store:
+        async with engine.connect() as conn:
+            await conn.execute(text("CREATE TABLE IF NOT EXISTS caller_rows (queue TEXT)"))
+            await conn.commit()
+            print("begin", flush=True)
+            async with conn.begin():
+                await conn.execute(text("INSERT INTO caller_rows VALUES (:q)"), {"q": queue})
+                await store.submit_many(requests, connection=conn)
+                print("submitted", flush=True)
+                await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+            print("committed", flush=True)
+    await engine.dispose()
+
+
 def main(argv: list[str]) -> None:
     role, url, *rest = argv
     if role == "worker":
@@ -279,6 +307,9 @@ def main(argv: list[str]) -> None:
     elif role == "hammer":
         logdir, name, duration = rest
         asyncio.run(_hammer(url, logdir, name, float(duration)))
+    elif role == "txbatch":
+        queue, count = rest
+        asyncio.run(_txbatch(url, queue, int(count)))
     elif role == "batch":
         queue, count = rest
         asyncio.run(_batch(url, queue, int(count)))
@@ -306,7 +337,7 @@ def spawn(role: str, url: str, *args: object, logdir: Path, log: str) -> subproc
             env=child_env(logdir),
             stdout=subprocess.DEVNULL if role == "worker" else subprocess.PIPE,
             stderr=sink,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE if role == "txbatch" else subprocess.DEVNULL,
             text=True,
         )
 
@@ -325,8 +356,9 @@ def stop_all(procs: Iterable[subprocess.Popen[str]], timeout: float = 30) -> lis
         except subprocess.TimeoutExpired:
             proc.kill()
             codes.append(proc.wait())
-        if proc.stdout is not None:
-            proc.stdout.close()
+        for pipe in (proc.stdout, proc.stdin):
+            if pipe is not None:
+                pipe.close()
     return codes
 
 

@@ -87,3 +87,70 @@ def test_producer_killed_inside_submit_many(backend: str, store_url: str, tmp_pa
         task = store.submit("after", queue="crash-after")
         [claimed] = store.claim("crash-after", worker_id="w")
         assert claimed.id == task.id
+
+
+def _caller_rows(url: str, queue: str) -> int:
+    from sqlalchemy import create_engine, text
+
+    driver = "postgresql+psycopg" if url.startswith("postgresql") else "sqlite"
+    engine = create_engine(make_url(url).set(drivername=driver))
+    try:
+        with engine.connect() as conn:
+            return int(
+                conn.execute(
+                    text("SELECT count(*) FROM caller_rows WHERE queue = :q"), {"q": queue}
+                ).scalar_one()
+            )
+    finally:
+        engine.dispose()
+
+
+def _run_txbatch(url: str, queue: str, tmp_path: Path, kill: str) -> None:
+    """One caller transaction: killed inside submit_many (``"submitting"``), after it
+    and before the commit (``"before_commit"``), or let to commit (``"commit"``)."""
+    child = spawn("txbatch", url, queue, 2000, logdir=tmp_path, log=f"tx-{queue}.log")
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        log = tmp_path / f"tx-{queue}.log"
+        assert child.stdout.readline().strip() == "begin", log.read_text()
+        if kill == "submitting":
+            time.sleep(0.05)
+            child.kill()
+        else:
+            line = child.stdout.readline().strip()
+            assert line == "submitted", log.read_text()
+            if kill == "before_commit":
+                child.kill()
+            else:
+                child.stdin.write("commit\n")
+                child.stdin.flush()
+        child.wait(120)
+    finally:
+        stop_all([child], timeout=0)
+
+
+@pytest.mark.timeout(240)
+def test_crash_inside_the_callers_transaction(
+    backend: str, store_url: str, tmp_path: Path
+) -> None:
+    figures = Figures(
+        scenario=f"caller_transaction_kill_{backend}",
+        injected="kill -9 inside the caller's transaction (during submit_many, before commit)",
+    )
+    outcomes = {}
+    for kill in ("submitting", "before_commit", "before_commit", "commit"):
+        queue = f"tx-{kill}-{len(outcomes)}"
+        _run_txbatch(store_url, queue, tmp_path, kill)
+        if backend == "postgres":
+            time.sleep(0.5)  # the server notices the dead client and rolls back
+        found, rows = _count(store_url, queue), _caller_rows(store_url, queue)
+        outcomes[queue] = {"tasks": found, "caller_rows": rows}
+        if kill == "commit":
+            assert (found, rows) == (2000, 1)
+        else:
+            assert (found, rows) == (0, 0), f"{kill}: {found} tasks, {rows} caller rows"
+        if backend == "sqlite":
+            assert _integrity(store_url) == "ok"
+    figures.tasks = 2000 * len(outcomes)
+    figures.extra = {"rounds": outcomes}
+    figures.show()
