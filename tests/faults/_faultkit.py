@@ -8,6 +8,7 @@ Run as a script, this file is one of the child processes::
     python _faultkit.py txbatch URL QUEUE COUNT
     python _faultkit.py hammer URL LOGDIR NAME DURATION
     python _faultkit.py soakworker URL LOGDIR NAME GROUP     (GROUP "-": queue mode)
+    python _faultkit.py table REPORT      (the README's figures table from a report)
 
 * a **worker** runs :data:`app` (task ``step``) and appends one JSON line per
   handler run to ``LOGDIR/exec-NAME.jsonl``; its log (stderr) shows each
@@ -290,7 +291,37 @@ async def _txbatch(url: str, queue: str, count: int) -> None:
     await engine.dispose()
 
 
+def figures_table(report: str) -> str:
+    """The README's figures table (Markdown) from a ``CONVEYOR_FAULTS_REPORT`` file;
+    the last line of each scenario wins."""
+    latest: dict[str, dict[str, Any]] = {}
+    for line in read_jsonl(Path(report)):
+        latest[line["scenario"]] = line
+
+    def secs(value: float | None) -> str:
+        return "–" if value is None else f"{value:.2f} s"
+
+    rows = [
+        "| scenario | injected | tasks | lost | duplicates (from lost acks) "
+        "| order violations | recovery | LISTEN back | wake-up after |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, f in latest.items():
+        if name.startswith("soak"):
+            continue
+        rows.append(
+            f"| {name} | {f['injected']} | {f['tasks']} | {f['lost']} "
+            f"| {f['duplicates']} ({f['duplicates_from_lost_acks']}) "
+            f"| {f['order_violations']} | {secs(f['recovery_s'])} "
+            f"| {secs(f['listener_recovery_s'])} | {secs(f['wakeup_s'])} |"
+        )
+    return "\n".join(rows)
+
+
 def main(argv: list[str]) -> None:
+    if argv[:1] == ["table"]:
+        print(figures_table(argv[1]))
+        return
     role, url, *rest = argv
     if role == "worker":
         logdir, name, lease, poll, concurrency = rest
