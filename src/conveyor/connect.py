@@ -57,7 +57,10 @@ def connect(url: str | None = None, **options: Any) -> TaskStore:
     Options: ``migrate`` (default True), ``statement_timeout``, ``lock_timeout``,
     ``poll_interval``, ``engine_options``, ``max_payload_size`` and
     ``max_result_size`` (bytes of JSON, default 1 MiB, ``None`` for no limit);
-    SQLite also ``busy_timeout`` and ``synchronous``.
+    SQLite also ``busy_timeout`` and ``synchronous``; Postgres also ``listen`` and
+    ``timeouts`` (``"connection"``, the default: the timeouts are set once per
+    connection; ``"transaction"``: in every transaction, for a transaction-mode
+    pooler such as PgBouncer).
     """
     dialect, async_url = resolve_url(url)
     if dialect == "sqlite":

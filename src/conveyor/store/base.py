@@ -529,9 +529,22 @@ class TaskStore(InspectReads):
         if not todo:
             return [o for o in outcomes if o is not None]
 
-        result = await self._run(lambda conn: consumer.succeed_many_tx(self, conn, outcomes, todo))
+        out = await self._run(lambda conn: consumer.succeed_many_tx(self, conn, outcomes, todo))
+        result = [o for o in out if o is not None]
         wake.wake_local(self, work=any(isinstance(o, Task) and o.partition for o in result))
         return result
+
+    async def ack_many(
+        self, items: Iterable[Mapping[str, Any]]
+    ) -> builtins.list[ConveyorError | None]:
+        """:meth:`succeed_many` for callers that do not need the tasks back (the
+        worker's group commit): per item, in order, ``None`` when it was
+        acknowledged, else the error it met. Unpartitioned tasks are finished in one
+        statement where the backend allows, without reading task rows back."""
+        outcomes, todo = consumer.validate_acks(items)
+        if not todo:
+            return [o if isinstance(o, ConveyorError) else None for o in outcomes]
+        return await consumer.ack_many(self, outcomes, todo)
 
     # ------------------------------------------------------------ bus mode
     async def subscribe(

@@ -77,6 +77,11 @@ async def claim(
     # The probe spares idle claimers the write lock; right after a claim that found
     # work, the next one most likely finds work too, so it goes straight in.
     busy_key = (grp, tuple(names), partition)
+    if partition is None:
+        fast = await claim_in_one(st, grp, names, worker_id, lease, limit)
+        if fast is not None:
+            (st._busy.add if fast else st._busy.discard)(busy_key)
+            return fast
     if busy_key not in st._busy:
         probe = st._claim_probe(grp, names, partition, tx.now(st))
         if probe is not None:
@@ -96,6 +101,44 @@ async def claim(
     else:
         st._busy.discard(busy_key)
     return claimed
+
+
+async def claim_in_one(
+    st: Seam,
+    grp: str,
+    names: Sequence[str],
+    worker_id: str,
+    lease: float | None,
+    limit: int,
+) -> list[Task] | None:
+    """Claim unpartitioned work with the dialect's one-statement claim; ``None`` when
+    the dialect has none, or the statement found a free stream or an expired lease
+    in these queues (it then leased nothing, and :func:`claim_tx` must decide)."""
+    single = len(names) == 1
+    text = st._claim_statement(single)
+    if text is None:
+        return None
+    params: dict[str, Any] = {
+        "grp": grp,
+        "limit": limit,
+        "worker_id": worker_id,
+        "lease": lease,
+        "offset_us": round(st.clock_offset * v.US),
+    }
+    if single:
+        params["queue"] = names[0]
+    else:
+        params["queues"] = list(names)
+
+    async def one(conn: AsyncConnection) -> list[Any]:
+        return list(await conn.exec_driver_sql(text, params))
+
+    rows = await tx.run(st, one, autocommit=True)
+    if rows[0].busy:
+        return None
+    taken = [(row.seq, codec.row_to_task(row)) for row in rows if row.id is not None]
+    taken.sort(key=lambda pair: (-pair[1].priority, pair[1].run_at, pair[0]))
+    return [task for _, task in taken]
 
 
 async def claim_tx(
@@ -415,7 +458,7 @@ async def succeed_many_tx(
     conn: AsyncConnection,
     outcomes: list[Task | ConveyorError | None],
     todo: list[AckItem],
-) -> list[Task | ConveyorError]:
+) -> list[Task | ConveyorError | None]:
     """Finish the leased ``todo`` items, each fenced on its own; fill ``outcomes``
     (a copy) at their indexes with the task or the error it met."""
     out = list(outcomes)
@@ -473,7 +516,42 @@ async def succeed_many_tx(
         await st._notify(conn, queues, done=True, task_ids=[x.id for x in finished])
         if touched:
             await st._notify(conn, {key[0] for key in touched}, done=False)
-    return [o for o in out if o is not None]
+    return out
+
+
+async def ack_many(
+    st: Seam, outcomes: list[Task | ConveyorError | None], todo: list[AckItem]
+) -> list[ConveyorError | None]:
+    """Finish the ``todo`` items without reading tasks back: per item ``None`` when
+    it was acknowledged, else its error. Unpartitioned rows go through the dialect's
+    one-statement ack where there is one; the rest (and fence failures, to learn
+    why) through :func:`succeed_many_tx`."""
+    left = todo
+    text = st._ack_statement()
+    if text is not None:
+        params = {
+            "ids": [item[1] for item in todo],
+            "workers": [item[2] for item in todo],
+            "grps": [item[3] for item in todo],
+            "attempts": [item[4] for item in todo],
+            "results": [item[5] for item in todo],
+            "offset_us": round(st.clock_offset * v.US),
+        }
+
+        async def one(conn: AsyncConnection) -> list[Any]:
+            return list(await conn.exec_driver_sql(text, params))
+
+        rows = await tx.run(st, one, autocommit=True)
+        missed = {row.idx for row in rows if row.idx is not None}
+        left = [item for n, item in enumerate(todo, 1) if n in missed]
+        if len(left) < len(todo):
+            wake.wake_local(st, work=False)
+    out: list[Task | ConveyorError | None] = list(outcomes)
+    if left:
+        out = await tx.run(st, lambda conn: succeed_many_tx(st, conn, outcomes, left))
+        partitioned = any(isinstance(o, Task) and o.partition for o in out)
+        wake.wake_local(st, work=partitioned)
+    return [o if isinstance(o, ConveyorError) else None for o in out]
 
 
 async def explain_lost(conn: AsyncConnection, task_id: str, grp: str) -> None:

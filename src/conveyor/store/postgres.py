@@ -41,6 +41,10 @@ DISK_FULL = "53100"
 ISOLATION_LEVEL = "READ COMMITTED"
 MIGRATION_LOCK = 0x636F6E76  # "conv"
 MAINTENANCE_LOCK = MIGRATION_LOCK + 1
+TIMEOUT_MODES = ("connection", "transaction")
+#: psycopg prepares a statement server-side once it has run this many times on a
+#: connection; the hot statements are fixed texts, so they are parsed and planned once.
+PREPARE_THRESHOLD = 2
 LISTEN_START_WAIT = 2.0  # seconds open() gives the listener before going on without it
 
 
@@ -55,6 +59,114 @@ def _read_committed(field: str, level: object) -> str:
     return ISOLATION_LEVEL
 
 
+# The clock of the one-statement texts below: the statement's moment in microseconds,
+# moved by the store's clock_offset (a bind parameter, so the text never changes).
+_NOW = "(floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + %(offset_us)s)"
+_TASK_SIDE = (
+    "seq id name queue partition payload metadata priority created_at key parent_id "
+    "root_id correlation_id"
+).split()
+
+
+def _view(taken: str, task: str) -> str:
+    """The columns of :func:`conveyor.statements.view_columns`, from an updated delivery
+    row ``taken`` joined to its task row ``task``."""
+    return ", ".join(
+        f"{task if col.name in _TASK_SIDE else taken}.{col.name}" for col in q.view_columns()
+    )
+
+
+def _claim_text(single_queue: bool) -> str:
+    # Pick, lock, lease and return the joined task rows in one statement: a
+    # data-modifying CTE, which SQLite does not have. The flags make the statement
+    # claim nothing when the step-by-step claim must run instead (a free stream to
+    # weigh against plain work, or expired leases to recover first).
+    queue = "queue = %(queue)s" if single_queue else "queue = ANY(%(queues)s::text[])"
+    return f"""
+WITH flags AS (
+    SELECT
+        EXISTS (
+            SELECT 1 FROM conveyor_streams
+            WHERE grp = %(grp)s AND {queue}
+              AND available_at IS NOT NULL AND available_at <= {_NOW}
+        )
+        OR EXISTS (
+            SELECT 1 FROM conveyor_deliveries
+            WHERE status = 'running' AND grp = %(grp)s AND {queue}
+              AND lease_expires_at < {_NOW}
+        ) AS busy
+),
+pick AS (
+    SELECT p.task_seq, coalesce(
+        %(lease)s::float8,
+        (SELECT s.lease FROM conveyor_queues AS s WHERE s.queue = p.queue),
+        {q.DEFAULT_LEASE}
+    ) AS length
+    FROM conveyor_deliveries AS p
+    WHERE grp = %(grp)s AND {queue} AND status = 'queued' AND partition IS NULL
+      AND run_at <= {_NOW} AND NOT (SELECT busy FROM flags)
+    ORDER BY priority DESC, run_at, task_seq
+    LIMIT %(limit)s
+    FOR UPDATE OF p SKIP LOCKED
+),
+taken AS (
+    UPDATE conveyor_deliveries AS d SET
+        status = 'running',
+        attempt = d.attempt + 1,
+        worker_id = %(worker_id)s,
+        lease = pick.length,
+        lease_expires_at = {_NOW} + CAST(round(1000000.0 * pick.length) AS bigint),
+        started_at = coalesce(d.started_at, {_NOW}),
+        progress = NULL,
+        progress_message = NULL
+    FROM pick
+    WHERE d.grp = %(grp)s AND d.{queue} AND d.task_seq = pick.task_seq
+      AND d.status = 'queued'
+    RETURNING d.*
+)
+SELECT flags.busy, {_view("x", "t")}
+FROM flags LEFT JOIN (taken AS x JOIN conveyor_tasks AS t ON t.seq = x.task_seq) ON true
+"""
+
+
+# Acknowledge a batch in one statement: each item fenced on its own (leased to its
+# worker, on its attempt), one "some tasks finished" notification for the batch,
+# and only what the caller needs back: the items that failed the fence, and those
+# left for the step-by-step path (partitioned rows, whose stream must be refreshed
+# in the same transaction). ``note`` drives the final join, so it always runs.
+_ACK_TEXT = f"""
+WITH items AS (
+    SELECT * FROM unnest(
+        %(ids)s::text[], %(workers)s::text[], %(grps)s::text[], %(attempts)s::int[],
+        %(results)s::text[]
+    ) WITH ORDINALITY AS i(id, worker_id, grp, attempt, result, idx)
+),
+done AS (
+    UPDATE conveyor_deliveries AS d SET
+        status = 'succeeded',
+        result = i.result,
+        finished_at = {_NOW},
+        lease_expires_at = NULL
+    FROM items AS i JOIN conveyor_tasks AS t ON t.id = i.id
+    WHERE d.task_seq = t.seq AND d.grp = i.grp AND d.status = 'running'
+      AND d.worker_id = i.worker_id AND (i.attempt IS NULL OR d.attempt = i.attempt)
+      AND d.partition IS NULL
+    RETURNING t.id, d.grp
+),
+note AS (
+    SELECT count(pg_notify('{{done}}', '')) AS n FROM (SELECT 1 FROM done LIMIT 1) AS any_done
+)
+SELECT lost.idx
+FROM note LEFT JOIN (
+    SELECT i.idx FROM items AS i
+    WHERE NOT EXISTS (SELECT 1 FROM done WHERE done.id = i.id AND done.grp = i.grp)
+) AS lost ON true
+"""
+
+
+_CLAIM_TEXTS = {True: _claim_text(True), False: _claim_text(False)}
+
+
 class PostgresStore(TaskStore):
     """conveyor on PostgreSQL (psycopg 3)."""
 
@@ -66,9 +178,23 @@ class PostgresStore(TaskStore):
         *,
         isolation_level: str = "READ COMMITTED",
         listen: bool = True,
+        timeouts: str = "connection",
         **options: Any,
     ):
         super().__init__(url, **options)
+        if timeouts not in TIMEOUT_MODES:
+            raise InvalidArgument(
+                "timeouts",
+                f'must be "connection" (set once per connection) or "transaction" (set in '
+                f"every transaction, for a transaction-mode pooler), got {timeouts!r}",
+            )
+        #: Where statement_timeout and lock_timeout are set: "connection" (once, when a
+        #: connection is made: no round trip per transaction) or "transaction" (SET
+        #: LOCAL in each transaction, for transaction-mode poolers such as PgBouncer,
+        #: which share server connections and refuse startup options).
+        self.timeouts = timeouts
+        # The timeouts hold outside transactions only when set on the connection.
+        self.autocommit_single = timeouts == "connection"
         #: Whether to hold a LISTEN connection for wake-ups (False: waiters only poll;
         #: for short-lived producers such as a CLI call). NOTIFY is sent either way.
         self.listen = listen
@@ -78,17 +204,33 @@ class PostgresStore(TaskStore):
             _read_committed("engine_options", self.engine_options["isolation_level"])
 
     def _create_engine(self) -> AsyncEngine:
-        options: dict[str, Any] = {
-            "pool_pre_ping": True,
-            # from the whitelist above; never user text spliced into SQL
-            "isolation_level": self.isolation_level,
-            **self.engine_options,
-        }
+        # No pool_pre_ping: it costs a round trip per transaction. A connection found
+        # dead is replaced and the transaction retried once (transactions.run).
+        options: dict[str, Any] = dict(self.engine_options)
+        statement_ms = round(self.statement_timeout * 1000)
+        lock_ms = round(self.lock_timeout * 1000)
+        if self.timeouts == "connection":
+            # Set once when the connection is made; every transaction then starts with
+            # a plain BEGIN. (Numbers and a fixed level only: nothing user-typed.)
+            connect_args = dict(options.get("connect_args") or {})
+            startup = (
+                f"-c statement_timeout={statement_ms} -c lock_timeout={lock_ms} "
+                "-c default_transaction_isolation=read\\ committed"
+            )
+            given = connect_args.get("options")
+            connect_args["options"] = f"{given} {startup}" if given else startup
+            connect_args.setdefault("prepare_threshold", PREPARE_THRESHOLD)
+            options["connect_args"] = connect_args
+            return create_async_engine(self.url, **options)
+        # from the whitelist above; never user text spliced into SQL
+        options.setdefault("isolation_level", self.isolation_level)
+        connect_args = dict(options.get("connect_args") or {})
+        # A transaction-mode pooler may hand each transaction another server
+        # connection: statements prepared on one are unknown on the next.
+        connect_args.setdefault("prepare_threshold", None)
+        options["connect_args"] = connect_args
         engine = create_async_engine(self.url, **options)
-        timeouts = {
-            "statement": f"{round(self.statement_timeout * 1000)}ms",
-            "lock": f"{round(self.lock_timeout * 1000)}ms",
-        }
+        timeouts = {"statement": f"{statement_ms}ms", "lock": f"{lock_ms}ms"}
 
         @event.listens_for(engine.sync_engine, "begin")
         def _on_begin(conn: Connection) -> None:
@@ -203,6 +345,12 @@ class PostgresStore(TaskStore):
     ) -> Select[Any] | None:
         # An idle claim takes no lock worth sparing (SKIP LOCKED, row locks only).
         return None
+
+    def _claim_statement(self, single_queue: bool) -> str | None:
+        return _CLAIM_TEXTS[single_queue]
+
+    def _ack_statement(self) -> str | None:
+        return _ACK_TEXT.replace("{done}", pg_listen.DONE_CHANNEL)
 
     async def _start_wake(self) -> None:
         if not self.listen:

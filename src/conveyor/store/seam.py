@@ -45,6 +45,9 @@ class Seam(abc.ABC):
     #: Statement and lock timeouts in seconds (a dialect applies them per transaction).
     statement_timeout: float
     lock_timeout: float
+    #: Whether a single-statement operation may run in autocommit mode (no BEGIN and
+    #: COMMIT round trips) with the store's timeouts still in force. A dialect sets it.
+    autocommit_single: bool = False
     _engine: AsyncEngine | None
     _work_waker: Waker | None
     _done_waker: Waker | None
@@ -177,6 +180,31 @@ class Seam(abc.ABC):
         returning one row whose columns are truthy when the claim could find work
         (ready rows, free streams, expired leases); or ``None`` where an idle claim
         takes no lock worth sparing and claims go straight in."""
+
+    @abc.abstractmethod
+    def _claim_statement(self, single_queue: bool) -> str | None:
+        """Driver SQL that claims unpartitioned work in one statement, or ``None``
+        where the backend cannot (claims then run step by step).
+
+        Bind parameters: ``grp``, ``queue`` (``single_queue``) or ``queues`` (a list),
+        ``limit``, ``worker_id``, ``lease`` (seconds or ``None``: the queue's setting,
+        else the default) and ``offset_us`` (added to the clock). It returns at least
+        one row: ``busy`` first, then the columns of
+        :func:`conveyor.statements.view_columns` for each task leased (all ``NULL``
+        when none). When ``busy`` is true it must lease nothing: a free stream or an
+        expired lease in these queues means the step-by-step claim must decide."""
+
+    @abc.abstractmethod
+    def _ack_statement(self) -> str | None:
+        """Driver SQL that finishes a batch of unpartitioned leased rows as
+        ``succeeded`` in one statement, each fenced on its own, and announces "some
+        tasks finished" once when any did; or ``None`` (acks then run step by step).
+
+        Bind parameters: equal-length lists ``ids``, ``workers``, ``grps``,
+        ``attempts`` (``None`` entries: any attempt) and ``results`` (JSON text), and
+        ``offset_us``. It returns at least one row; column ``idx`` is the 1-based
+        position of each item it did not finish (fence failed, or a partitioned
+        row), ``NULL`` in a single row when it finished them all."""
 
     # ------------------------------------------------------- wake channel
     @abc.abstractmethod

@@ -208,6 +208,15 @@ class SQLiteStore(TaskStore):
         # producer while an idle worker polls; a read beside the writer (WAL) does not.
         return q.claim_probe(grp, queues, now, partition)
 
+    def _claim_statement(self, single_queue: bool) -> str | None:
+        # No data-modifying CTEs: the claim runs step by step, on one connection that
+        # holds the write lock, so it costs no extra round trips to a server.
+        return None
+
+    def _ack_statement(self) -> str | None:
+        # No UPDATE … FROM a set-returning function of arrays; step by step instead.
+        return None
+
     async def _start_wake(self) -> None:
         # No cross-process channel: waiters in other processes poll.
         return None

@@ -115,22 +115,47 @@ async def now_us(st: Seam, conn: AsyncConnection) -> int:
 
 
 async def run(
-    st: Seam, work: Callable[[AsyncConnection], Awaitable[T]], *, write: bool = True
+    st: Seam,
+    work: Callable[[AsyncConnection], Awaitable[T]],
+    *,
+    write: bool = True,
+    autocommit: bool = False,
 ) -> T:
-    """Run ``work`` in one transaction, retrying transient failures with backoff."""
+    """Run ``work`` in one transaction, retrying transient failures with backoff.
+
+    A connection found dead before the commit was sent (the server has then
+    rolled the transaction back) is replaced and the transaction run once more:
+    the pool does not ping connections before use. A connection lost during the
+    commit leaves the outcome unknown, so that is reported, not retried.
+
+    ``autocommit``: ``work`` runs a single statement, which may then run without
+    BEGIN and COMMIT where the dialect allows (``st.autocommit_single``).
+    """
     if st._engine is None:
         await st.open()
     assert st._engine is not None
     delay = 0.01
-    for attempt in range(TRANSIENT_RETRIES + 1):
+    reconnected = False
+    attempt = 0
+    while True:
+        committing = False
         try:
             async with st._transaction_gate(write), st._engine.connect() as conn:
+                if autocommit and st.autocommit_single:
+                    # The statement commits itself: once sent, its outcome is unknown
+                    # if the connection dies, so it is never re-sent.
+                    committing = True
+                    conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+                    return await work(conn)
                 conn = await conn.execution_options(conveyor_write=write)
                 async with conn.begin():
-                    return await work(conn)
+                    result = await work(conn)
+                    committing = True
+                return result
         except DBAPIError as exc:
             if st._is_transient(exc) and attempt < TRANSIENT_RETRIES:
                 log.debug("transient database error, retrying: %s", exc.orig)
+                attempt += 1
                 await asyncio.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, 1.0)
                 continue
@@ -139,6 +164,15 @@ async def run(
                     f"the database is full ({' '.join(str(exc.orig).split())}): nothing of "
                     "this call was written; free disk space (or raise the database's size "
                     "limit) and retry"
+                ) from exc
+            if exc.connection_invalidated and not committing and not reconnected:
+                log.debug("connection found dead, retrying on a new one: %s", exc.orig)
+                reconnected = True
+                continue
+            if exc.connection_invalidated and committing:
+                raise StoreUnavailable(
+                    f"the database connection was lost while committing ({exc.orig}): "
+                    "the call may or may not have taken effect; check before retrying"
                 ) from exc
             if isinstance(exc, OperationalError) or exc.connection_invalidated:
                 raise StoreUnavailable(

@@ -1,0 +1,57 @@
+"""Postgres connection set-up: timeouts set once per connection (or per transaction
+for transaction-mode poolers), plain READ COMMITTED, a dead pooled connection
+replaced without a pre-ping."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+import conveyor
+from conveyor import InvalidArgument
+
+
+async def _show(conn: AsyncConnection) -> tuple[str, str, str]:
+    out = []
+    for name in ("statement_timeout", "lock_timeout", "transaction_isolation"):
+        out.append((await conn.execute(text(f"SHOW {name}"))).scalar_one())
+    return out[0], out[1], out[2]
+
+
+@pytest.mark.parametrize("mode", ["connection", "transaction"])
+async def test_timeouts_hold_in_both_modes(pg_url: str, mode: str) -> None:
+    async with conveyor.connect(
+        pg_url, statement_timeout=0.5, lock_timeout=0.3, timeouts=mode
+    ) as st:
+        assert await st._run(_show) == ("500ms", "300ms", "read committed")
+        # and the one-statement paths work either way
+        task = await st.submit("t", queue="q")
+        [got] = await st.claim("q", worker_id="w")
+        assert got.id == task.id
+        assert await st.ack_many([{"task_id": got.id, "worker_id": "w"}]) == [None]
+
+
+def test_timeouts_mode_is_checked(pg_url: str) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        conveyor.connect(pg_url, timeouts="statement")
+    assert info.value.field == "timeouts"
+
+
+async def test_dead_pooled_connections_are_replaced(pg_url: str) -> None:
+    async with conveyor.connect(pg_url) as st:
+        await st.submit("before", queue="q")
+
+        async def terminate_others(conn: AsyncConnection) -> None:
+            await conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            )
+
+        async with conveyor.connect(pg_url, listen=False) as other:
+            await other._run(terminate_others)
+        # a transaction on a dead connection is retried once on a new one
+        task = await st.submit("after", queue="q")
+        assert (await st.get(task.id)) is not None

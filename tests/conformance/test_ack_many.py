@@ -1,0 +1,92 @@
+"""ack_many: succeed_many without reading the tasks back (the worker's group commit)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from conveyor import InvalidArgument, LostLease, NotFound, Status, TaskCancelled
+from conveyor.store.base import TaskStore
+
+
+async def test_each_item_gets_none_or_its_error(store: TaskStore) -> None:
+    await store.submit_many([{"name": "t", "queue": "q"} for _ in range(5)])
+    held = await store.claim("q", worker_id="w", limit=5)
+    ok, stale, cancelled, bad_result, other_worker = held
+    await store.cancel(cancelled.id)
+    outcomes = await store.ack_many(
+        [
+            {"task_id": ok.id, "worker_id": "w", "result": {"n": 1}, "attempt": ok.attempt},
+            {"task_id": stale.id, "worker_id": "w", "attempt": stale.attempt + 1},
+            {"task_id": cancelled.id, "worker_id": "w"},
+            {"task_id": bad_result.id, "worker_id": "w", "result": object()},
+            {"task_id": other_worker.id, "worker_id": "intruder"},
+            {"task_id": "no-such-task", "worker_id": "w"},
+        ]
+    )
+    assert outcomes[0] is None
+    assert type(outcomes[1]) is LostLease
+    assert isinstance(outcomes[2], TaskCancelled)
+    assert isinstance(outcomes[3], InvalidArgument) and outcomes[3].field == "result"
+    assert type(outcomes[4]) is LostLease
+    assert isinstance(outcomes[5], NotFound)
+    done = await store.get(ok.id)
+    assert done is not None and done.status is Status.SUCCEEDED and done.result == {"n": 1}
+    for task in (stale, bad_result, other_worker):
+        after = await store.get(task.id)
+        assert after is not None and after.status is Status.RUNNING
+
+
+async def test_partitioned_acks_free_the_stream(store: TaskStore) -> None:
+    first, second = await store.submit_many(
+        [{"name": "t", "queue": "q", "partition": "p"} for _ in range(2)]
+    )
+    [got] = await store.claim("q", worker_id="w")
+    assert got.id == first.id
+    assert await store.claim("q", worker_id="other") == []  # the stream is held
+    assert await store.ack_many([{"task_id": got.id, "worker_id": "w"}]) == [None]
+    [nxt] = await store.claim("q", worker_id="other")
+    assert nxt.id == second.id
+
+
+async def test_mixed_batch_and_groups(store: TaskStore) -> None:
+    await store.subscribe("q", "g")
+    await store.submit_many(
+        [{"name": "t", "queue": "q"}, {"name": "t", "queue": "q", "partition": "p"}]
+    )
+    mine = await store.claim("q", worker_id="w", limit=2)
+    theirs = await store.claim("q", worker_id="w", limit=2, group="g")
+    mine += await store.claim("q", worker_id="w", limit=2)
+    theirs += await store.claim("q", worker_id="w", limit=2, group="g")
+    assert len(mine) == len(theirs) == 2
+    items = [{"task_id": t.id, "worker_id": "w", "attempt": t.attempt} for t in mine]
+    items += [{"task_id": t.id, "worker_id": "w", "group": "g"} for t in theirs]
+    assert await store.ack_many(items) == [None] * 4
+    for t in mine:
+        assert (await store.get(t.id)).status is Status.SUCCEEDED  # type: ignore[union-attr]
+        assert (await store.get(t.id, group="g")).status is Status.SUCCEEDED  # type: ignore[union-attr]
+    # a second ack of the same tasks fails the fence, item by item
+    again = await store.ack_many(items[:1])
+    assert type(again[0]) is LostLease
+
+
+async def test_ack_wakes_a_waiter(store: TaskStore) -> None:
+    task = await store.submit("t", queue="q")
+    [got] = await store.claim("q", worker_id="w")
+    waiter = asyncio.create_task(store.wait(task.id, timeout=5))
+    await asyncio.sleep(0.05)
+    assert await store.ack_many([{"task_id": got.id, "worker_id": "w"}]) == [None]
+    done = await asyncio.wait_for(waiter, 5)
+    assert done.status is Status.SUCCEEDED
+
+
+async def test_bad_items_are_refused_before_anything_is_written(store: TaskStore) -> None:
+    task = await store.submit("t", queue="q")
+    [got] = await store.claim("q", worker_id="w")
+    for bad in ([{"task_id": got.id}], [{"task_id": got.id, "worker_id": "w", "x": 1}], ["x"]):
+        try:
+            await store.ack_many(bad)  # type: ignore[arg-type]
+        except InvalidArgument:
+            pass
+        else:  # pragma: no cover
+            raise AssertionError(f"{bad!r} was accepted")
+    assert (await store.get(task.id)).status is Status.RUNNING  # type: ignore[union-attr]

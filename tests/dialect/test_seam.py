@@ -1,0 +1,365 @@
+"""The dialect seam, each method alone, on both backends.
+
+Every abstract method of :class:`conveyor.store.seam.Seam` is exercised here
+against a real database through the store's own engine, checking the contract
+its docstring states — not the protocol built on top of it (that is
+``tests/conformance``). A new dialect passes this file first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+from sqlalchemy import select, text, update
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+import conveyor
+from conveyor import statements as q
+from conveyor.schema import counts as cn
+from conveyor.schema import deliveries as d
+from conveyor.schema import tasks as t
+from conveyor.store import codec
+from conveyor.store.base import TaskStore
+
+SETTLE = 0.3  # seconds a blocked transaction is given to (wrongly) get through
+
+
+async def _conn(store: TaskStore, *, write: bool = True) -> AsyncConnection:
+    await store.open()
+    assert store._engine is not None
+    conn = await store._engine.connect()
+    return await conn.execution_options(conveyor_write=write)
+
+
+# ------------------------------------------------------------------ clock
+async def test_db_now_is_wall_clock_microseconds(store: TaskStore) -> None:
+    before = time.time()
+    now = await store._run(lambda conn: store._current_now_us(conn), write=False)
+    after = time.time()
+    # Postgres reads the server's clock: same host here, so within a second.
+    assert before - 1 <= now / 1e6 <= after + 1
+
+
+async def test_db_now_is_stable_within_a_statement(store: TaskStore) -> None:
+    clock = store._db_now()
+
+    async def work(conn: AsyncConnection) -> tuple[int, int]:
+        row = (await conn.execute(select(clock.label("a"), clock.label("b")))).one()
+        return int(row.a), int(row.b)
+
+    a, b = await store._run(work, write=False)
+    assert a == b
+
+
+async def test_db_now_never_goes_back_between_transactions(store: TaskStore) -> None:
+    readings = [
+        await store._run(lambda conn: store._current_now_us(conn), write=False) for _ in range(5)
+    ]
+    assert readings == sorted(readings)
+
+
+# -------------------------------------------------------------- engine
+async def test_reader_runs_beside_a_writer(store: TaskStore) -> None:
+    """A write transaction in progress does not block a read transaction."""
+    writer = await _conn(store)
+    reader = await _conn(store, write=False)
+    try:
+        await writer.begin()
+        await writer.execute(store._upsert(cn).values(queue="q", grp="", status="x", n=1))
+        await reader.begin()
+        seen = await asyncio.wait_for(reader.execute(select(cn.c.n)), 5)
+        assert list(seen) == []  # not committed yet
+        await reader.rollback()
+        await writer.commit()
+    finally:
+        await writer.close()
+        await reader.close()
+
+
+async def test_two_writers_never_fail_on_lock_upgrade(store: TaskStore) -> None:
+    """Read-then-write transactions of two connections both commit (one waits)."""
+
+    async def bump(conn: AsyncConnection) -> None:
+        n = (await conn.execute(select(cn.c.n).where(cn.c.queue == "q"))).scalar()
+        await asyncio.sleep(0.05)
+        await conn.execute(update(cn).where(cn.c.queue == "q").values(n=(n or 0) + 1))
+
+    await store._run(
+        lambda conn: conn.execute(store._upsert(cn).values(queue="q", grp="", status="x", n=0))
+    )
+    await asyncio.gather(store._run(bump), store._run(bump))
+    total = await store._run(lambda conn: _scalar(conn, select(cn.c.n)), write=False)
+    assert total in (1, 2)  # Postgres may let both read 0; neither may fail
+
+
+async def _scalar(conn: AsyncConnection, stmt: Any) -> Any:
+    return (await conn.execute(stmt)).scalar()
+
+
+# ------------------------------------------------------------- locking
+async def _seed(store: TaskStore, n: int) -> list[int]:
+    tasks = await store.submit_many([{"name": "t", "queue": "q"} for _ in range(n)])
+    seqs = await store._run(
+        lambda conn: codec.fetch_tasks(conn, q.QUEUE_MODE, ids=[x.id for x in tasks])
+    )
+    assert len(seqs) == n
+
+    async def order(conn: AsyncConnection) -> list[int]:
+        rows = await conn.execute(select(t.c.seq).order_by(t.c.seq))
+        return list(rows.scalars())
+
+    return await store._run(order, write=False)
+
+
+async def test_lock_candidates_never_hands_one_row_to_two(store: TaskStore) -> None:
+    first_seq, second_seq = await _seed(store, 2)
+    now = store._now()
+    pick = store._lock_candidates(q.ready_plain(q.QUEUE_MODE, ["q"], now).limit(1))
+    a = await _conn(store)
+    b = await _conn(store)
+    try:
+        await a.begin()
+        got_a = (await a.execute(pick)).scalar()
+        assert got_a == first_seq
+
+        async def other() -> Any:
+            await b.begin()
+            got = (await b.execute(pick)).scalar()
+            await b.commit()
+            return got
+
+        later = asyncio.create_task(other())
+        await asyncio.sleep(SETTLE)
+        await a.execute(update(d).where(d.c.task_seq == got_a).values(status="running"))
+        await a.commit()
+        got_b = await asyncio.wait_for(later, 10)
+        assert got_b == second_seq
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_lock_rows_holds_writers_until_commit(store: TaskStore) -> None:
+    [seq] = await _seed(store, 1)
+    locked = store._lock_rows(select(d.c.status).where(d.c.task_seq == seq))
+    a = await _conn(store)
+    try:
+        await a.begin()
+        assert (await a.execute(locked)).scalar() == "queued"
+        done = asyncio.Event()
+
+        async def writer(conn: AsyncConnection) -> None:
+            await conn.execute(update(d).where(d.c.task_seq == seq).values(priority=5))
+
+        async def other() -> None:
+            await store._run(writer)
+            done.set()
+
+        later = asyncio.create_task(other())
+        await asyncio.sleep(SETTLE)
+        assert not done.is_set(), "a write got past a row lock"
+        await a.commit()
+        await asyncio.wait_for(later, 10)
+    finally:
+        await a.close()
+
+
+async def test_backfill_barrier_holds_producers_back(store: TaskStore) -> None:
+    a = await _conn(store)
+    try:
+        await a.begin()
+        await store._lock_for_backfill(a)
+        submitted = asyncio.create_task(store.submit("t", queue="q"))
+        await asyncio.sleep(SETTLE)
+        assert not submitted.done(), "a producer got past the backfill barrier"
+        await a.commit()
+        await asyncio.wait_for(submitted, 10)
+    finally:
+        await a.close()
+
+
+async def test_migration_lock_serialises(store: TaskStore) -> None:
+    a = await _conn(store)
+    b = await _conn(store)
+    try:
+        await a.begin()
+        await a.run_sync(store._lock_for_migration)
+        entered = asyncio.Event()
+
+        async def other() -> None:
+            await b.begin()
+            await b.run_sync(store._lock_for_migration)
+            entered.set()
+            await b.commit()
+
+        later = asyncio.create_task(other())
+        await asyncio.sleep(SETTLE)
+        assert not entered.is_set(), "two migrations ran at once"
+        await a.commit()
+        await asyncio.wait_for(later, 10)
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_maintenance_lock_lets_at_most_one_collide(store: TaskStore, backend: str) -> None:
+    async with store._maintenance_lock() as first:
+        assert first is True
+        async with store._maintenance_lock() as second:
+            # Postgres passes could collide: the second caller skips. SQLite's passes
+            # are serialised by its write lock, so both may proceed.
+            assert second is (backend == "sqlite")
+    async with store._maintenance_lock() as again:
+        assert again is True
+
+
+async def test_transaction_gate_is_reentrant_across_calls(store: TaskStore) -> None:
+    async with store._transaction_gate(True):
+        pass
+    async with store._transaction_gate(False):
+        pass
+
+
+async def test_in_memory_gate_queues_transactions_in_order() -> None:
+    async with conveyor.connect("sqlite:///:memory:") as st:
+        order: list[int] = []
+
+        async def work(i: int) -> None:
+            async def body(conn: AsyncConnection) -> None:
+                order.append(i)
+                await asyncio.sleep(0.01)
+                await conn.execute(text("SELECT 1"))
+
+            await st._run(body)
+
+        await asyncio.gather(*(work(i) for i in range(5)))
+        assert order == list(range(5))
+
+
+# --------------------------------------------------- error classification
+async def _error(store: TaskStore, sql: str) -> DBAPIError:
+    conn = await _conn(store)
+    try:
+        with pytest.raises(DBAPIError) as info:
+            async with conn.begin():
+                await conn.execute(text(sql))
+    finally:
+        await conn.close()
+    return info.value
+
+
+async def test_is_transient(store: TaskStore, backend: str, store_url: str) -> None:
+    assert store._is_transient(await _error(store, "SELEC 1")) is False
+    if backend == "postgres":
+        for state in ("40001", "40P01"):
+            raised = await _error(
+                store, f"DO $$ BEGIN RAISE EXCEPTION 'x' USING ERRCODE = '{state}'; END $$"
+            )
+            assert store._is_transient(raised) is True
+        return
+    # SQLite: another connection holds the write lock and this one will not wait.
+    impatient = conveyor.connect(store_url, busy_timeout=0)
+    await impatient.open()
+    holder = await _conn(store)
+    try:
+        await holder.begin()
+        await holder.execute(store._upsert(cn).values(queue="q", grp="", status="x", n=1))
+        conn = await _conn(impatient)
+        try:
+            with pytest.raises(DBAPIError) as busy:
+                async with conn.begin():
+                    pass
+        finally:
+            await conn.close()
+        await holder.rollback()
+    finally:
+        await holder.close()
+        await impatient.close()
+    assert impatient._is_transient(busy.value) is True
+
+
+# ------------------------------------------------------------ statements
+async def test_upsert_does_nothing_or_updates(store: TaskStore) -> None:
+    async def work(conn: AsyncConnection) -> list[int]:
+        ins = store._upsert(cn).values(queue="q", grp="", status="x", n=1)
+        await conn.execute(ins.on_conflict_do_nothing(index_elements=["queue", "grp", "status"]))
+        await conn.execute(ins.on_conflict_do_nothing(index_elements=["queue", "grp", "status"]))
+        first = (await conn.execute(select(cn.c.n))).scalar_one()
+        await conn.execute(
+            ins.on_conflict_do_update(
+                index_elements=["queue", "grp", "status"], set_={"n": cn.c.n + 5}
+            )
+        )
+        second = (await conn.execute(select(cn.c.n))).scalar_one()
+        return [first, second]
+
+    assert await store._run(work) == [1, 6]
+
+
+async def test_returning_view_returns_the_task_as_the_view_reads_it(store: TaskStore) -> None:
+    task = await store.submit("t", {"a": 1}, queue="q", key="k1", metadata={"m": 2})
+
+    async def work(conn: AsyncConnection) -> tuple[Any, Any]:
+        stmt = store._returning_view(
+            update(d)
+            .where(d.c.task_seq == q.task_seq_of(task.id), d.c.grp == q.QUEUE_MODE)
+            .values(priority=d.c.priority)
+        )
+        rows = list(await conn.execute(stmt))
+        fetched = await codec.fetch_tasks(conn, q.QUEUE_MODE, ids=[task.id])
+        return rows, fetched
+
+    rows, fetched = await store._run(work)
+    assert len(rows) == 1
+    names = {c.name for c in q.view_columns()}
+    assert names <= set(rows[0]._mapping)
+    assert codec.row_to_task(rows[0]) == fetched[task.id]
+
+
+async def test_claim_probe_is_none_or_says_whether_work_is_there(store: TaskStore) -> None:
+    now = store._now()
+    probe = store._claim_probe(q.QUEUE_MODE, ["q"], None, now)
+    if probe is None:
+        return  # the dialect's claims go straight in
+
+    async def ask(conn: AsyncConnection) -> bool:
+        assert probe is not None
+        return any((await conn.execute(probe)).one())
+
+    assert await store._run(ask, write=False) is False
+    await store.submit("t", queue="q")
+    probe = store._claim_probe(q.QUEUE_MODE, ["q"], None, store._now())
+    assert await store._run(ask, write=False) is True
+
+
+# ---------------------------------------------------------- wake channel
+async def test_notify_reaches_other_stores_only_on_commit(
+    store: TaskStore, store_url: str, backend: str
+) -> None:
+    async with conveyor.connect(store_url) as other:
+        await other.open()
+        await asyncio.sleep(0.2)  # let a listener settle
+
+        async def rolled_back(conn: AsyncConnection) -> None:
+            await store._notify(conn, ["q"], done=False)
+            raise RuntimeError("roll back")
+
+        with pytest.raises(RuntimeError):
+            await store._run(rolled_back)
+        assert await other.wait_for_work(["q"], SETTLE) is False
+
+        await store._run(lambda conn: store._notify(conn, ["q"], done=False))
+        woke = await other.wait_for_work(["q"], 3)
+        # SQLite has no cross-process channel: its waiters poll.
+        assert woke is (backend == "postgres")
+
+
+async def test_start_and_stop_wake_are_repeatable(store_url: str) -> None:
+    st = conveyor.connect(store_url)
+    for _ in range(2):
+        await st.open()
+        await st.close()
