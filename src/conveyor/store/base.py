@@ -203,7 +203,7 @@ class TaskStore(InspectReads):
         with tracing.producer_span(prepared):
             if connection is not None:
                 return await producer.submit_in(self, connection, prepared)
-            tasks = await self._run(lambda conn: producer.submit_tx(self, conn, prepared))
+            tasks = await producer.submit(self, prepared)
         wake.wake_local(self, work=True)
         return tasks
 

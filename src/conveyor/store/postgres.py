@@ -166,6 +166,50 @@ FROM note LEFT JOIN (
 
 _CLAIM_TEXTS = {True: _claim_text(True), False: _claim_text(False)}
 
+# Submit plain tasks (no key, partition or parent) in one statement: insert the
+# task rows, fan out their delivery rows (queue mode and every active group) and
+# announce the queues, all from arrays. Data-modifying CTEs, which SQLite lacks.
+_SUBMIT_TEXT = f"""
+WITH req AS (
+    SELECT * FROM unnest(
+        %(ids)s::text[], %(names)s::text[], %(queues)s::text[], %(payloads)s::text[],
+        %(metadatas)s::text[], %(priorities)s::int[], %(max_attempts)s::int[],
+        %(backoffs)s::text[], %(delays)s::bigint[], %(run_ats)s::bigint[],
+        %(correlation_ids)s::text[]
+    ) WITH ORDINALITY AS r(id, name, queue, payload, metadata, priority, max_attempts,
+                           backoff, delay_us, run_at_us, correlation_id, n)
+),
+clock AS (SELECT {_NOW} AS now),
+ins AS (
+    INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
+        max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
+    SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
+        coalesce(r.max_attempts, s.max_attempts, {q.DEFAULT_MAX_ATTEMPTS}),
+        coalesce(r.backoff, s.backoff), c.now,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), NULL, NULL, r.id,
+        r.correlation_id
+    FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
+    ORDER BY r.n
+    RETURNING seq, id, queue, priority, max_attempts, created_at, run_at
+),
+fan AS (
+    INSERT INTO conveyor_deliveries (task_seq, grp, queue, partition, priority,
+        max_attempts, status, attempt, run_at)
+    SELECT i.seq, '{q.QUEUE_MODE}', i.queue, NULL, i.priority, i.max_attempts, 'queued', 0,
+        i.run_at
+    FROM ins AS i
+    UNION ALL
+    SELECT i.seq, g.name, i.queue, NULL, i.priority, i.max_attempts, 'queued', 0, i.run_at
+    FROM ins AS i JOIN conveyor_groups AS g ON g.queue = i.queue AND g.active
+        AND (g.start_at IS NULL OR g.start_at <= i.created_at)
+),
+note AS (
+    SELECT count(pg_notify('{{work}}', w.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM ins) AS w
+)
+SELECT ins.id, ins.max_attempts, ins.created_at, ins.run_at FROM note, ins
+"""
+
 
 class PostgresStore(TaskStore):
     """conveyor on PostgreSQL (psycopg 3)."""
@@ -348,6 +392,9 @@ class PostgresStore(TaskStore):
 
     def _claim_statement(self, single_queue: bool) -> str | None:
         return _CLAIM_TEXTS[single_queue]
+
+    def _submit_statement(self) -> str | None:
+        return _SUBMIT_TEXT.replace("{work}", pg_listen.WORK_CHANNEL)
 
     def _ack_statement(self) -> str | None:
         return _ACK_TEXT.replace("{done}", pg_listen.DONE_CHANNEL)

@@ -120,6 +120,57 @@ def prepare(req: Mapping[str, Any], *, max_size: int | None = None) -> Request:
     )
 
 
+async def submit(st: Seam, reqs: list[Request]) -> list[Task]:
+    """Insert the requests in one transaction; the answering tasks in request order.
+    Plain requests (no key, partition or parent) go through the dialect's
+    one-statement submit where there is one."""
+    text = st._submit_statement()
+    if text is None or any(
+        r.key is not None or r.partition is not None or r.parent_id is not None for r in reqs
+    ):
+        return await tx.run(st, lambda conn: submit_tx(st, conn, reqs))
+    params = {
+        "ids": [r.id for r in reqs],
+        "names": [r.name for r in reqs],
+        "queues": [r.queue for r in reqs],
+        "payloads": [r.payload for r in reqs],
+        "metadatas": [r.metadata for r in reqs],
+        "priorities": [r.priority for r in reqs],
+        "max_attempts": [r.max_attempts for r in reqs],
+        "backoffs": [r.backoff for r in reqs],
+        "delays": [r.delay_us for r in reqs],
+        "run_ats": [r.run_at_us for r in reqs],
+        "correlation_ids": [r.correlation_id for r in reqs],
+        "offset_us": round(st.clock_offset * v.US),
+    }
+
+    async def one(conn: AsyncConnection) -> list[Any]:
+        return list(await conn.exec_driver_sql(text, params))
+
+    stored = {row.id: row for row in await tx.run(st, one, autocommit=True)}
+    out = []
+    for r in reqs:
+        row = stored[r.id]
+        fields = {
+            "id": r.id,
+            "name": r.name,
+            "queue": r.queue,
+            "partition": None,
+            "priority": r.priority,
+            "max_attempts": row.max_attempts,
+            "run_at": int(row.run_at),
+            "created_at": int(row.created_at),
+            "key": None,
+            "parent_id": None,
+            "root_id": r.id,
+            "correlation_id": r.correlation_id,
+        }
+        out.append(
+            codec.new_task(fields, payload=json.loads(r.payload), metadata=json.loads(r.metadata))
+        )
+    return out
+
+
 async def submit_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> list[Task]:
     """Insert the requests (keys resolved first); the answering tasks in request order."""
     # 1. Idempotency keys: claim each key first. A concurrent submit of the same

@@ -195,6 +195,20 @@ class Seam(abc.ABC):
         expired lease in these queues means the step-by-step claim must decide."""
 
     @abc.abstractmethod
+    def _submit_statement(self) -> str | None:
+        """Driver SQL that submits plain tasks (no key, partition or parent) in one
+        statement: task rows, their delivery rows for queue mode and every active
+        group of the queue (as :func:`conveyor.statements.fan_out`), and the
+        new-work announcement of their queues; or ``None`` (step by step instead).
+
+        Bind parameters: equal-length lists ``ids``, ``names``, ``queues``,
+        ``payloads``, ``metadatas`` (JSON text), ``priorities``, ``max_attempts``,
+        ``backoffs`` (JSON text), ``delays`` and ``run_ats`` (microseconds),
+        ``correlation_ids`` (``None`` entries: the queue's setting or the default,
+        or no value), and ``offset_us``. Returns one row per task: ``id``,
+        ``max_attempts``, ``created_at``, ``run_at`` as stored."""
+
+    @abc.abstractmethod
     def _ack_statement(self) -> str | None:
         """Driver SQL that finishes a batch of unpartitioned leased rows as
         ``succeeded`` in one statement, each fenced on its own, and announces "some

@@ -213,6 +213,10 @@ class SQLiteStore(TaskStore):
         # holds the write lock, so it costs no extra round trips to a server.
         return None
 
+    def _submit_statement(self) -> str | None:
+        # No data-modifying CTEs; step by step on the connection holding the lock.
+        return None
+
     def _ack_statement(self) -> str | None:
         # No UPDATE … FROM a set-returning function of arrays; step by step instead.
         return None
