@@ -529,10 +529,11 @@ class TaskStore(InspectReads):
         if not todo:
             return [o for o in outcomes if o is not None]
 
-        out = await self._run(lambda conn: consumer.succeed_many_tx(self, conn, outcomes, todo))
-        result = [o for o in out if o is not None]
-        wake.wake_local(self, work=any(isinstance(o, Task) and o.partition for o in result))
-        return result
+        out, partitioned = await self._run(
+            lambda conn: consumer.succeed_many_tx(self, conn, outcomes, todo)
+        )
+        wake.wake_local(self, work=partitioned)
+        return [o for o in out if o is not None]
 
     async def ack_many(
         self, items: Iterable[Mapping[str, Any]]

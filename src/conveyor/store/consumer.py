@@ -458,9 +458,13 @@ async def succeed_many_tx(
     conn: AsyncConnection,
     outcomes: list[Task | ConveyorError | None],
     todo: list[AckItem],
-) -> list[Task | ConveyorError | None]:
+    *,
+    read_back: bool = True,
+) -> tuple[list[Task | ConveyorError | None], bool]:
     """Finish the leased ``todo`` items, each fenced on its own; fill ``outcomes``
-    (a copy) at their indexes with the task or the error it met."""
+    (a copy) at their indexes with the task (``read_back``; else left ``None``) or
+    the error it met. Also returns whether a partitioned task finished (its stream
+    may have work for the next claimer)."""
     out = list(outcomes)
     ids = sorted({item[1] for item in todo})
     idents = list(
@@ -477,7 +481,8 @@ async def succeed_many_tx(
         conn,
         [(where[it[1]].queue, it[3], where[it[1]].partition) for it in todo if it[1] in where],
     )
-    finished: list[Task] = []
+    finished: list[str] = []
+    queues: set[str] = set()
     touched: set[tuple[str, str, str]] = set()
     for (worker_id, grp), mine in owners.items():
         wanted = sorted({seq_of[m[1]] for m in mine if m[1] in seq_of})
@@ -497,14 +502,17 @@ async def succeed_many_tx(
                 [{"b_seq": seq, "b_result": res} for seq, res in ok.items()],
             )
             for seq in ok:
+                queues.add(held[seq].queue)
                 if held[seq].partition is not None:
                     touched.add((held[seq].queue, grp, held[seq].partition))
-        tasks_by_seq = await codec.fetch_tasks(conn, grp, seqs=sorted(ok)) if ok else {}
+        tasks_by_seq: dict[Any, Task] = {}
+        if ok and read_back:
+            tasks_by_seq = await codec.fetch_tasks(conn, grp, seqs=sorted(ok))
         for i, task_id, _attempt, _encoded in mine:
-            found = tasks_by_seq.get(seq_of.get(task_id, -1))
-            if found is not None:
-                out[i] = found
-                finished.append(found)
+            seq = seq_of.get(task_id, -1)
+            if seq in ok:
+                out[i] = tasks_by_seq.get(seq)
+                finished.append(task_id)
                 continue
             try:
                 await explain_lost(conn, task_id, grp)
@@ -512,11 +520,10 @@ async def succeed_many_tx(
                 out[i] = exc
     await streams.refresh(st, conn, touched)
     if finished:
-        queues = {task.queue for task in finished}
-        await st._notify(conn, queues, done=True, task_ids=[x.id for x in finished])
+        await st._notify(conn, queues, done=True, task_ids=finished)
         if touched:
             await st._notify(conn, {key[0] for key in touched}, done=False)
-    return out
+    return out, bool(touched)
 
 
 async def ack_many(
@@ -548,8 +555,9 @@ async def ack_many(
             wake.wake_local(st, work=False)
     out: list[Task | ConveyorError | None] = list(outcomes)
     if left:
-        out = await tx.run(st, lambda conn: succeed_many_tx(st, conn, outcomes, left))
-        partitioned = any(isinstance(o, Task) and o.partition for o in out)
+        out, partitioned = await tx.run(
+            st, lambda conn: succeed_many_tx(st, conn, outcomes, left, read_back=False)
+        )
         wake.wake_local(st, work=partitioned)
     return [o if isinstance(o, ConveyorError) else None for o in out]
 
