@@ -33,7 +33,12 @@ from conveyor.schema import tasks as t
 from conveyor.store import pg_listen
 from conveyor.store.base import TaskStore
 
-TRANSIENT_SQLSTATES = frozenset({"40001", "40P01"})
+# Serialization failure and deadlock; and the server ending the session (admin
+# shutdown, crash shutdown, cannot connect now): the server sends these instead of
+# running the statement, and a transaction it ends is rolled back, so nothing of
+# the call took effect, even for a single statement run in autocommit. That is what
+# makes a pooled connection found dead safe to retry without a pre-ping.
+TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "57P01", "57P02", "57P03"})
 DISK_FULL = "53100"
 # The protocol locks a row and then re-reads what it guards (a stream's head, a
 # key's holder) expecting to see what committed meanwhile: READ COMMITTED only.
