@@ -2,7 +2,7 @@
 ``App`` + ``Worker`` with their defaults (only ``concurrency`` and ``group`` set).
 
 Store-level processing: ``concurrency`` coroutines over one store, each
-``claim(limit=k)`` then ``succeed()`` (k = 1) or ``succeed_many()`` for the batch.
+``claim(limit=k)`` then ``ack_many()`` for the batch (the lean acknowledgement).
 
 The finished history of the claim-cost workload is seeded with plain SQL: one
 task is submitted, claimed and finished through the API, then its rows are
@@ -144,16 +144,11 @@ async def store_consume(spec: dict[str, Any], probe: Probe) -> None:
                 tasks = await store.claim(QUEUE, worker_id=worker, limit=k)
                 if not tasks:
                     return
-                if k == 1:
-                    task = tasks[0]
-                    await store.succeed(task.id, worker_id=worker, attempt=task.attempt)
-                else:
-                    await store.succeed_many(
-                        [
-                            {"task_id": t.id, "worker_id": worker, "attempt": t.attempt}
-                            for t in tasks
-                        ]
-                    )
+                failed = await store.ack_many(
+                    [{"task_id": t.id, "worker_id": worker, "attempt": t.attempt} for t in tasks]
+                )
+                if any(failed):
+                    raise RuntimeError(f"acknowledgements failed: {failed}")
                 for task in tasks:
                     probe.ran(task.payload["args"][0])
 

@@ -15,23 +15,24 @@ class Acks:
     """Group commit for successes: finished tasks are acknowledged together.
 
     The first finisher becomes the leader and writes every success queued so
-    far in one transaction (:meth:`TaskStore.succeed_many`, still fenced per
-    task), and again for those that arrived meanwhile, until none are left. Under
-    load one commit serves many tasks; alone, a task is acknowledged at once.
+    far in one transaction (:meth:`TaskStore.ack_many`: one statement where the
+    backend allows, still fenced per task, no task rows read back), and again for
+    those that arrived meanwhile, until none are left. Under load one commit serves
+    many tasks; alone, a task is acknowledged at once.
     """
 
     def __init__(self, store: TaskStore, worker_id: str, group: str | None) -> None:
         self.store = store
         self.worker_id = worker_id
         self.group = group
-        self.pending: list[tuple[Task, Any, asyncio.Future[Task | ConveyorError]]] = []
+        self.pending: list[tuple[Task, Any, asyncio.Future[ConveyorError | None]]] = []
         self.leading = False
         #: Told the size of each acknowledgement batch (the worker's metrics).
         self.observe: Callable[[int], None] = _ignore
 
-    async def succeed(self, task: Task, result: Any) -> Task:
+    async def succeed(self, task: Task, result: Any) -> None:
         """Acknowledge ``task``; raises what its own write met (LostLease, ...)."""
-        future: asyncio.Future[Task | ConveyorError] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[ConveyorError | None] = asyncio.get_running_loop().create_future()
         self.pending.append((task, result, future))
         if not self.leading:
             self.leading = True
@@ -46,12 +47,11 @@ class Acks:
                         waiting.set_exception(StoreUnavailable("acknowledgement interrupted"))
                 self.pending = []
         outcome = await future
-        if isinstance(outcome, BaseException):
+        if outcome is not None:
             raise outcome
-        return outcome
 
     async def _flush(
-        self, batch: list[tuple[Task, Any, asyncio.Future[Task | ConveyorError]]]
+        self, batch: list[tuple[Task, Any, asyncio.Future[ConveyorError | None]]]
     ) -> None:
         items = [
             {
@@ -65,7 +65,7 @@ class Acks:
         ]
         self.observe(len(items))
         try:
-            outcomes: list[Task | ConveyorError] = await self.store.succeed_many(items)
+            outcomes = await self.store.ack_many(items)
         except Exception as exc:
             # Every waiter, the leader included, gets the error from its own future:
             # raising it here as well would leave the leader's future unretrieved.

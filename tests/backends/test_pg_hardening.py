@@ -45,9 +45,9 @@ async def test_serialization_failure_is_retried(pg: TaskStore) -> None:
         nonlocal calls
         calls += 1
         if calls < 3:
-            await conn.execute(text(
-                "DO $$ BEGIN RAISE EXCEPTION 'conflict' USING ERRCODE = '40001'; END $$"
-            ))
+            await conn.execute(
+                text("DO $$ BEGIN RAISE EXCEPTION 'conflict' USING ERRCODE = '40001'; END $$")
+            )
         return "done"
 
     assert await pg._run(flaky) == "done"
@@ -56,9 +56,9 @@ async def test_serialization_failure_is_retried(pg: TaskStore) -> None:
 
 async def test_persistent_serialization_failure_surfaces_as_conveyor_error(pg: TaskStore) -> None:
     async def always(conn: AsyncConnection) -> None:
-        await conn.execute(text(
-            "DO $$ BEGIN RAISE EXCEPTION 'conflict' USING ERRCODE = '40001'; END $$"
-        ))
+        await conn.execute(
+            text("DO $$ BEGIN RAISE EXCEPTION 'conflict' USING ERRCODE = '40001'; END $$")
+        )
 
     with pytest.raises(StoreUnavailable):
         await pg._run(always)
@@ -90,10 +90,12 @@ async def test_connection_loss_is_a_clear_error_and_the_pool_recovers(pg: TaskSt
     await pg.submit("before")
 
     async def terminate_others(conn: AsyncConnection) -> None:
-        await conn.execute(text(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        ))
+        await conn.execute(
+            text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        )
 
     async def killed_mid_call(conn: AsyncConnection) -> None:
         await conn.execute(text("SELECT pg_terminate_backend(pg_backend_pid())"))

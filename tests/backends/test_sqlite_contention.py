@@ -47,7 +47,9 @@ def test_four_processes_hammering_one_file(tmp_path: Path) -> None:
     procs = [
         subprocess.Popen(
             [sys.executable, str(script), url, str(me), str(n)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for me in range(4)
     ]

@@ -12,8 +12,18 @@ from conveyor import Status
 
 def test_queue_settings_round_trip(store_url: str) -> None:
     settings = ok_json(
-        "queue", "set", "emails", "--lease", "60", "--max-attempts", "5",
-        "--backoff", '{"base": 2, "max": 600}', "--retention", "86400", "--groups-only",
+        "queue",
+        "set",
+        "emails",
+        "--lease",
+        "60",
+        "--max-attempts",
+        "5",
+        "--backoff",
+        '{"base": 2, "max": 600}',
+        "--retention",
+        "86400",
+        "--groups-only",
         url=store_url,
     )
     assert settings["lease"] == 60 and settings["max_attempts"] == 5

@@ -245,13 +245,18 @@ async def _hammer(url: str, logdir: str, name: str, duration: float) -> None:
         while time.monotonic() - began < duration:
             try:
                 tasks = await store.submit_many(
-                    [{"name": "h", "payload": {"by": name, "n": n + i}, "queue": "hammer"}
-                     for i in range(5)]
+                    [
+                        {"name": "h", "payload": {"by": name, "n": n + i}, "queue": "hammer"}
+                        for i in range(5)
+                    ]
                 )
                 n += 5
-                os.write(fd, "".join(
-                    json.dumps({"op": "submit", "id": t.id}) + "\n" for t in tasks
-                ).encode())
+                os.write(
+                    fd,
+                    "".join(
+                        json.dumps({"op": "submit", "id": t.id}) + "\n" for t in tasks
+                    ).encode(),
+                )
                 for task in await store.claim("hammer", worker_id=name, lease=2.0, limit=5):
                     try:
                         await store.succeed(task.id, worker_id=name, attempt=task.attempt)

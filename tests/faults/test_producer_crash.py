@@ -130,9 +130,7 @@ def _run_txbatch(url: str, queue: str, tmp_path: Path, kill: str) -> None:
 
 
 @pytest.mark.timeout(240)
-def test_crash_inside_the_callers_transaction(
-    backend: str, store_url: str, tmp_path: Path
-) -> None:
+def test_crash_inside_the_callers_transaction(backend: str, store_url: str, tmp_path: Path) -> None:
     figures = Figures(
         scenario=f"caller_transaction_kill_{backend}",
         injected="kill -9 inside the caller's transaction (during submit_many, before commit)",

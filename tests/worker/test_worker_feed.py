@@ -56,13 +56,13 @@ async def test_concurrency_one_starts_the_next_task_before_the_ack_is_written(
 
     # Hold every acknowledgement until released: the store itself stays real.
     gate = asyncio.Event()
-    real = app.store.succeed_many
+    real = app.store.ack_many
 
     async def held_back(items: Any) -> Any:
         await gate.wait()
         return await real(items)
 
-    app.store.succeed_many = held_back  # type: ignore[method-assign]
+    app.store.ack_many = held_back  # type: ignore[method-assign]
     first = await step.submit(0)
     second = await step.submit(1)
     async with running(app.worker("q", concurrency=1, poll_interval=0.05)):
