@@ -176,6 +176,7 @@ class SyncStore:
     progress = _blocking(TaskStore.progress)
     succeed = _blocking(TaskStore.succeed)
     succeed_many = _blocking(TaskStore.succeed_many)
+    ack_many = _blocking(TaskStore.ack_many)
     fail = _blocking(TaskStore.fail)
     release = _blocking(TaskStore.release)
     snooze = _blocking(TaskStore.snooze)
