@@ -1,0 +1,146 @@
+"""A partitioned stream keeps moving once its head is acknowledged: the next task
+is claimed when the acknowledgement commits, not when a poll interval runs out."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+import conveyor
+from conveyor import Status
+from conveyor.worker import Context
+
+# A worker that missed a wake-up sleeps this long: a stall ends only after it, so
+# finishing within it shows that nothing waited for a poll (a behaviour check).
+POLL = 20.0
+TASKS = 30
+
+
+@pytest.fixture
+async def app(store_url: str) -> AsyncIterator[conveyor.App]:
+    application = conveyor.App(store_url)
+    try:
+        yield application
+    finally:
+        await application.close()
+
+
+async def test_one_partition_advances_on_ack_not_on_poll(app: conveyor.App) -> None:
+    order: list[int] = []
+
+    @app.task(queue="pw")
+    async def step(ctx: Context, n: int) -> None:
+        order.append(n)
+
+    handles = [await step.with_options(partition="only").submit(n) for n in range(TASKS)]
+    worker = app.worker("pw", concurrency=4, poll_interval=POLL, maintain_interval=None)
+    job = asyncio.create_task(worker.run())
+    try:
+        began = time.monotonic()
+        last = await app.store.wait(handles[-1].id, timeout=3 * POLL)
+        took = time.monotonic() - began
+    finally:
+        worker.stop()
+        await asyncio.wait_for(job, 15)
+    assert last.status is Status.SUCCEEDED
+    assert order == list(range(TASKS))
+    assert took < POLL, f"the stream advanced by polling ({took:.1f} s for {TASKS} tasks)"
+
+
+@pytest.mark.parametrize("group", [None, "audit"])
+async def test_mixed_streams_drain_on_ack_not_on_poll(app: conveyor.App, group: str | None) -> None:
+    done: list[int] = []
+
+    @app.task(queue="pm")
+    async def step(ctx: Context, n: int) -> None:
+        done.append(n)
+
+    requests = [
+        {
+            "name": step.name,
+            "payload": {"args": [n]},
+            "queue": "pm",
+            "partition": f"s{n % 16}" if n % 4 == 0 else None,
+        }
+        for n in range(200)
+    ]
+    if group:
+        await app.store.subscribe("pm", group)
+    handles = await app.store.submit_many(requests)
+    worker = app.worker(
+        "pm", concurrency=20, poll_interval=POLL, maintain_interval=None, group=group
+    )
+    job = asyncio.create_task(worker.run())
+    try:
+        began = time.monotonic()
+        for h in handles:
+            await app.store.wait(h.id, timeout=3 * POLL, group=group)
+        took = time.monotonic() - began
+    finally:
+        worker.stop()
+        await asyncio.wait_for(job, 15)
+    assert sorted(done) == list(range(200))
+    assert took < POLL, f"the streams advanced by polling ({took:.1f} s)"
+
+
+APP_SOURCE = """
+import os
+import conveyor
+
+app = conveyor.App(os.environ["CONVEYOR_URL"])
+
+
+@app.task(name="px", queue="px")
+async def px(ctx, n):
+    return n
+"""
+
+
+def test_two_worker_processes_advance_one_stream_on_ack(store_url: str, tmp_path: Path) -> None:
+    """Across processes: whichever worker acknowledges a head, the next task is
+    claimed at once by one of them (the other is woken by the wake channel, or
+    its own commit), never after a poll interval."""
+    (tmp_path / "pxapp.py").write_text(APP_SOURCE)
+    code = (
+        "from conveyor.app import load_app; load_app('pxapp:app').run_worker("
+        f"['px'], concurrency=4, poll_interval={POLL}, maintain_interval=None)"
+    )
+    env = {
+        **os.environ,
+        "CONVEYOR_URL": store_url,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+    }
+    with conveyor.connect_sync(store_url) as store:
+        handles = store.submit_many(
+            [
+                {"name": "px", "payload": {"args": [n]}, "queue": "px", "partition": "one"}
+                for n in range(TASKS)
+            ]
+        )
+        procs = [
+            subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.DEVNULL)
+            for _ in range(2)
+        ]
+        try:
+            done = [store.wait(h.id, timeout=60) for h in handles]
+        finally:
+            for proc in procs:
+                proc.send_signal(signal.SIGTERM)
+            for proc in procs:
+                proc.wait(30)
+    assert [t.status for t in done] == [Status.SUCCEEDED] * TASKS
+    starts = [t.started_at for t in done]
+    assert all(s is not None for s in starts) and starts == sorted(starts)  # type: ignore[type-var]
+    first, last = done[0].started_at, done[-1].finished_at
+    assert first is not None and last is not None
+    # Measured from the first start, so process start-up does not count.
+    span = (last - first).total_seconds()
+    assert span < POLL, f"the stream advanced by polling ({span:.1f} s for {TASKS} tasks)"
