@@ -35,7 +35,7 @@ from conveyor import tracing
 from conveyor.errors import InvalidArgument, NotFound
 from conveyor.models import Backoff, ConsumerGroup, Page, QueueStats, Status, Task
 from conveyor.schema import keys as k
-from conveyor.store import codec, groups, producer, streams, upkeep, wake
+from conveyor.store import codec, groups, producer, streams, texts, upkeep, wake
 from conveyor.store import transactions as tx
 from conveyor.store.inspect import InspectReads
 from conveyor.store.leases import MAX_LIMIT, LeaseOps
@@ -95,6 +95,7 @@ class TaskStore(LeaseOps, InspectReads):
             if self._engine is not None:
                 return
             engine = await tx.open_engine(self)
+            self._texts = texts.build(self, engine.dialect)
             self._work_waker = wake.Waker(remember=True)
             self._done_waker = wake.Waker()
             self._engine = engine

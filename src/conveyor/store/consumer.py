@@ -24,7 +24,7 @@ from conveyor.models import Task
 from conveyor.schema import deliveries as d
 from conveyor.schema import queues as qs
 from conveyor.schema import tasks as t
-from conveyor.store import codec, streams, upkeep, wake
+from conveyor.store import codec, streams, texts, upkeep, wake
 from conveyor.store import transactions as tx
 from conveyor.store.seam import Seam
 
@@ -115,7 +115,7 @@ async def claim_in_one(
     the dialect has none, or the statement found a free stream or an expired lease
     in these queues (it then leased nothing, and :func:`claim_tx` must decide)."""
     single = len(names) == 1
-    text = st._claim_statement(single)
+    text = await texts.get(st, "claim_one" if single else "claim_any")
     if text is None:
         return None
     params: dict[str, Any] = {
@@ -123,17 +123,12 @@ async def claim_in_one(
         "limit": limit,
         "worker_id": worker_id,
         "lease": lease,
-        "offset_us": round(st.clock_offset * v.US),
     }
     if single:
         params["queue"] = names[0]
     else:
         params["queues"] = list(names)
-
-    async def one(conn: AsyncConnection) -> list[Any]:
-        return list(await conn.exec_driver_sql(text, params))
-
-    rows = await tx.run(st, one, autocommit=True)
+    rows = await texts.alone(st, text, params)
     if rows[0].busy:
         return None
     taken = [(row.seq, codec.row_to_task(row)) for row in rows if row.id is not None]
@@ -534,7 +529,7 @@ async def ack_many(
     one-statement ack where there is one; the rest (and fence failures, to learn
     why) through :func:`succeed_many_tx`."""
     left = todo
-    text = st._ack_statement()
+    text = await texts.get(st, "ack_plain")
     if text is not None:
         params = {
             "ids": [item[1] for item in todo],
@@ -542,13 +537,8 @@ async def ack_many(
             "grps": [item[3] for item in todo],
             "attempts": [item[4] for item in todo],
             "results": [item[5] for item in todo],
-            "offset_us": round(st.clock_offset * v.US),
         }
-
-        async def one(conn: AsyncConnection) -> list[Any]:
-            return list(await conn.exec_driver_sql(text, params))
-
-        rows = await tx.run(st, one, autocommit=True)
+        rows = await texts.alone(st, text, params)
         missed = {row.idx for row in rows if row.idx is not None}
         left = [item for n, item in enumerate(todo, 1) if n in missed]
         if len(left) < len(todo):

@@ -16,22 +16,27 @@ What differs from SQLite, and only that:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Sequence
+import collections
+import functools
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, ClassVar
 
+import psycopg
 from sqlalchemy import BigInteger, ColumnElement, Select, Update, cast, event, extract, func, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.util import greenlet_spawn
 
 from conveyor import statements as q
 from conveyor.errors import ConfigurationError, InvalidArgument
 from conveyor.schema import deliveries as d
 from conveyor.schema import tasks as t
-from conveyor.store import pg_listen
+from conveyor.store import pg_listen, pg_texts
 from conveyor.store.base import TaskStore
+from conveyor.store.seam import DirectRunner
 
 # Serialization failure and deadlock; and the server ending the session (admin
 # shutdown, crash shutdown, cannot connect now): the server sends these instead of
@@ -64,156 +69,20 @@ def _read_committed(field: str, level: object) -> str:
     return ISOLATION_LEVEL
 
 
-# The clock of the one-statement texts below: the statement's moment in microseconds,
-# moved by the store's clock_offset (a bind parameter, so the text never changes).
-_NOW = "(floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + %(offset_us)s)"
-_TASK_SIDE = (
-    "seq id name queue partition payload metadata priority created_at key parent_id "
-    "root_id correlation_id"
-).split()
+@functools.lru_cache(maxsize=256)
+def _row_class(names: tuple[str, ...]) -> Any:
+    # Rows as SQLAlchemy's look to the protocol: attributes, positions and a mapping.
+    base = collections.namedtuple("Row", names, rename=True)  # type: ignore[misc]
+    return type("Row", (base,), {"__slots__": (), "_mapping": property(base._asdict)})
 
 
-def _view(taken: str, task: str) -> str:
-    """The columns of :func:`conveyor.statements.view_columns`, from an updated delivery
-    row ``taken`` joined to its task row ``task``."""
-    return ", ".join(
-        f"{task if col.name in _TASK_SIDE else taken}.{col.name}" for col in q.view_columns()
-    )
-
-
-def _claim_text(single_queue: bool) -> str:
-    # Pick, lock, lease and return the joined task rows in one statement: a
-    # data-modifying CTE, which SQLite does not have. The flags make the statement
-    # claim nothing when the step-by-step claim must run instead (a free stream to
-    # weigh against plain work, or expired leases to recover first).
-    queue = "queue = %(queue)s" if single_queue else "queue = ANY(%(queues)s::text[])"
-    return f"""
-WITH flags AS (
-    SELECT
-        EXISTS (
-            SELECT 1 FROM conveyor_streams
-            WHERE grp = %(grp)s AND {queue}
-              AND available_at IS NOT NULL AND available_at <= {_NOW}
-        )
-        OR EXISTS (
-            SELECT 1 FROM conveyor_deliveries
-            WHERE status = 'running' AND grp = %(grp)s AND {queue}
-              AND lease_expires_at < {_NOW}
-        ) AS busy
-),
-pick AS (
-    SELECT p.task_seq, coalesce(
-        %(lease)s::float8,
-        (SELECT s.lease FROM conveyor_queues AS s WHERE s.queue = p.queue),
-        {q.DEFAULT_LEASE}
-    ) AS length
-    FROM conveyor_deliveries AS p
-    WHERE grp = %(grp)s AND {queue} AND status = 'queued' AND partition IS NULL
-      AND run_at <= {_NOW} AND NOT (SELECT busy FROM flags)
-    ORDER BY priority DESC, run_at, task_seq
-    LIMIT %(limit)s
-    FOR UPDATE OF p SKIP LOCKED
-),
-taken AS (
-    UPDATE conveyor_deliveries AS d SET
-        status = 'running',
-        attempt = d.attempt + 1,
-        worker_id = %(worker_id)s,
-        lease = pick.length,
-        lease_expires_at = {_NOW} + CAST(round(1000000.0 * pick.length) AS bigint),
-        started_at = coalesce(d.started_at, {_NOW}),
-        progress = NULL,
-        progress_message = NULL
-    FROM pick
-    WHERE d.grp = %(grp)s AND d.{queue} AND d.task_seq = pick.task_seq
-      AND d.status = 'queued'
-    RETURNING d.*
-)
-SELECT flags.busy, {_view("x", "t")}
-FROM flags LEFT JOIN (taken AS x JOIN conveyor_tasks AS t ON t.seq = x.task_seq) ON true
-"""
-
-
-# Acknowledge a batch in one statement: each item fenced on its own (leased to its
-# worker, on its attempt), one "some tasks finished" notification for the batch,
-# and only what the caller needs back: the items that failed the fence, and those
-# left for the step-by-step path (partitioned rows, whose stream must be refreshed
-# in the same transaction). ``note`` drives the final join, so it always runs.
-_ACK_TEXT = f"""
-WITH items AS (
-    SELECT * FROM unnest(
-        %(ids)s::text[], %(workers)s::text[], %(grps)s::text[], %(attempts)s::int[],
-        %(results)s::text[]
-    ) WITH ORDINALITY AS i(id, worker_id, grp, attempt, result, idx)
-),
-done AS (
-    UPDATE conveyor_deliveries AS d SET
-        status = 'succeeded',
-        result = i.result,
-        finished_at = {_NOW},
-        lease_expires_at = NULL
-    FROM items AS i JOIN conveyor_tasks AS t ON t.id = i.id
-    WHERE d.task_seq = t.seq AND d.grp = i.grp AND d.status = 'running'
-      AND d.worker_id = i.worker_id AND (i.attempt IS NULL OR d.attempt = i.attempt)
-      AND d.partition IS NULL
-    RETURNING t.id, d.grp
-),
-note AS (
-    SELECT count(pg_notify('{{done}}', '')) AS n FROM (SELECT 1 FROM done LIMIT 1) AS any_done
-)
-SELECT lost.idx
-FROM note LEFT JOIN (
-    SELECT i.idx FROM items AS i
-    WHERE NOT EXISTS (SELECT 1 FROM done WHERE done.id = i.id AND done.grp = i.grp)
-) AS lost ON true
-"""
-
-
-_CLAIM_TEXTS = {True: _claim_text(True), False: _claim_text(False)}
-
-# Submit plain tasks (no key, partition or parent) in one statement: insert the
-# task rows, fan out their delivery rows (queue mode and every active group) and
-# announce the queues, all from arrays. Data-modifying CTEs, which SQLite lacks.
-_SUBMIT_TEXT = f"""
-WITH req AS (
-    SELECT * FROM unnest(
-        %(ids)s::text[], %(names)s::text[], %(queues)s::text[], %(payloads)s::text[],
-        %(metadatas)s::text[], %(priorities)s::int[], %(max_attempts)s::int[],
-        %(backoffs)s::text[], %(delays)s::bigint[], %(run_ats)s::bigint[],
-        %(correlation_ids)s::text[]
-    ) WITH ORDINALITY AS r(id, name, queue, payload, metadata, priority, max_attempts,
-                           backoff, delay_us, run_at_us, correlation_id, n)
-),
-clock AS (SELECT {_NOW} AS now),
-ins AS (
-    INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
-        max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
-    SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
-        coalesce(r.max_attempts, s.max_attempts, {q.DEFAULT_MAX_ATTEMPTS}),
-        coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), NULL, NULL, r.id,
-        r.correlation_id
-    FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
-    ORDER BY r.n
-    RETURNING seq, id, queue, priority, max_attempts, created_at, run_at
-),
-fan AS (
-    INSERT INTO conveyor_deliveries (task_seq, grp, queue, partition, priority,
-        max_attempts, status, attempt, run_at)
-    SELECT i.seq, '{q.QUEUE_MODE}', i.queue, NULL, i.priority, i.max_attempts, 'queued', 0,
-        i.run_at
-    FROM ins AS i
-    UNION ALL
-    SELECT i.seq, g.name, i.queue, NULL, i.priority, i.max_attempts, 'queued', 0, i.run_at
-    FROM ins AS i JOIN conveyor_groups AS g ON g.queue = i.queue AND g.active
-        AND (g.start_at IS NULL OR g.start_at <= i.created_at)
-),
-note AS (
-    SELECT count(pg_notify('{{work}}', w.queue)) AS n
-    FROM (SELECT DISTINCT queue FROM ins) AS w
-)
-SELECT ins.id, ins.max_attempts, ins.created_at, ins.run_at FROM note, ins
-"""
+def _mapped_row(cursor: Any) -> Callable[[Sequence[Any]], Any]:
+    """psycopg row factory: tuples with attribute access and ``_mapping``."""
+    desc = cursor.description
+    if desc is None:
+        return tuple
+    make = _row_class(tuple(col.name for col in desc))._make
+    return make  # type: ignore[no-any-return]
 
 
 class PostgresStore(TaskStore):
@@ -395,14 +264,38 @@ class PostgresStore(TaskStore):
         # An idle claim takes no lock worth sparing (SKIP LOCKED, row locks only).
         return None
 
-    def _claim_statement(self, single_queue: bool) -> str | None:
-        return _CLAIM_TEXTS[single_queue]
+    def _statement_texts(self) -> Mapping[str, str]:
+        return pg_texts.texts()
 
-    def _submit_statement(self) -> str | None:
-        return _SUBMIT_TEXT.replace("{work}", pg_listen.WORK_CHANNEL)
+    def _direct_runner(self) -> DirectRunner | None:
+        # Outside a transaction the timeouts hold only when set on the connection.
+        return self._run_direct if self.autocommit_single else None
 
-    def _ack_statement(self) -> str | None:
-        return _ACK_TEXT.replace("{done}", pg_listen.DONE_CHANNEL)
+    async def _run_direct(self, sql: str, params: Mapping[str, Any]) -> list[Any]:
+        # The psycopg connection the pool hands out, switched to autocommit for the one
+        # statement: no SQLAlchemy Connection, execution context or result wrapping.
+        assert self._engine is not None
+        raw = await self._engine.raw_connection()
+        dead = False
+        try:
+            driver: psycopg.AsyncConnection[Any] = raw.driver_connection  # type: ignore[assignment]
+            await driver.set_autocommit(True)
+            try:
+                cur = driver.cursor(row_factory=_mapped_row)
+                await cur.execute(sql, params)
+                return await cur.fetchall() if cur.description is not None else []
+            finally:
+                if not driver.closed:
+                    await driver.set_autocommit(False)
+        except psycopg.Error as exc:
+            dead = raw.driver_connection is None or raw.driver_connection.closed
+            raise DBAPIError.instance(
+                sql, params, exc, psycopg.Error, connection_invalidated=dead
+            ) from exc
+        finally:
+            if dead:
+                raw.invalidate()
+            await greenlet_spawn(raw.close)
 
     async def _start_wake(self) -> None:
         if not self.listen:

@@ -21,7 +21,7 @@ from conveyor.schema import deliveries as d
 from conveyor.schema import groups as g
 from conveyor.schema import keys as k
 from conveyor.schema import tasks as t
-from conveyor.store import codec, external, streams, upkeep, wake
+from conveyor.store import codec, external, streams, texts, upkeep, wake
 from conveyor.store import transactions as tx
 from conveyor.store.seam import Seam
 
@@ -124,7 +124,7 @@ async def submit(st: Seam, reqs: list[Request]) -> list[Task]:
     """Insert the requests in one transaction; the answering tasks in request order.
     Plain requests (no key, partition or parent) go through the dialect's
     one-statement submit where there is one."""
-    text = st._submit_statement()
+    text = await texts.get(st, "submit_plain")
     if text is None or any(
         r.key is not None or r.partition is not None or r.parent_id is not None for r in reqs
     ):
@@ -141,13 +141,8 @@ async def submit(st: Seam, reqs: list[Request]) -> list[Task]:
         "delays": [r.delay_us for r in reqs],
         "run_ats": [r.run_at_us for r in reqs],
         "correlation_ids": [r.correlation_id for r in reqs],
-        "offset_us": round(st.clock_offset * v.US),
     }
-
-    async def one(conn: AsyncConnection) -> list[Any]:
-        return list(await conn.exec_driver_sql(text, params))
-
-    stored = {row.id: row for row in await tx.run(st, one, autocommit=True)}
+    stored = {row.id: row for row in await texts.alone(st, text, params)}
     out = []
     for r in reqs:
         row = stored[r.id]

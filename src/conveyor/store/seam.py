@@ -15,7 +15,7 @@ never on the store class itself.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -25,7 +25,11 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 if TYPE_CHECKING:
+    from conveyor.store.texts import Texts
     from conveyor.store.wake import Waker
+
+#: Runs one driver statement by itself (autocommit) and returns its rows.
+DirectRunner = Callable[[str, Mapping[str, Any]], Awaitable[list[Any]]]
 
 
 class Seam(abc.ABC):
@@ -49,6 +53,8 @@ class Seam(abc.ABC):
     #: COMMIT round trips) with the store's timeouts still in force. A dialect sets it.
     autocommit_single: bool = False
     _engine: AsyncEngine | None
+    #: The statements built once at open() (:mod:`conveyor.store.texts`).
+    _texts: Texts | None = None
     _work_waker: Waker | None
     _done_waker: Waker | None
     #: (queue, group) pairs this store has seen subscribed: claims skip the check.
@@ -182,43 +188,51 @@ class Seam(abc.ABC):
         takes no lock worth sparing and claims go straight in."""
 
     @abc.abstractmethod
-    def _claim_statement(self, single_queue: bool) -> str | None:
-        """Driver SQL that claims unpartitioned work in one statement, or ``None``
-        where the backend cannot (claims then run step by step).
+    def _statement_texts(self) -> Mapping[str, str]:
+        """The dialect's own driver text of the built-once statements whose SQL must
+        differ here (:mod:`conveyor.store.texts`), by name; the rest come from the
+        shared builders. Each text binds named parameters (``%(name)s`` on psycopg,
+        ``:name`` on sqlite3). The statements known by name, and their contracts:
 
-        Bind parameters: ``grp``, ``queue`` (``single_queue``) or ``queues`` (a list),
-        ``limit``, ``worker_id``, ``lease`` (seconds or ``None``: the queue's setting,
-        else the default) and ``offset_us`` (added to the clock). It returns at least
-        one row: ``busy`` first, then the columns of
+        ``claim_one`` / ``claim_any``: claim unpartitioned work in one statement.
+        Bind parameters: ``grp``, ``queue`` (``claim_one``) or ``queues`` (a list,
+        ``claim_any``), ``limit``, ``worker_id``, ``lease`` (seconds or ``None``: the
+        queue's setting, else the default) and ``offset_us``. Returns at least one
+        row: ``busy`` first, then the columns of
         :func:`conveyor.statements.view_columns` for each task leased (all ``NULL``
-        when none). When ``busy`` is true it must lease nothing: a free stream or an
-        expired lease in these queues means the step-by-step claim must decide."""
+        when none). When ``busy`` is true it leases nothing: a free stream or an
+        expired lease in these queues means the step-by-step claim must decide.
 
-    @abc.abstractmethod
-    def _submit_statement(self) -> str | None:
-        """Driver SQL that submits plain tasks (no key, partition or parent) in one
+        ``submit_plain``: submit plain tasks (no key, partition or parent) in one
         statement: task rows, their delivery rows for queue mode and every active
         group of the queue (as :func:`conveyor.statements.fan_out`), and the
-        new-work announcement of their queues; or ``None`` (step by step instead).
+        new-work announcement of their queues. Bind parameters: equal-length lists
+        ``ids``, ``names``, ``queues``, ``payloads``, ``metadatas`` (JSON text),
+        ``priorities``, ``max_attempts``, ``backoffs`` (JSON text), ``delays`` and
+        ``run_ats`` (microseconds), ``correlation_ids`` (``None`` entries: the
+        queue's setting or the default, or no value), and ``offset_us``. Returns one
+        row per task: ``id``, ``max_attempts``, ``created_at``, ``run_at`` as stored.
 
-        Bind parameters: equal-length lists ``ids``, ``names``, ``queues``,
-        ``payloads``, ``metadatas`` (JSON text), ``priorities``, ``max_attempts``,
-        ``backoffs`` (JSON text), ``delays`` and ``run_ats`` (microseconds),
-        ``correlation_ids`` (``None`` entries: the queue's setting or the default,
-        or no value), and ``offset_us``. Returns one row per task: ``id``,
-        ``max_attempts``, ``created_at``, ``run_at`` as stored."""
+        ``ack_plain``: finish a batch of unpartitioned leased rows as ``succeeded``
+        in one statement, each fenced on its own, and announce the finished tasks
+        to whoever waits for them. Bind parameters: equal-length lists ``ids``,
+        ``workers``, ``grps``, ``attempts`` (``None`` entries: any attempt) and
+        ``results`` (JSON text), and ``offset_us``. Returns at least one row;
+        column ``idx`` is the 1-based position of each item it did not finish (fence
+        failed, or a partitioned row), ``NULL`` in a single row when it finished
+        them all.
+        """
 
     @abc.abstractmethod
-    def _ack_statement(self) -> str | None:
-        """Driver SQL that finishes a batch of unpartitioned leased rows as
-        ``succeeded`` in one statement, each fenced on its own, and announces "some
-        tasks finished" once when any did; or ``None`` (acks then run step by step).
-
-        Bind parameters: equal-length lists ``ids``, ``workers``, ``grps``,
-        ``attempts`` (``None`` entries: any attempt) and ``results`` (JSON text), and
-        ``offset_us``. It returns at least one row; column ``idx`` is the 1-based
-        position of each item it did not finish (fence failed, or a partitioned
-        row), ``NULL`` in a single row when it finished them all."""
+    def _direct_runner(self) -> DirectRunner | None:
+        """A runner of one driver statement by itself, committed on its own, on a
+        connection from the engine's pool but without SQLAlchemy's execution layer
+        (the statement's per-call cost is then the driver's); or ``None`` (run
+        through ``exec_driver_sql``). The store's timeouts must hold, a connection
+        found dead must be invalidated, and driver errors must be raised as
+        SQLAlchemy ``DBAPIError`` (``connection_invalidated`` set for a dead
+        connection), so that :func:`conveyor.store.transactions.run` retries and
+        translates them as it does its own."""
 
     # ------------------------------------------------------- wake channel
     @abc.abstractmethod

@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, ClassVar
 
@@ -50,6 +50,7 @@ from conveyor.errors import ConfigurationError, InvalidArgument
 from conveyor.schema import deliveries as d
 from conveyor.schema import tasks as t
 from conveyor.store.base import TaskStore
+from conveyor.store.seam import DirectRunner
 
 SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 
@@ -208,17 +209,13 @@ class SQLiteStore(TaskStore):
         # producer while an idle worker polls; a read beside the writer (WAL) does not.
         return q.claim_probe(grp, queues, now, partition)
 
-    def _claim_statement(self, single_queue: bool) -> str | None:
-        # No data-modifying CTEs: the claim runs step by step, on one connection that
+    def _statement_texts(self) -> Mapping[str, str]:
+        # No data-modifying CTEs, arrays or UPDATE … FROM a set-returning function:
+        # claim, plain submit and ack run step by step, on the one connection that
         # holds the write lock, so it costs no extra round trips to a server.
-        return None
+        return {}
 
-    def _submit_statement(self) -> str | None:
-        # No data-modifying CTEs; step by step on the connection holding the lock.
-        return None
-
-    def _ack_statement(self) -> str | None:
-        # No UPDATE … FROM a set-returning function of arrays; step by step instead.
+    def _direct_runner(self) -> DirectRunner | None:
         return None
 
     async def _start_wake(self) -> None:

@@ -120,6 +120,7 @@ async def run(
     *,
     write: bool = True,
     autocommit: bool = False,
+    alone: Callable[[], Awaitable[T]] | None = None,
 ) -> T:
     """Run ``work`` in one transaction, retrying transient failures with backoff.
 
@@ -130,6 +131,10 @@ async def run(
 
     ``autocommit``: ``work`` runs a single statement, which may then run without
     BEGIN and COMMIT where the dialect allows (``st.autocommit_single``).
+    ``alone``: the same statement run on a driver connection of the dialect's own
+    (:meth:`~conveyor.store.seam.Seam._direct_runner`), used instead of ``work``
+    when autocommit is allowed; it raises driver errors as SQLAlchemy's
+    ``DBAPIError`` so they are retried and translated alike.
     """
     if st._engine is None:
         await st.open()
@@ -140,6 +145,10 @@ async def run(
     while True:
         committing = False
         try:
+            if alone is not None and autocommit and st.autocommit_single:
+                committing = True
+                async with st._transaction_gate(write):
+                    return await alone()
             async with st._transaction_gate(write), st._engine.connect() as conn:
                 if autocommit and st.autocommit_single:
                     # The statement commits itself: once sent, its outcome is unknown

@@ -1,0 +1,109 @@
+"""Statements built once (:mod:`conveyor.store.texts`), on both backends: built at
+open() from the dialect's own texts and the shared builders, run by themselves
+with the store's retries, and inside a transaction."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy import Integer, bindparam, literal, select
+
+import conveyor
+from conveyor.errors import ConveyorError
+from conveyor.schema import tasks as t
+from conveyor.store import texts
+from conveyor.store.base import TaskStore
+from conveyor.store.seam import Seam
+
+PG_ONLY = ("claim_one", "claim_any", "submit_plain", "ack_plain")
+
+
+def _builders() -> dict[str, texts.Builder]:
+    def clock(st: Seam) -> Any:
+        return select(
+            texts.now(st).label("now"),
+            (bindparam("a", type_=Integer) + literal(1)).label("a1"),
+        )
+
+    def count(st: Seam) -> Any:
+        return select(t.c.seq).where(t.c.name == bindparam("name"))
+
+    return {"clock": clock, "count": count, "absent": lambda st: None}
+
+
+async def test_built_at_open_from_the_dialects_texts(store: TaskStore, backend: str) -> None:
+    await store.open()
+    assert store._texts is not None
+    for name in PG_ONLY:
+        assert (name in store._texts) == (backend == "postgres")
+        assert (store._texts.get(name) is not None) == (backend == "postgres")
+
+
+async def test_a_shared_builder_runs_alone_with_the_clock_bound(store: TaskStore) -> None:
+    await store.open()
+    assert store._engine is not None
+    built = texts.build(store, store._engine.dialect, _builders())
+    assert {"clock", "count"} <= set(built.names())
+    assert "absent" not in built  # None: not on this backend
+    clock = built.get("clock")
+    assert clock is not None and clock.clock
+    (row,) = await texts.alone(store, clock, {"a": 41}, write=False)
+    assert row.a1 == 42
+    store.clock_offset = 3600.0
+    (later,) = await texts.alone(store, clock, {"a": 1}, write=False)
+    assert 3_500_000_000 < later.now - row.now < 3_700_000_000
+
+
+async def test_a_shared_builder_runs_inside_a_transaction(store: TaskStore) -> None:
+    await store.submit("x", queue="q")
+    await store.open()
+    assert store._engine is not None
+    count = texts.build(store, store._engine.dialect, _builders()).get("count")
+    assert count is not None
+
+    async def work(conn: Any) -> list[Any]:
+        return list(await texts.execute(conn, store, count, {"name": "x"}))
+
+    assert len(await store._run(work, write=False)) == 1
+
+
+async def test_an_in_list_is_refused_at_build_time(store: TaskStore) -> None:
+    await store.open()
+    assert store._engine is not None
+
+    def listed(st: Seam) -> Any:
+        return select(t.c.seq).where(t.c.id.in_(bindparam("ids", expanding=True)))
+
+    with pytest.raises(ValueError, match="array"):
+        texts.build(store, store._engine.dialect, {"listed": listed})
+
+
+async def test_a_refused_statement_is_a_store_error(store: TaskStore) -> None:
+    bad = texts.Text("bad", "SELECT * FROM no_such_table")
+    with pytest.raises(ConveyorError):
+        await texts.alone(store, bad, {})
+
+
+async def test_postgres_runs_alone_on_the_driver_connection(pg_url: str) -> None:
+    async with conveyor.connect(pg_url) as store:
+        assert store._direct_runner() is not None
+    async with conveyor.connect(pg_url, timeouts="transaction") as store:
+        # Outside a transaction the timeouts would not hold: through SQLAlchemy.
+        assert store._direct_runner() is None
+        pid = texts.Text("pid", "SELECT pg_backend_pid() AS pid")
+        assert (await texts.alone(store, pid, {}))[0].pid > 0
+
+
+async def test_postgres_a_dead_pooled_connection_is_retried(pg_url: str) -> None:
+    async with conveyor.connect(pg_url) as store:
+        pid = texts.Text("pid", "SELECT pg_backend_pid() AS pid")
+        first = (await texts.alone(store, pid, {}))[0].pid
+        again = (await texts.alone(store, pid, {}))[0].pid
+        assert again == first  # the pooled connection is reused
+        dsn = pg_url.replace("postgresql+psycopg://", "postgresql://")
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (first,))
+        after = (await texts.alone(store, pid, {}))[0].pid
+        assert after != first
