@@ -3,7 +3,8 @@
 The shared test server is never touched: :class:`Cluster` runs ``initdb`` into a
 fresh temporary folder with the server binaries installed on the machine
 (``/usr/lib/postgresql/*/bin``, ``pg_config --bindir`` or ``$PATH``), picks a
-free port on 127.0.0.1, and starts, stops and restarts that server with
+free port on 127.0.0.1 (its own folder and port, so parallel test processes
+each run theirs), and starts, stops and restarts that server with
 ``pg_ctl``. ``initdb`` and ``postgres`` refuse to run as root, so under root the
 commands run as the ``postgres`` OS user (``runuser``, else ``su``).
 """
@@ -14,6 +15,7 @@ import contextlib
 import glob
 import os
 import pwd
+import random
 import shutil
 import socket
 import subprocess
@@ -52,9 +54,33 @@ def find_bindir() -> Path:
     raise ClusterUnavailable("no PostgreSQL server binaries (initdb, pg_ctl) on this machine")
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nobody listens on right now."""
-    with socket.socket() as sock:
+    """A TCP port on 127.0.0.1 that nobody uses right now, below the ephemeral range.
+
+    Below it, because a cluster's port must stay free while a test holds the
+    server down: an ephemeral port could meanwhile become the local end of some
+    client connection (parallel test workers open many), and the restart would
+    then fail to bind. The choice is random, so parallel workers spread out.
+    """
+    low, _ = _ephemeral_range()
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(20_000, max(20_001, min(low, 32_768)))
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:  # a crowded machine: any port the kernel offers
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
