@@ -17,17 +17,23 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import subprocess
 import sys
-from collections.abc import Sequence
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import conveyor
 from conveyor.store.base import TaskStore
+from conveyor.worker import Worker
 
 HELPER = str(Path(__file__).resolve())
+#: The test server's administration URL (each test run makes its own databases there).
+ADMIN_URL = os.environ.get("CONVEYOR_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 ENVELOPE_KEYS = {"type", "code", "message", "retryable", "traceback"}
 
 
@@ -56,6 +62,36 @@ def abandons(task_id: str, every: int) -> bool:
     if every <= 0:
         return False
     return int(hashlib.sha256(task_id.encode()).hexdigest(), 16) % every == 0
+
+
+@contextmanager
+def scratch_pg_database(prefix: str) -> Iterator[str]:
+    """A new, empty database on the test server, dropped afterwards; yields its URL
+    (with the driver of ``ADMIN_URL``). The name is unique, so parallel runs never
+    share one."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    admin_dsn = make_url(ADMIN_URL).set(drivername="postgresql").render_as_string(False)
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield make_url(ADMIN_URL).set(database=name).render_as_string(False)
+    finally:
+        with psycopg.connect(admin_dsn, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@asynccontextmanager
+async def running(worker: Worker) -> AsyncIterator[Worker]:
+    """Run ``worker`` in the background for the block; stop it and wait at the end."""
+    job = asyncio.create_task(worker.run())
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        await asyncio.wait_for(job, 15)
 
 
 def run_together(argvs: Sequence[Sequence[str]], timeout: float = 90.0) -> list[str]:

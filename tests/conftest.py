@@ -19,9 +19,9 @@ import pytest
 from sqlalchemy.engine import make_url
 
 import conveyor
+from _support import ADMIN_URL
 from conveyor.store.base import TaskStore
 
-ADMIN_URL = os.environ.get("CONVEYOR_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 BACKENDS = ["sqlite", "postgres"]
 TABLES = (
     "conveyor_deliveries, conveyor_streams, conveyor_keys, conveyor_groups, "
@@ -100,3 +100,13 @@ def sync_store(store_url: str) -> Iterator[conveyor.SyncStore]:
     """An open, empty blocking store."""
     with conveyor.connect_sync(store_url) as st:
         yield st
+
+
+@pytest.fixture
+async def app(store_url: str) -> AsyncIterator[conveyor.App]:
+    """An App on the empty store under test, closed at the end."""
+    application = conveyor.App(store_url)
+    try:
+        yield application
+    finally:
+        await application.close()

@@ -4,10 +4,8 @@ as pasted, on both backends."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,10 +15,9 @@ from sqlalchemy import create_engine, inspect, pool, text
 from sqlalchemy.engine import make_url
 
 import conveyor
+from _support import scratch_pg_database
 from conveyor.migrations import VERSION_TABLE
 from conveyor.schema import metadata
-
-ADMIN_URL = os.environ.get("CONVEYOR_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
 ORDERS_REVISION = '''"""orders
 
@@ -56,18 +53,8 @@ def app_db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         yield f"sqlite:///{tmp_path / 'shop.db'}"
         return
     request.getfixturevalue("pg_url")  # skips (or fails in CI) without a server
-    import psycopg
-
-    admin = make_url(ADMIN_URL).set(drivername="postgresql").render_as_string(False)
-    name = f"conveyor_shop_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        url = make_url(ADMIN_URL).set(drivername="postgresql+psycopg", database=name)
-        yield url.render_as_string(False)
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with scratch_pg_database("conveyor_shop") as url:
+        yield make_url(url).set(drivername="postgresql+psycopg").render_as_string(False)
 
 
 def alembic(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:

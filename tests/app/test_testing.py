@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Any
 
 import pytest
 
 import conveyor
+from _support import ADMIN_URL
 from conveyor.store.base import TaskStore
 from conveyor.testing import run_tasks
 
 pytest_plugins = ["pytester"]
-
-ADMIN_URL = os.environ.get("CONVEYOR_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
 
 async def test_run_tasks_runs_until_empty_and_reports(store: TaskStore) -> None:

@@ -5,7 +5,6 @@ before the caller commits, nothing at all after a rollback."""
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -18,9 +17,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engin
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import conveyor
+from _support import ADMIN_URL
 from conveyor.store.base import TaskStore
-
-ADMIN_URL = os.environ.get("CONVEYOR_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
 
 def caller_url(store_url: str, *, sync: bool = False) -> str:

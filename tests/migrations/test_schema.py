@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,12 +18,10 @@ from sqlalchemy import Engine, create_engine, inspect, pool, text
 from sqlalchemy.engine import make_url
 
 import conveyor
-from _support import run_together
+from _support import run_together, scratch_pg_database
 from conveyor import ProtocolVersionMismatch
 from conveyor.migrations import SCRIPT_LOCATION, VERSION_TABLE
 from conveyor.schema import metadata
-
-ADMIN_URL = os.environ.get("CONVEYOR_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
 
 def _sync_engine(url: str) -> Engine:
@@ -41,17 +37,8 @@ def fresh_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         yield f"sqlite:///{tmp_path / 'fresh.db'}"
         return
     request.getfixturevalue("pg_url")  # skips (or fails in CI) without a server
-    import psycopg
-
-    admin_dsn = make_url(ADMIN_URL).set(drivername="postgresql").render_as_string(False)
-    name = f"conveyor_schema_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(admin_dsn, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield make_url(ADMIN_URL).set(database=name).render_as_string(False)
-    finally:
-        with psycopg.connect(admin_dsn, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with scratch_pg_database("conveyor_schema") as url:
+        yield url
 
 
 def _alembic(engine: Engine, *args: str) -> None:

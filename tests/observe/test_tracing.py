@@ -4,7 +4,7 @@ SDK's in-memory exporter."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -38,15 +38,6 @@ def spans() -> Iterator[InMemorySpanExporter]:
     finally:
         tracing.set_tracer_provider(None)
         provider.shutdown()
-
-
-@pytest.fixture
-async def app(store_url: str) -> AsyncIterator[conveyor.App]:
-    application = conveyor.App(store_url)
-    try:
-        yield application
-    finally:
-        await application.close()
 
 
 def _named(exporter: InMemorySpanExporter, kind: SpanKind) -> list[Any]:

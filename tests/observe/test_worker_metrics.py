@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -20,15 +19,6 @@ from conveyor.context import Context
 from conveyor.worker import Worker
 
 pytest.importorskip("prometheus_client")
-
-
-@pytest.fixture
-async def app(store_url: str) -> AsyncIterator[conveyor.App]:
-    application = conveyor.App(store_url)
-    try:
-        yield application
-    finally:
-        await application.close()
 
 
 def _value(metric: str, **labels: str) -> float:

@@ -5,35 +5,13 @@ both backends; the Feed's arithmetic alone at the end."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
-import pytest
-
 import conveyor
+from _support import running
 from conveyor import Status
 from conveyor.feed import PREFETCH_BELOW, Feed
-from conveyor.worker import Context, Worker
-
-
-@pytest.fixture
-async def app(store_url: str) -> AsyncIterator[conveyor.App]:
-    application = conveyor.App(store_url)
-    try:
-        yield application
-    finally:
-        await application.close()
-
-
-@asynccontextmanager
-async def running(worker: Worker) -> AsyncIterator[Worker]:
-    job = asyncio.create_task(worker.run())
-    try:
-        yield worker
-    finally:
-        worker.stop()
-        await asyncio.wait_for(job, 15)
+from conveyor.worker import Context
 
 
 async def wait_until(check: Any, timeout: float = 10.0) -> None:

@@ -7,7 +7,7 @@ import asyncio
 import io
 import json
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -15,15 +15,6 @@ import conveyor
 from conveyor import Status
 from conveyor.logs import JsonFormatter, TaskLogger, setup_logging
 from conveyor.worker import Context
-
-
-@pytest.fixture
-async def app(store_url: str) -> AsyncIterator[conveyor.App]:
-    application = conveyor.App(store_url)
-    try:
-        yield application
-    finally:
-        await application.close()
 
 
 @pytest.fixture

@@ -5,22 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-
-import pytest
 
 import conveyor
 from conveyor import Status
 from conveyor.worker import Context
-
-
-@pytest.fixture
-async def app(store_url: str) -> AsyncIterator[conveyor.App]:
-    application = conveyor.App(store_url)
-    try:
-        yield application
-    finally:
-        await application.close()
 
 
 async def test_workers_starting_together_with_a_new_group(store_url: str) -> None:
