@@ -3,10 +3,12 @@ streams, each stream's tasks together and in order, until the limit is used up."
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 
 import pytest
 
+import conveyor
 from conveyor import InvalidArgument, Status
 from conveyor.store.base import TaskStore
 
@@ -68,3 +70,66 @@ async def test_per_stream_must_be_a_positive_integer(store: TaskStore, bad: obje
         await store.claim("q", worker_id="w", per_stream=bad)  # type: ignore[arg-type]
     [task] = await store.claim("q", worker_id="w")  # nothing was claimed by the bad call
     assert task.attempt == 1
+
+
+async def test_claim_order_holds_across_streams_and_unpartitioned_work(store: TaskStore) -> None:
+    # Older low-priority plain work, a stream whose head has a middle priority, and
+    # newer high-priority plain work: a claim of two takes by priority, whatever
+    # the kind, rather than filling up with plain work once plain work leads.
+    low = await store.submit("plain", {"i": "low"}, queue="q", priority=0)
+    head = await store.submit("s", {"i": 0}, queue="q", priority=3, partition="p")
+    high = await store.submit("plain", {"i": "high"}, queue="q", priority=5)
+    got = await store.claim("q", worker_id="w", limit=2, per_stream=1)
+    assert [t.id for t in got] == [high.id, head.id]
+    rest = await store.claim("q", worker_id="w", limit=2, per_stream=1)
+    assert [t.id for t in rest] == [low.id]
+
+
+async def test_concurrent_stores_claiming_many_streams_keep_each_in_order(
+    store: TaskStore, store_url: str
+) -> None:
+    """Four stores (their own connections) claim heads of many streams at once and
+    acknowledge in batches: no stream ever has two holders, each runs in order."""
+    streams, each = 12, 6
+    await store.submit_many(
+        [
+            {"name": "t", "payload": {"i": i}, "queue": "q", "partition": f"p{s}"}
+            for i in range(each)
+            for s in range(streams)
+        ]
+        + [{"name": "plain", "payload": {"i": i}, "queue": "q"} for i in range(20)]
+    )
+    holders: dict[str, str] = {}
+    finished: dict[str, list[int]] = {}
+    violations: list[str] = []
+
+    async def consume(name: str) -> None:
+        async with conveyor.connect(store_url) as mine:
+            idle = 0
+            while idle < 5:
+                got = await mine.claim("q", worker_id=name, limit=5, per_stream=2)
+                if not got:
+                    idle += 1
+                    await asyncio.sleep(0.02)
+                    continue
+                idle = 0
+                for part in {t.partition for t in got if t.partition}:
+                    if part in holders:
+                        violations.append(f"{part} held by {holders[part]} and {name}")
+                    holders[part] = name
+                await asyncio.sleep(0)  # let the others claim meanwhile
+                for part in {t.partition for t in got if t.partition}:
+                    del holders[part]
+                    finished.setdefault(part, []).extend(
+                        t.payload["i"] for t in got if t.partition == part
+                    )
+                outcomes = await mine.ack_many(
+                    [{"task_id": t.id, "worker_id": name, "attempt": t.attempt} for t in got]
+                )
+                assert outcomes == [None] * len(got)
+
+    await asyncio.gather(*(consume(f"w{n}") for n in range(4)))
+    assert violations == []
+    assert finished == {f"p{s}": list(range(each)) for s in range(streams)}
+    [stats] = await store.stats("q")
+    assert stats.counts.get("succeeded") == streams * each + 20

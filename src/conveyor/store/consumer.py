@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, select, update
+from sqlalchemy import ColumnElement, and_, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
@@ -77,11 +77,10 @@ async def claim(
     # The probe spares idle claimers the write lock; right after a claim that found
     # work, the next one most likely finds work too, so it goes straight in.
     busy_key = (grp, tuple(names), partition)
-    if partition is None:
-        fast = await claim_in_one(st, grp, names, worker_id, lease, limit)
-        if fast is not None:
-            (st._busy.add if fast else st._busy.discard)(busy_key)
-            return fast
+    fast = await claim_in_one(st, grp, names, worker_id, lease, limit, partition, per_stream)
+    if fast is not None:
+        (st._busy.add if fast else st._busy.discard)(busy_key)
+        return fast
     if busy_key not in st._busy:
         probe = st._claim_probe(grp, names, partition, tx.now(st))
         if probe is not None:
@@ -110,17 +109,26 @@ async def claim_in_one(
     worker_id: str,
     lease: float | None,
     limit: int,
+    partition: str | None = None,
+    per_stream: int | None = None,
 ) -> list[Task] | None:
-    """Claim unpartitioned work with the dialect's one-statement claim; ``None`` when
-    the dialect has none, or the statement found a free stream or an expired lease
-    in these queues (it then leased nothing, and :func:`claim_tx` must decide)."""
+    """Claim with the dialect's one-statement claim (plain work and stream heads, the
+    same choice as :func:`claim_tx`); ``None`` when the dialect has none, or the
+    statement found an expired lease in these queues (it then leased nothing, and
+    :func:`claim_tx` must recover it first)."""
     single = len(names) == 1
     text = await texts.get(st, "claim_one" if single else "claim_any")
     if text is None:
         return None
     params: dict[str, Any] = {
         "grp": grp,
+        "partition": partition,
         "limit": limit,
+        # Without per_stream a claim is one unit: one stream (up to ``limit`` of its
+        # tasks) or plain work; with it, several streams, each capped.
+        "per_stream": limit if per_stream is None else min(per_stream, limit),
+        "streams": 1 if per_stream is None or partition is not None else limit,
+        "mix": per_stream is not None and partition is None,
         "worker_id": worker_id,
         "lease": lease,
     }
@@ -131,9 +139,9 @@ async def claim_in_one(
     rows = await texts.alone(st, text, params)
     if rows[0].busy:
         return None
-    taken = [(row.seq, codec.row_to_task(row)) for row in rows if row.id is not None]
-    taken.sort(key=lambda pair: (-pair[1].priority, pair[1].run_at, pair[0]))
-    return [task for _, task in taken]
+    # Claim order: unit by unit (a stream's tasks together, in submit order).
+    taken = sorted((row.rank, row.seq, codec.row_to_task(row)) for row in rows if row.id)
+    return [task for _, _, task in taken]
 
 
 async def claim_tx(
@@ -161,7 +169,7 @@ async def claim_tx(
     while left > 0:
         cap = left if per_stream is None else min(left, per_stream)
         got, streams_left = await _claim_once(
-            st, conn, grp, names, worker_id, lease, left, cap, partition
+            st, conn, grp, names, worker_id, lease, left, cap, partition, per_stream is not None
         )
         claimed += got
         left -= len(got)
@@ -180,10 +188,13 @@ async def _claim_once(
     limit: int,
     stream_limit: int,
     partition: str | None,
+    mix: bool = False,
 ) -> tuple[list[Task], bool]:
     """One choice between the fairest free stream (up to ``stream_limit`` of its
     tasks) and unpartitioned work (up to ``limit``): the tasks, and whether a free
-    stream was seen (so another choice may find more)."""
+    stream was seen (so another choice may find more). With ``mix`` (a claim that
+    goes on to further streams), plain work is taken only as far as it comes before
+    that stream in claim order, so priorities hold across both kinds."""
     now = tx.now(st)
     stream = (
         await conn.execute(st._lock_candidates(q.ready_streams(grp, names, now, partition)))
@@ -208,7 +219,15 @@ async def _claim_once(
         return [task for _, task in sorted(taken, key=lambda pair: pair[0])], True
     # A CTE, not an IN-subquery: Postgres may rescan a subquery once per outer
     # row, and each rescan with SKIP LOCKED would pick further rows past LIMIT.
-    pick = st._lock_candidates(q.ready_plain(grp, names, now).limit(limit)).cte("pick")
+    ready = q.ready_plain(grp, names, now)
+    if mix and stream is not None:
+        ready = ready.where(
+            or_(
+                d.c.priority > stream.priority,
+                and_(d.c.priority == stream.priority, d.c.run_at <= stream.available_at),
+            )
+        )
+    pick = st._lock_candidates(ready.limit(limit)).cte("pick")
     taken = await take(
         st, conn, grp, select(pick.c.task_seq).scalar_subquery(), worker_id, lease, names
     )

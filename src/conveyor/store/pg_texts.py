@@ -11,76 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from conveyor import statements as q
-from conveyor.store import pg_listen
+from conveyor.store import pg_claim, pg_listen
 
 # The clock of the one-statement texts below: the statement's moment in microseconds,
 # moved by the store's clock_offset (a bind parameter, so the text never changes).
 _NOW = "(floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + %(offset_us)s)"
-_TASK_SIDE = (
-    "seq id name queue partition payload metadata priority created_at key parent_id "
-    "root_id correlation_id"
-).split()
-
-
-def _view(taken: str, task: str) -> str:
-    """The columns of :func:`conveyor.statements.view_columns`, from an updated delivery
-    row ``taken`` joined to its task row ``task``."""
-    return ", ".join(
-        f"{task if col.name in _TASK_SIDE else taken}.{col.name}" for col in q.view_columns()
-    )
-
-
-def _claim_text(single_queue: bool) -> str:
-    # Pick, lock, lease and return the joined task rows in one statement: a
-    # data-modifying CTE, which SQLite does not have. The flags make the statement
-    # claim nothing when the step-by-step claim must run instead (a free stream to
-    # weigh against plain work, or expired leases to recover first).
-    queue = "queue = %(queue)s" if single_queue else "queue = ANY(%(queues)s::text[])"
-    return f"""
-WITH flags AS (
-    SELECT
-        EXISTS (
-            SELECT 1 FROM conveyor_streams
-            WHERE grp = %(grp)s AND {queue}
-              AND available_at IS NOT NULL AND available_at <= {_NOW}
-        )
-        OR EXISTS (
-            SELECT 1 FROM conveyor_deliveries
-            WHERE status = 'running' AND grp = %(grp)s AND {queue}
-              AND lease_expires_at < {_NOW}
-        ) AS busy
-),
-pick AS (
-    SELECT p.task_seq, coalesce(
-        %(lease)s::float8,
-        (SELECT s.lease FROM conveyor_queues AS s WHERE s.queue = p.queue),
-        {q.DEFAULT_LEASE}
-    ) AS length
-    FROM conveyor_deliveries AS p
-    WHERE grp = %(grp)s AND {queue} AND status = 'queued' AND partition IS NULL
-      AND run_at <= {_NOW} AND NOT (SELECT busy FROM flags)
-    ORDER BY priority DESC, run_at, task_seq
-    LIMIT %(limit)s
-    FOR UPDATE OF p SKIP LOCKED
-),
-taken AS (
-    UPDATE conveyor_deliveries AS d SET
-        status = 'running',
-        attempt = d.attempt + 1,
-        worker_id = %(worker_id)s,
-        lease = pick.length,
-        lease_expires_at = {_NOW} + CAST(round(1000000.0 * pick.length) AS bigint),
-        started_at = coalesce(d.started_at, {_NOW}),
-        progress = NULL,
-        progress_message = NULL
-    FROM pick
-    WHERE d.grp = %(grp)s AND d.{queue} AND d.task_seq = pick.task_seq
-      AND d.status = 'queued'
-    RETURNING d.*
-)
-SELECT flags.busy, {_view("x", "t")}
-FROM flags LEFT JOIN (taken AS x JOIN conveyor_tasks AS t ON t.seq = x.task_seq) ON true
-"""
 
 
 # Acknowledge a batch in one statement: each item fenced on its own (leased to its
@@ -166,8 +101,8 @@ SELECT ins.id, ins.max_attempts, ins.created_at, ins.run_at FROM note, ins
 def texts() -> Mapping[str, str]:
     """Every Postgres text, by statement name."""
     return {
-        "claim_one": _claim_text(True),
-        "claim_any": _claim_text(False),
+        "claim_one": pg_claim.claim_text(True),
+        "claim_any": pg_claim.claim_text(False),
         "submit_plain": _SUBMIT_TEXT.replace("{work}", pg_listen.WORK_CHANNEL),
         "ack_plain": _ACK_TEXT.replace("{done}", pg_listen.DONE_CHANNEL),
     }

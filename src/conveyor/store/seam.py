@@ -194,14 +194,18 @@ class Seam(abc.ABC):
         shared builders. Each text binds named parameters (``%(name)s`` on psycopg,
         ``:name`` on sqlite3). The statements known by name, and their contracts:
 
-        ``claim_one`` / ``claim_any``: claim unpartitioned work in one statement.
+        ``claim_one`` / ``claim_any``: claim in one statement, making the choice
+        :func:`conveyor.store.consumer.claim_tx` makes (free streams' heads and
+        unpartitioned work in one claim order; the streams taken marked held).
         Bind parameters: ``grp``, ``queue`` (``claim_one``) or ``queues`` (a list,
-        ``claim_any``), ``limit``, ``worker_id``, ``lease`` (seconds or ``None``: the
-        queue's setting, else the default) and ``offset_us``. Returns at least one
-        row: ``busy`` first, then the columns of
-        :func:`conveyor.statements.view_columns` for each task leased (all ``NULL``
-        when none). When ``busy`` is true it leases nothing: a free stream or an
-        expired lease in these queues means the step-by-step claim must decide.
+        ``claim_any``), ``partition`` (or ``None``), ``limit``, ``per_stream`` (tasks
+        per stream), ``streams`` (streams to take at most), ``mix`` (several units,
+        or one stream or plain work only), ``worker_id``, ``lease`` (seconds or
+        ``None``: the queue's setting, else the default) and ``offset_us``. Returns
+        at least one row: ``busy`` and ``rank`` (the unit's place in claim order)
+        first, then the columns of :func:`conveyor.statements.view_columns` for
+        each task leased (all ``NULL`` when none). When ``busy`` is true it leases
+        nothing: an expired lease in these queues must be recovered first.
 
         ``submit_plain``: submit plain tasks (no key, partition or parent) in one
         statement: task rows, their delivery rows for queue mode and every active

@@ -1,0 +1,173 @@
+"""The Postgres claim in one statement: plain work and the heads of free streams.
+
+The step-by-step claim (:func:`conveyor.store.consumer.claim_tx`) takes one
+stream per round: find the fairest free stream, lock it, read its next rows,
+lease them, recompute the stream — five statements per stream. This text does
+the same for every stream a claim takes, and for unpartitioned work, in one
+statement (a data-modifying CTE, which SQLite does not have — hence a dialect
+text; the protocol around it stays in :mod:`conveyor.store.consumer`):
+
+1. ``flags``: an expired lease in these queues makes the statement lease nothing
+   (``busy``), so the caller recovers leases step by step first;
+2. ``free``: free streams, fairest first (priority, then the head that waited
+   longest), locked ``FOR UPDATE SKIP LOCKED`` — at most ``streams`` of them;
+3. ``srows``: per stream, its first ``per_stream`` active rows from the head the
+   *locked* stream row names (the statement's snapshot may predate the lock; the
+   locked row is the latest version, and every change of a stream's rows
+   rewrites it), kept while queued and due, and only if the first is that head;
+4. ``plain``: unpartitioned ready rows, locked ``SKIP LOCKED``;
+5. ``ordered``/``chosen``: streams and plain rows compete in one order (priority,
+   then who waited longest; plain first on a tie). With ``mix`` off (no
+   ``per_stream``) the claim is one stream or plain work only (SPEC 2.3); with it
+   on, units are taken in order until ``limit`` tasks are reached;
+6. ``taken`` leases the rows (re-checking ``queued`` on the latest row version),
+   ``held`` marks each stream it took from as held (``available_at`` NULL: its
+   head is now leased, which is what recomputing the stream would write).
+
+The lock order (see :mod:`conveyor.store.streams`) holds: stream rows are locked
+before any delivery row of theirs, and every lock taken while holding others is
+either ``SKIP LOCKED`` (never waits) or a delivery row of a stream this
+statement holds, which nobody else can be holding.
+"""
+
+from __future__ import annotations
+
+from conveyor import statements as q
+
+# The clock: the statement's moment in microseconds, moved by the store's
+# clock_offset (a bind parameter, so the text never changes).
+NOW = "(floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + %(offset_us)s)"
+_TASK_SIDE = frozenset(
+    (
+        "seq id name queue partition payload metadata priority created_at key parent_id "
+        "root_id correlation_id"
+    ).split()
+)
+
+
+def view(taken: str, task: str) -> str:
+    """The columns of :func:`conveyor.statements.view_columns`, from an updated
+    delivery row ``taken`` joined to its task row ``task``."""
+    return ", ".join(
+        f"{task if col.name in _TASK_SIDE else taken}.{col.name}" for col in q.view_columns()
+    )
+
+
+def claim_text(single_queue: bool) -> str:
+    """The claim. Bind parameters: ``grp``, ``queue`` (``single_queue``) or
+    ``queues`` (a list), ``partition`` (or NULL), ``limit``, ``per_stream`` (rows
+    per stream), ``streams`` (streams to lock at most), ``mix`` (several units, or
+    one), ``worker_id``, ``lease`` (or NULL) and ``offset_us``. Rows: ``busy`` and
+    ``rank`` (the unit's place in claim order), then the task columns; one row of
+    NULLs when nothing was leased."""
+    queue = "queue = %(queue)s" if single_queue else "queue = ANY(%(queues)s::text[])"
+    return f"""
+WITH flags AS (
+    SELECT EXISTS (
+        SELECT 1 FROM conveyor_deliveries
+        WHERE status = 'running' AND grp = %(grp)s AND {queue}
+          AND lease_expires_at < {NOW}
+    ) AS busy
+),
+free AS MATERIALIZED (
+    SELECT s.queue, s.partition, s.priority, s.available_at, s.head_seq
+    FROM conveyor_streams AS s
+    WHERE s.grp = %(grp)s AND s.{queue}
+      AND s.available_at IS NOT NULL AND s.available_at <= {NOW}
+      AND (%(partition)s::text IS NULL OR s.partition = %(partition)s::text)
+      AND NOT (SELECT busy FROM flags)
+    ORDER BY s.priority DESC, s.available_at, s.queue, s.partition
+    LIMIT %(streams)s
+    FOR UPDATE OF s SKIP LOCKED
+),
+srows AS MATERIALIZED (
+    SELECT f.queue, f.partition, r.task_seq, r.n
+    FROM free AS f CROSS JOIN LATERAL (
+        SELECT x.task_seq,
+               row_number() OVER w AS n,
+               bool_and(x.status = 'queued' AND x.run_at <= {NOW}) OVER w AS ok,
+               min(x.task_seq) OVER () AS first
+        FROM (
+            SELECT y.task_seq, y.status, y.run_at
+            FROM conveyor_deliveries AS y
+            WHERE y.grp = %(grp)s AND y.queue = f.queue AND y.partition = f.partition
+              AND y.status IN ('queued', 'running') AND y.task_seq >= f.head_seq
+            ORDER BY y.task_seq
+            LIMIT %(per_stream)s
+        ) AS x
+        WINDOW w AS (ORDER BY x.task_seq)
+    ) AS r
+    WHERE r.ok AND r.first = f.head_seq
+),
+plain AS MATERIALIZED (
+    SELECT p.task_seq, p.queue, p.priority, p.run_at
+    FROM conveyor_deliveries AS p
+    WHERE p.grp = %(grp)s AND p.{queue} AND p.status = 'queued' AND p.partition IS NULL
+      AND p.run_at <= {NOW} AND %(partition)s::text IS NULL
+      AND NOT (SELECT busy FROM flags)
+    ORDER BY p.priority DESC, p.run_at, p.task_seq
+    LIMIT %(limit)s
+    FOR UPDATE OF p SKIP LOCKED
+),
+units AS (
+    SELECT 1 AS kind, f.queue, f.partition, f.priority AS pri, f.available_at AS at,
+           NULL::bigint AS seq, count(*) AS size
+    FROM free AS f JOIN srows AS r ON r.queue = f.queue AND r.partition = f.partition
+    GROUP BY f.queue, f.partition, f.priority, f.available_at
+    UNION ALL
+    SELECT 0, p.queue, NULL, p.priority, p.run_at, p.task_seq, 1 FROM plain AS p
+),
+ordered AS (
+    SELECT u.*, row_number() OVER o AS rank, first_value(u.kind) OVER o AS lead
+    FROM units AS u
+    WINDOW o AS (
+        ORDER BY u.pri DESC, u.at, u.kind, u.seq, u.queue, u.partition
+        ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW
+    )
+),
+chosen AS (
+    SELECT e.*, sum(e.size) OVER (ORDER BY e.rank) AS upto
+    FROM ordered AS e
+    WHERE %(mix)s OR CASE WHEN e.lead = 1 THEN e.rank = 1 ELSE e.kind = 0 END
+),
+picked AS (
+    SELECT k.task_seq, k.rank, coalesce(
+        %(lease)s::float8,
+        (SELECT c.lease FROM conveyor_queues AS c WHERE c.queue = k.queue),
+        {q.DEFAULT_LEASE}
+    ) AS length
+    FROM (
+        SELECT r.task_seq, c.rank, c.queue
+        FROM chosen AS c JOIN srows AS r ON r.queue = c.queue AND r.partition = c.partition
+        WHERE c.kind = 1 AND c.upto - c.size + r.n <= %(limit)s
+        UNION ALL
+        SELECT c.seq, c.rank, c.queue FROM chosen AS c
+        WHERE c.kind = 0 AND c.upto <= %(limit)s
+    ) AS k
+),
+taken AS (
+    UPDATE conveyor_deliveries AS d SET
+        status = 'running',
+        attempt = d.attempt + 1,
+        worker_id = %(worker_id)s,
+        lease = k.length,
+        lease_expires_at = {NOW} + CAST(round(1000000.0 * k.length) AS bigint),
+        started_at = coalesce(d.started_at, {NOW}),
+        progress = NULL,
+        progress_message = NULL
+    FROM picked AS k
+    WHERE d.grp = %(grp)s AND d.task_seq = k.task_seq AND d.status = 'queued'
+    RETURNING d.*, k.rank
+),
+held AS (
+    UPDATE conveyor_streams AS s SET available_at = NULL
+    FROM (SELECT DISTINCT queue, partition FROM taken WHERE partition IS NOT NULL) AS h
+    WHERE s.grp = %(grp)s AND s.queue = h.queue AND s.partition = h.partition
+    RETURNING 1
+)
+SELECT flags.busy, x.rank, {view("x", "t")}
+FROM flags LEFT JOIN (taken AS x JOIN conveyor_tasks AS t ON t.seq = x.task_seq) ON true
+"""
+
+
+__all__ = ["NOW", "claim_text", "view"]
