@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import conveyor
+from conveyor.models import Task
 from conveyor.store.base import TaskStore
 from conveyor.worker import Worker
 
@@ -62,6 +63,26 @@ def abandons(task_id: str, every: int) -> bool:
     if every <= 0:
         return False
     return int(hashlib.sha256(task_id.encode()).hexdigest(), 16) % every == 0
+
+
+async def mixed_acks(store: TaskStore) -> tuple[list[Task], list[dict[str, Any]]]:
+    """Five claimed tasks (the third then cancelled) and six acknowledgements that
+    meet every outcome in turn: ok, a stale attempt, cancelled, a result that is
+    not JSON, another worker's, and a task that does not exist."""
+    tasks = await store.submit_many([{"name": "t", "queue": "q"} for _ in range(5)])
+    held = await store.claim("q", worker_id="w", limit=5)
+    assert [t.id for t in held] == [t.id for t in tasks]
+    ok, stale, cancelled, bad_result, other_worker = held
+    await store.cancel(cancelled.id)
+    items = [
+        {"task_id": ok.id, "worker_id": "w", "result": {"n": 1}, "attempt": ok.attempt},
+        {"task_id": stale.id, "worker_id": "w", "attempt": stale.attempt + 1},
+        {"task_id": cancelled.id, "worker_id": "w"},
+        {"task_id": bad_result.id, "worker_id": "w", "result": object()},
+        {"task_id": other_worker.id, "worker_id": "intruder"},
+        {"task_id": "no-such-task", "worker_id": "w"},
+    ]
+    return held, items
 
 
 @contextmanager

@@ -4,25 +4,15 @@ from __future__ import annotations
 
 import asyncio
 
+from _support import mixed_acks
 from conveyor import InvalidArgument, LostLease, NotFound, Status, TaskCancelled
 from conveyor.store.base import TaskStore
 
 
 async def test_each_item_gets_none_or_its_error(store: TaskStore) -> None:
-    await store.submit_many([{"name": "t", "queue": "q"} for _ in range(5)])
-    held = await store.claim("q", worker_id="w", limit=5)
-    ok, stale, cancelled, bad_result, other_worker = held
-    await store.cancel(cancelled.id)
-    outcomes = await store.ack_many(
-        [
-            {"task_id": ok.id, "worker_id": "w", "result": {"n": 1}, "attempt": ok.attempt},
-            {"task_id": stale.id, "worker_id": "w", "attempt": stale.attempt + 1},
-            {"task_id": cancelled.id, "worker_id": "w"},
-            {"task_id": bad_result.id, "worker_id": "w", "result": object()},
-            {"task_id": other_worker.id, "worker_id": "intruder"},
-            {"task_id": "no-such-task", "worker_id": "w"},
-        ]
-    )
+    held, items = await mixed_acks(store)
+    ok, stale, _, bad_result, other_worker = held
+    outcomes = await store.ack_many(items)
     assert outcomes[0] is None
     assert type(outcomes[1]) is LostLease
     assert isinstance(outcomes[2], TaskCancelled)

@@ -337,6 +337,22 @@ async def fifo_consumer(
             rec.done[key].append((int(done.finished_at.timestamp() * 1_000_000), t.payload["i"]))
 
 
+def interleaved_streams(parts: int, per: int) -> list[dict[str, Any]]:
+    """Requests for ``parts`` streams of ``per`` steps each, interleaved (step i of
+    every stream before step i + 1 of any), with attempts to spare for failures."""
+    return [
+        {
+            "name": "step",
+            "payload": {"p": p, "i": i},
+            "queue": Q,
+            "partition": f"p{p}",
+            "max_attempts": 1000,
+        }
+        for i in range(per)
+        for p in range(parts)
+    ]
+
+
 def assert_fifo(rec: FifoRecorder, groups: list[str | None], parts: int, per: int) -> None:
     assert rec.violations == []
     for group in groups:
@@ -353,19 +369,7 @@ async def test_strict_fifo_with_concurrent_consumers_and_random_failures(
     parts, per, consumers = 10, 15, 8
     rng = random.Random(20240601)
     await store.subscribe(Q, "g")
-    await store.submit_many(
-        [
-            {
-                "name": "step",
-                "payload": {"p": p, "i": i},
-                "queue": Q,
-                "partition": f"p{p}",
-                "max_attempts": 1000,
-            }
-            for i in range(per)
-            for p in range(parts)
-        ]
-    )
+    await store.submit_many(interleaved_streams(parts, per))
     rec = FifoRecorder()
     deadline = time.monotonic() + 90
     total = parts * per
@@ -415,19 +419,7 @@ def test_strict_fifo_across_two_processes(store_url: str, tmp_path: Path) -> Non
     """Two OS processes consume one queue's streams; completion order is submit order."""
     parts, per = 6, 12
     with conveyor.connect_sync(store_url) as store:
-        store.submit_many(
-            [
-                {
-                    "name": "step",
-                    "payload": {"p": p, "i": i},
-                    "queue": Q,
-                    "partition": f"p{p}",
-                    "max_attempts": 1000,
-                }
-                for i in range(per)
-                for p in range(parts)
-            ]
-        )
+        store.submit_many(interleaved_streams(parts, per))
     logs = [tmp_path / f"worker{n}.jsonl" for n in range(2)]
     procs = [
         subprocess.Popen(

@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
+from _support import mixed_acks
 from conveyor import InvalidArgument, LostLease, NotFound, Status, TaskCancelled
 from conveyor.store.base import TaskStore
 
 
 async def test_each_item_gets_its_own_outcome(store: TaskStore) -> None:
-    tasks = await store.submit_many([{"name": "t", "queue": "q"} for _ in range(5)])
-    held = await store.claim("q", worker_id="w", limit=5)
-    assert [t.id for t in held] == [t.id for t in tasks]
+    held, items = await mixed_acks(store)
     ok, stale, cancelled, bad_result, other_worker = held
-    await store.cancel(cancelled.id)
-    outcomes = await store.succeed_many(
-        [
-            {"task_id": ok.id, "worker_id": "w", "result": {"n": 1}, "attempt": ok.attempt},
-            {"task_id": stale.id, "worker_id": "w", "attempt": stale.attempt + 1},
-            {"task_id": cancelled.id, "worker_id": "w"},
-            {"task_id": bad_result.id, "worker_id": "w", "result": object()},
-            {"task_id": other_worker.id, "worker_id": "intruder"},
-            {"task_id": "no-such-task", "worker_id": "w"},
-        ]
-    )
+    outcomes = await store.succeed_many(items)
     assert len(outcomes) == 6
     first = outcomes[0]
     assert not isinstance(first, Exception)

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -22,15 +21,6 @@ from conveyor.worker import Context
 # finishing within it shows that nothing waited for a poll (a behaviour check).
 POLL = 20.0
 TASKS = 30
-
-
-@pytest.fixture
-async def app(store_url: str) -> AsyncIterator[conveyor.App]:
-    application = conveyor.App(store_url)
-    try:
-        yield application
-    finally:
-        await application.close()
 
 
 async def test_one_partition_advances_on_ack_not_on_poll(app: conveyor.App) -> None:
