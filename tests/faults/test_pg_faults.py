@@ -34,6 +34,10 @@ from _pgcluster import Cluster
 
 import conveyor
 
+# Under pytest-xdist (--dist loadgroup) these run in one process, so the run
+# starts one private cluster for them rather than one per worker.
+pytestmark = pytest.mark.xdist_group("pg_cluster")
+
 WORKERS = 3
 LEASE = 10.0
 # Far longer than any wake-up we accept: five quick pickups in a row prove NOTIFY,

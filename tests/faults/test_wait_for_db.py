@@ -17,6 +17,10 @@ from _pgcluster import Cluster, ClusterUnavailable
 
 import conveyor
 
+# Under pytest-xdist (--dist loadgroup) both tests run in one process and share
+# the module's stopped cluster.
+pytestmark = pytest.mark.xdist_group("down_cluster")
+
 
 @pytest.fixture(scope="module")
 def down_cluster() -> Iterator[tuple[Cluster, str]]:

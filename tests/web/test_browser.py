@@ -38,6 +38,9 @@ ARGS = [
     "--no-first-run",
 ]
 WAIT_MS = 10_000
+# Under pytest-xdist (--dist loadgroup) the module's tests run in one process:
+# one dashboard server and one Chromium serve them all.
+pytestmark = pytest.mark.xdist_group("browser")
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 
