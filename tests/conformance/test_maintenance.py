@@ -6,6 +6,9 @@ Time is moved with ``store.clock_offset`` (the store's clock, not the test's sle
 from __future__ import annotations
 
 import asyncio
+import signal
+import sys
+import time
 from typing import Any
 
 import pytest
@@ -177,3 +180,61 @@ async def test_concurrent_maintain_does_the_work_once(store: TaskStore, store_ur
             await st.close()
     assert sum(r["deleted"] for r in results) == 60
     assert (await store.list(queue="q")).items == []
+
+
+_PASS_SCRIPT = """
+import asyncio, sys
+import conveyor
+from conveyor.store import upkeep
+
+upkeep.PURGE_BATCH = 25  # many short transactions: the kill lands between two of them
+
+async def main() -> None:
+    async with conveyor.connect(sys.argv[1]) as store:
+        store.clock_offset = 5
+        await store.maintain()
+
+asyncio.run(main())
+"""
+
+
+async def _remaining(store: TaskStore, queue: str) -> int:
+    count, cursor = 0, None
+    while True:
+        page = await store.list(queue=queue, limit=1000, cursor=cursor)
+        count += len(page.items)
+        cursor = page.next_cursor
+        if cursor is None:
+            return count
+
+
+async def test_a_pass_killed_midway_keeps_an_exact_history(
+    store: TaskStore, store_url: str, tmp_path: Any
+) -> None:
+    # A worker stopping (or killed) during maintain() used to leave the tasks its
+    # committed purge batches deleted out of the history: the row was written at
+    # the end of the pass. Now every step counts itself in its own transaction.
+    n = 2000
+    await store.configure_queue("q", retention=1)
+    await store.submit_many([{"name": "t", "queue": "q"} for _ in range(n)])
+    first = (await _finish(store, "q", n))[0]
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", _PASS_SCRIPT, store_url)
+    try:
+        deadline = time.monotonic() + 60
+        while await store.get(first) is not None:  # purged first: it finished first
+            assert proc.returncode is None, "the pass ended before it was seen deleting"
+            assert time.monotonic() < deadline, "the pass never deleted anything"
+            await asyncio.sleep(0.005)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        await proc.wait()
+    deleted = n - await _remaining(store, "q")
+    assert 0 < deleted < n, "the kill should land inside the pass"
+    history = await store.maintenance_history(limit=10)
+    assert sum(h["deleted"] for h in history) == deleted
+    # The next pass finishes the job and the history still adds up.
+    store.clock_offset = 5
+    assert (await store.maintain())["deleted"] == n - deleted
+    history = await store.maintenance_history(limit=10)
+    assert sum(h["deleted"] for h in history) == n
+    assert history[0]["duration"] > 0

@@ -452,7 +452,13 @@ class TaskStore(LeaseOps, InspectReads):
         return await upkeep.maintain(self)
 
     async def maintenance_history(self, limit: int = 20) -> builtins.list[dict[str, Any]]:
-        """The most recent :meth:`maintain` passes, newest first."""
+        """The most recent :meth:`maintain` passes, newest first.
+
+        Each pass's counts are exact: every step adds what it did to its pass's
+        row in the step's own transaction. A pass cut short (its worker stopped,
+        the database went away) keeps the counts of the steps that committed and
+        a ``duration`` of 0.
+        """
         limit = v.positive_int("limit", limit)
 
         return await self._run(lambda conn: upkeep.history_tx(conn, limit), write=False)

@@ -157,22 +157,38 @@ async def configure_tx(st: Seam, conn: AsyncConnection, queue: str, values: dict
 
 
 async def maintain(st: Seam) -> dict[str, int]:
-    """One maintenance pass (see :meth:`conveyor.store.base.TaskStore.maintain`)."""
+    """One maintenance pass (see :meth:`conveyor.store.base.TaskStore.maintain`).
+
+    The pass's history row is written first and each step adds its counts to it
+    in the step's own transaction, so the history stays exact even when a pass
+    is cut short (a stopping worker cancels it, the database goes away midway):
+    what a committed step did is counted, and nothing else is.
+    """
     started = time.monotonic()
     async with st._maintenance_lock() as mine:
         if not mine:
             return {"recovered": 0, "expired": 0, "evicted": 0, "deleted": 0, "skipped": 1}
-        requeued, failed = await tx.run(st, lambda conn: recover_tx(st, conn, None, None))
+        pass_id = await tx.run(st, functools.partial(begin_pass, st))
+
+        async def recover(conn: AsyncConnection) -> tuple[int, int]:
+            requeued, failed = await recover_tx(st, conn, None, None)
+            await count_pass(conn, pass_id, recovered=requeued, expired=failed)
+            return requeued, failed
+
+        async def evict(queue: str, max_wait: float, conn: AsyncConnection) -> int:
+            evicted = await evict_tx(st, conn, queue, max_wait)
+            await count_pass(conn, pass_id, evicted=evicted)
+            return evicted
+
+        requeued, failed = await tx.run(st, recover)
         settings = await tx.run(st, all_settings, write=False)
         evicted = 0
         deleted = 0
         for row in settings:
             if row.max_wait is not None:
-                evicted += await tx.run(
-                    st, functools.partial(evict_tx, st, queue=row.queue, max_wait=row.max_wait)
-                )
+                evicted += await tx.run(st, functools.partial(evict, row.queue, row.max_wait))
             if row.retention is not None:
-                deleted += await purge(st, row.queue, row.retention, row.queue_mode)
+                deleted += await purge(st, row.queue, row.retention, row.queue_mode, pass_id)
         await rollup(st)
         await drop_idle_streams(st)
         counts = {
@@ -182,16 +198,33 @@ async def maintain(st: Seam) -> dict[str, int]:
             "deleted": deleted,
         }
 
-        async def record(conn: AsyncConnection) -> None:
-            now = await tx.now_us(st, conn)
+        async def finish(conn: AsyncConnection) -> None:
             await conn.execute(
-                mt.insert().values(ran_at=now, duration=time.monotonic() - started, **counts)
+                update(mt).where(mt.c.id == pass_id).values(duration=time.monotonic() - started)
             )
 
-        await tx.run(st, record)
+        await tx.run(st, finish)
     if evicted or failed:
         wake.wake_local(st, work=False)
     return {**counts, "skipped": 0}
+
+
+async def begin_pass(st: Seam, conn: AsyncConnection) -> int:
+    """Open a pass's history row (all counts 0); its id."""
+    now = await tx.now_us(st, conn)
+    row = await conn.execute(
+        mt.insert()
+        .values(ran_at=now, duration=0.0, recovered=0, expired=0, evicted=0, deleted=0)
+        .returning(mt.c.id)
+    )
+    return int(row.scalar_one())
+
+
+async def count_pass(conn: AsyncConnection, pass_id: int | None, **counts: int) -> None:
+    """Add a step's counts to its pass's history row, in the step's transaction."""
+    added = {field: mt.c[field] + n for field, n in counts.items() if n}
+    if pass_id is not None and added:
+        await conn.execute(update(mt).where(mt.c.id == pass_id).values(added))
 
 
 async def all_settings(conn: AsyncConnection) -> list[Any]:
@@ -276,7 +309,13 @@ async def drop_idle_streams_batch(st: Seam, conn: AsyncConnection) -> tuple[int,
     return len(empty), len(idle) == IDLE_STREAM_BATCH and bool(empty)
 
 
-async def purge(st: Seam, queue: str, retention: float, queue_mode: bool | None) -> int:
+async def purge(
+    st: Seam,
+    queue: str,
+    retention: float,
+    queue_mode: bool | None,
+    pass_id: int | None = None,
+) -> int:
     """Delete tasks finished for everyone more than ``retention`` seconds ago.
 
     Walks candidates in (finished_at, task) order with a moving cursor, one
@@ -295,6 +334,7 @@ async def purge(st: Seam, queue: str, retention: float, queue_mode: bool | None)
                 retention=retention,
                 queue_mode=queue_mode,
                 cursor=cursor,
+                pass_id=pass_id,
             ),
         )
         if batch < 0:
@@ -309,6 +349,7 @@ async def purge_batch(
     retention: float,
     queue_mode: bool | None,
     cursor: tuple[int, int],
+    pass_id: int | None = None,
 ) -> tuple[int, tuple[int, int]]:
     """One bounded batch of :func:`purge`: ``(deleted, next cursor)``, ``-1`` when done."""
     now_us = await tx.now_us(st, conn)
@@ -372,6 +413,7 @@ async def purge_batch(
         await conn.execute(delete(k).where(k.c.task_id.in_(ids)))
         await conn.execute(delete(d).where(d.c.task_seq.in_(doomed)))
         await conn.execute(delete(t).where(t.c.seq.in_(doomed)))
+        await count_pass(conn, pass_id, deleted=len(doomed))
     last = candidates[-1]
     return len(doomed), (last.finished_at, last.task_seq)
 
