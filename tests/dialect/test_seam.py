@@ -80,18 +80,32 @@ async def test_reader_runs_beside_a_writer(store: TaskStore) -> None:
         await reader.close()
 
 
-async def test_two_writers_never_fail_on_lock_upgrade(store: TaskStore) -> None:
+async def _pause(seconds: float) -> None:
+    """Hold a transaction open for ``seconds``. A SQLite store runs the whole
+    transaction as one blocking function on its connection thread, where there is
+    no event loop: there the pause blocks that thread (other stores' threads run)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        time.sleep(seconds)
+    else:
+        await asyncio.sleep(seconds)
+
+
+async def test_two_writers_never_fail_on_lock_upgrade(store: TaskStore, store_url: str) -> None:
     """Read-then-write transactions of two connections both commit (one waits)."""
 
     async def bump(conn: AsyncConnection) -> None:
         n = (await conn.execute(select(cn.c.n).where(cn.c.queue == "q"))).scalar()
-        await asyncio.sleep(0.05)
+        await _pause(0.05)
         await conn.execute(update(cn).where(cn.c.queue == "q").values(n=(n or 0) + 1))
 
     await store._run(
         lambda conn: conn.execute(store._upsert(cn).values(queue="q", grp="", status="x", n=0))
     )
-    await asyncio.gather(store._run(bump), store._run(bump))
+    # Two stores: two connections, whatever a store does with its own.
+    async with conveyor.connect(store_url) as other:
+        await asyncio.gather(store._run(bump), other._run(bump))
     total = await store._run(lambda conn: _scalar(conn, select(cn.c.n)), write=False)
     assert total in (1, 2)  # Postgres may let both read 0; neither may fail
 
@@ -231,7 +245,7 @@ async def test_in_memory_gate_queues_transactions_in_order() -> None:
         async def work(i: int) -> None:
             async def body(conn: AsyncConnection) -> None:
                 order.append(i)
-                await asyncio.sleep(0.01)
+                await _pause(0.01)
                 await conn.execute(text("SELECT 1"))
 
             await st._run(body)

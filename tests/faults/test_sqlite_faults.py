@@ -164,14 +164,14 @@ def _small_filesystem(size_kib: int) -> Iterator[Path]:
 
 def _capped_pages(path: Path, pages: int) -> dict[str, Any]:
     """Engine options that give every connection a ``max_page_count``."""
-    import aiosqlite
+    import sqlite3
 
-    async def creator() -> Any:
-        conn = await aiosqlite.connect(str(path))
-        await conn.execute(f"PRAGMA max_page_count = {pages}")
+    def creator() -> Any:
+        conn = sqlite3.connect(str(path), check_same_thread=False)
+        conn.execute(f"PRAGMA max_page_count = {pages}")
         return conn
 
-    return {"engine_options": {"async_creator": creator}}
+    return {"engine_options": {"creator": creator}}
 
 
 async def _fill(url: str, options: dict[str, Any]) -> tuple[list[str], conveyor.StoreUnavailable]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from sqlalchemy import ColumnElement, Select, Update
 from sqlalchemy.engine import Connection
@@ -30,6 +30,18 @@ if TYPE_CHECKING:
 
 #: Runs one driver statement by itself (autocommit) and returns its rows.
 DirectRunner = Callable[[str, Mapping[str, Any]], Awaitable[list[Any]]]
+
+T = TypeVar("T")
+
+
+class ConnectionRunner(Protocol):
+    """Runs blocking functions on a dialect's own connection, one at a time, in
+    arrival order (see :meth:`Seam._connection_runner`)."""
+
+    async def call(self, fn: Callable[[Connection], T]) -> T:
+        """Run ``fn(connection)`` and return its result (or raise its exception).
+        ``fn`` opens and ends its own transaction."""
+        ...
 
 
 class Seam(abc.ABC):
@@ -83,6 +95,14 @@ class Seam(abc.ABC):
         block writers. The store's ``statement_timeout`` and ``lock_timeout`` hold
         for every transaction.
         """
+
+    def _connection_runner(self) -> ConnectionRunner | None:
+        """Where the dialect runs a whole transaction as one blocking function on a
+        connection of its own (SQLite: in-process, a hop per statement would cost
+        more than the statement), the runner of those functions; ``None`` where
+        transactions run statement by statement on the async engine. Only valid
+        between ``_create_engine`` and close."""
+        return None
 
     @abc.abstractmethod
     def _transaction_gate(self, write: bool) -> AbstractAsyncContextManager[None]:

@@ -12,16 +12,22 @@ What differs from Postgres, and only that:
   the write lock, so polling never blocks producers;
 * RETURNING — SQLite's may name only columns of the updated table, so the task
   columns of a fenced write or claim come from correlated subqueries;
-* wake-ups — in-process events only (the store wakes its own waiters); other
-  processes are seen by polling the probe.
+* transport — SQLite runs inside the process, so the store runs each whole
+  transaction as one blocking function on one connection owned by a thread of
+  its own (:mod:`conveyor.store.sqlite_thread`): one hop from the event loop per
+  transaction. The thread's queue is the in-process write lock: this process's
+  transactions run one at a time in arrival order, never sleeping in SQLite's
+  busy handler for each other (``busy_timeout`` still covers other processes);
+* wake-ups — while idle, the connection thread reads ``PRAGMA data_version``
+  every few milliseconds (no lock; it changes when another connection commits)
+  and wakes this process's idle workers and ``wait()`` calls when it moves.
 
 In-memory databases (``sqlite:///:memory:``, ``sqlite://``): SQLite gives each
 connection its own private in-memory database, so the store must use exactly one
-connection, and one connection can run one transaction at a time. The store
-therefore queues its transactions on an in-process lock (the single-writer lock
-of a file database, moved into the process): concurrent calls wait their turn
-instead of failing with "cannot start a transaction within a transaction". Such
-a store is private to its process and gone when it closes.
+connection, and one connection can run one transaction at a time: the same
+connection thread, whose queue makes concurrent calls wait their turn instead of
+failing with "cannot start a transaction within a transaction". Such a store is
+private to its process and gone when it closes.
 
 Durability: ``journal_mode=WAL`` with ``synchronous=NORMAL`` survives a process
 crash (kill -9) but a power cut may lose the last transactions. Pass
@@ -31,15 +37,17 @@ crash (kill -9) but a power cut may lose the last transactions. Pass
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any, ClassVar
 
 from sqlalchemy import BigInteger, ColumnElement, Select, Update, event, literal, select
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.engine import Connection, Engine, create_engine, make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
@@ -50,9 +58,26 @@ from conveyor.errors import ConfigurationError, InvalidArgument
 from conveyor.schema import deliveries as d
 from conveyor.schema import tasks as t
 from conveyor.store.base import TaskStore
-from conveyor.store.seam import DirectRunner
+from conveyor.store.seam import ConnectionRunner, DirectRunner
+from conveyor.store.sqlite_thread import ConnectionThread
 
 SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+#: Seconds between two looks at ``PRAGMA data_version`` while the store is idle:
+#: how soon a commit in another process wakes this one's idle workers.
+WAKE_POLL = 0.002
+#: The same while nobody in this process waits to be woken.
+WAKE_IDLE_POLL = 0.1
+#: Pool settings that mean nothing to the one blocking connection.
+_POOL_OPTIONS = (
+    "poolclass",
+    "pool_size",
+    "max_overflow",
+    "pool_timeout",
+    "pool_recycle",
+    "pool_pre_ping",
+    "pool_reset_on_return",
+    "pool_use_lifo",
+)
 
 
 def is_memory(url: str) -> bool:
@@ -64,6 +89,27 @@ def is_memory(url: str) -> bool:
         or database.startswith("file::memory:")
         or parsed.query.get("mode") == "memory"
     )
+
+
+@functools.cache
+def _returned_view() -> tuple[Any, ...]:
+    """The task view as SQLite's RETURNING can give it, built once (a claim or
+    fenced write needs it every time, and building it cost a tenth of a claim).
+
+    SQLite's RETURNING may name only the updated table's columns (an UPDATE …
+    FROM table may not appear there), so each task column is a correlated lookup
+    by primary key. Same names and values as Postgres's joined form.
+    """
+    columns: list[Any] = []
+    for col in q.view_columns():
+        if col.table is d:
+            columns.append(col)
+        elif col.name == "seq":
+            columns.append(d.c.task_seq.label("seq"))
+        else:
+            lookup = select(col).where(t.c.seq == d.c.task_seq).correlate(d)
+            columns.append(lookup.scalar_subquery().label(col.name))
+    return tuple(columns)
 
 
 class SQLiteStore(TaskStore):
@@ -82,21 +128,51 @@ class SQLiteStore(TaskStore):
         self.synchronous = synchronous.upper()
         #: One private database on one connection: transactions queue in-process.
         self.in_memory = is_memory(url)
-        self._serial: asyncio.Lock | None = None
+        self._thread: ConnectionThread | None = None
+        self._wake_loop: asyncio.AbstractEventLoop | None = None
 
     def _create_engine(self) -> AsyncEngine:
         options = dict(self.engine_options)
-        if self.in_memory:
-            # Every new connection would open a new, empty database: keep exactly one.
-            options["poolclass"] = StaticPool
-            options.pop("pool_size", None)
-            options.pop("max_overflow", None)
-            options.pop("pool_timeout", None)
-        engine = create_async_engine(self.url, **options)
+        if "async_creator" in options:
+            raise InvalidArgument(
+                "engine_options",
+                "async_creator: the SQLite store runs on a blocking sqlite3 connection; "
+                "pass creator (a function returning a sqlite3 connection) instead",
+            )
+        # The store's own transactions run on one blocking connection in a thread
+        # of its own (conveyor.store.sqlite_thread), which gets the engine options;
+        # the async engine stays the store's handle (opened, disposed) and connects
+        # only if asked to (a private in-memory database: to one of its own).
+        engine = create_async_engine(self.url, poolclass=StaticPool if self.in_memory else None)
+        blocking = create_engine(
+            make_url(self.url).set(drivername="sqlite+pysqlite"),
+            poolclass=StaticPool,
+            **{k: val for k, val in options.items() if k not in _POOL_OPTIONS},
+        )
+        self._configure(engine.sync_engine)
+        self._configure(blocking)
+        self._thread = ConnectionThread(
+            blocking,
+            # A private in-memory database has nobody else to hear from.
+            poll=None if self.in_memory else WAKE_POLL,
+            on_change=None if self.in_memory else self._changed_elsewhere,
+            listening=self._listening,
+            idle_poll=WAKE_IDLE_POLL,
+        )
+        thread = self._thread
+
+        @event.listens_for(engine.sync_engine, "engine_disposed")
+        def _on_dispose(_engine: Any) -> None:
+            thread.close()
+
+        return engine
+
+    def _configure(self, engine: Engine) -> None:
+        """Attach the connection set-up and the choice of BEGIN to ``engine``."""
         busy_ms = int(self.busy_timeout * 1000)
         synchronous = self.synchronous
 
-        @event.listens_for(engine.sync_engine, "connect")
+        @event.listens_for(engine, "connect")
         def _on_connect(dbapi_conn: Any, _record: Any) -> None:
             # Take transaction control from the driver so BEGIN is ours to choose.
             dbapi_conn.isolation_level = None
@@ -107,23 +183,43 @@ class SQLiteStore(TaskStore):
             cur.execute("PRAGMA foreign_keys = ON")
             cur.close()
 
-        @event.listens_for(engine.sync_engine, "begin")
+        @event.listens_for(engine, "begin")
         def _on_begin(conn: Connection) -> None:
             write = conn.get_execution_options().get("conveyor_write", True)
             conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
-        return engine
+    def _connection_runner(self) -> ConnectionRunner | None:
+        # In-process, a transaction's statements cost microseconds each and a hop
+        # to a driver thread per statement costs more: the whole transaction runs
+        # as one function on the store's connection thread, whose queue is also
+        # the in-process write lock (FIFO, no busy sleeps between our own writers).
+        return self._thread
+
+    def _listening(self) -> bool:
+        # Read on the connection thread; a stale answer costs at most one slow poll.
+        work, done = self._work_waker, self._done_waker
+        return bool((work is not None and work.watched()) or (done is not None and done.watched()))
+
+    async def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
+        """Sleep until new work may be claimable in ``queues`` or ``timeout`` passes
+        (see :meth:`TaskStore.wait_for_work`)."""
+        # The wake channel polls fast only while someone listens: tell it at once.
+        if self._thread is not None:
+            self._thread.nudge()
+        return await super().wait_for_work(queues, timeout)
+
+    def _changed_elsewhere(self) -> None:
+        # On the connection thread: another connection committed. Wake every
+        # waiter here on the store's loop; each looks again, which is cheap.
+        loop = self._wake_loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(partial(self._wake, queues=None, task_ids=None))
 
     @asynccontextmanager
     async def _transaction_gate(self, write: bool) -> AsyncIterator[None]:
-        if not self.in_memory:
-            yield
-            return
-        # The one connection runs one transaction at a time: queue for it.
-        if self._serial is None:
-            self._serial = asyncio.Lock()
-        async with self._serial:
-            yield
+        # Transactions queue on the connection thread instead (one at a time, in
+        # arrival order), which is also what one in-memory connection needs.
+        yield
 
     async def _database_identity(self, conn: AsyncConnection) -> tuple[Any, ...]:
         # The file behind the connection, as SQLite resolved it.
@@ -188,19 +284,7 @@ class SQLiteStore(TaskStore):
         return sqlite_insert(table)
 
     def _returning_view(self, stmt: Update) -> Update:
-        # SQLite's RETURNING may name only the updated table's columns (an UPDATE …
-        # FROM table may not appear there), so each task column is a correlated
-        # lookup by primary key. Same names and values as Postgres's joined form.
-        columns: list[Any] = []
-        for col in q.view_columns():
-            if col.table is d:
-                columns.append(col)
-            elif col.name == "seq":
-                columns.append(d.c.task_seq.label("seq"))
-            else:
-                lookup = select(col).where(t.c.seq == d.c.task_seq).correlate(d)
-                columns.append(lookup.scalar_subquery().label(col.name))
-        return stmt.returning(*columns)
+        return stmt.returning(*_returned_view())
 
     def _claim_probe(
         self, grp: str, queues: Sequence[str], partition: str | None, now: ColumnElement[int]
@@ -219,11 +303,12 @@ class SQLiteStore(TaskStore):
         return None
 
     async def _start_wake(self) -> None:
-        # No cross-process channel: waiters in other processes poll.
-        return None
+        # The channel is the connection thread's data_version poll (see
+        # conveyor.store.sqlite_thread); it wakes waiters on this loop.
+        self._wake_loop = asyncio.get_running_loop()
 
     async def _stop_wake(self) -> None:
-        return None
+        self._wake_loop = None
 
     async def _notify(
         self,

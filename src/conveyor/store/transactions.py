@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any, TypeVar, cast
 
 from alembic import command
 from alembic.config import Config
@@ -52,9 +54,13 @@ async def open_engine(st: Seam) -> AsyncEngine:
     """Create the engine, migrate (or check) the schema, and return the engine."""
     engine = st._create_engine()
     try:
-        async with engine.connect() as conn:
-            conn = await conn.execution_options(conveyor_write=True)
-            await conn.run_sync(lambda sync: migrate_and_check(st, sync))
+        runner = st._connection_runner()
+        if runner is not None:
+            await runner.call(lambda sync: migrate_and_check(st, sync))
+        else:
+            async with engine.connect() as conn:
+                conn = await conn.execution_options(conveyor_write=True)
+                await conn.run_sync(lambda sync: migrate_and_check(st, sync))
     except ConveyorError:
         await engine.dispose()
         raise
@@ -101,6 +107,87 @@ def migrate_and_check(st: Seam, conn: Connection) -> None:
         )
 
 
+class InlineConnection:
+    """A blocking ``Connection`` behind the awaitable methods the protocol's
+    ``work`` functions use. Every method completes without suspending, so a whole
+    ``work`` coroutine runs to its end inside one call of :func:`drive`, on the
+    thread that owns the connection."""
+
+    __slots__ = ("dialect", "sync_connection")
+
+    def __init__(self, connection: Connection) -> None:
+        self.sync_connection = connection
+        self.dialect = connection.dialect
+
+    async def execute(
+        self, statement: Any, parameters: Any = None, *, execution_options: Any = None
+    ) -> Any:
+        """Run one statement (as ``AsyncConnection.execute``)."""
+        return self.sync_connection.execute(
+            statement, parameters, execution_options=execution_options
+        )
+
+    async def exec_driver_sql(
+        self, statement: str, parameters: Any = None, execution_options: Any = None
+    ) -> Any:
+        """Run one statement text as it is."""
+        return self.sync_connection.exec_driver_sql(statement, parameters, execution_options)
+
+    async def scalar(self, statement: Any, parameters: Any = None) -> Any:
+        """The first column of the first row."""
+        return self.sync_connection.scalar(statement, parameters)
+
+    async def scalars(self, statement: Any, parameters: Any = None) -> Any:
+        """The first column of every row."""
+        return self.sync_connection.scalars(statement, parameters)
+
+    async def get_raw_connection(self) -> Any:
+        """The pooled driver connection."""
+        return self.sync_connection.connection
+
+    def get_execution_options(self) -> Any:
+        """The connection's execution options."""
+        return self.sync_connection.get_execution_options()
+
+    def in_transaction(self) -> bool:
+        """Whether a transaction is open."""
+        return self.sync_connection.in_transaction()
+
+    @asynccontextmanager
+    async def begin_nested(self) -> AsyncIterator[None]:
+        """A savepoint: released on success, rolled back on an exception."""
+        with self.sync_connection.begin_nested():
+            yield
+
+
+def drive(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine that never suspends (one working on an
+    :class:`InlineConnection`) to its end, in the calling thread."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return cast(T, done.value)
+    coro.close()
+    # Something in the transaction awaited real I/O or time, which cannot happen
+    # on the connection's thread: a bug, refused rather than run half.
+    raise RuntimeError("a transaction on the SQLite connection thread tried to suspend")
+
+
+def _inline(
+    work: Callable[[AsyncConnection], Awaitable[T]],
+    write: bool,
+    progress: list[bool],
+    sync: Connection,
+) -> T:
+    """One transaction attempt on the connection's own thread (see :func:`run`)."""
+    sync.execution_options(conveyor_write=write)
+    conn = cast(AsyncConnection, InlineConnection(sync))
+    with sync.begin():
+        result = drive(cast(Coroutine[Any, Any, T], work(conn)))
+        progress[0] = True
+    return result
+
+
 def now(st: Seam) -> ColumnElement[int]:
     """The store's clock (the dialect's, moved by ``clock_offset``) as SQL."""
     clock = st._db_now()
@@ -139,6 +226,7 @@ async def run(
     if st._engine is None:
         await st.open()
     assert st._engine is not None
+    runner = st._connection_runner()
     delay = 0.01
     reconnected = False
     attempt = 0
@@ -149,6 +237,14 @@ async def run(
                 committing = True
                 async with st._transaction_gate(write):
                     return await alone()
+            if runner is not None:
+                # The whole transaction as one function on the dialect's connection
+                # thread: one hop from the event loop, none per statement.
+                progress = [False]
+                try:
+                    return await runner.call(partial(_inline, work, write, progress))
+                finally:
+                    committing = progress[0]
             async with st._transaction_gate(write), st._engine.connect() as conn:
                 if autocommit and st.autocommit_single:
                     # The statement commits itself: once sent, its outcome is unknown

@@ -66,6 +66,10 @@ class Waker:
             else:
                 self._pending |= wanted - hit
 
+    def watched(self) -> bool:
+        """Whether anyone is waiting on this waker now."""
+        return bool(self._watches)
+
     @contextmanager
     def watch(self, keys: Iterable[str] | None) -> Iterator[Watch]:
         """Register interest in ``keys`` for the duration of the block."""
