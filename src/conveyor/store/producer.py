@@ -309,7 +309,7 @@ async def insert_tasks(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> 
         r.id: codec.new_task(row, payload=json.loads(r.payload), metadata=json.loads(r.metadata))
         for r, row in zip(reqs, params, strict=True)
     }
-    await conn.execute(q.fan_out(seqs))
+    await conn.execute(q.fan_out(), {"seqs": seqs})
     if stream_keys:
         touched = await conn.execute(
             select(d.c.queue, d.c.grp, d.c.partition)
