@@ -1,7 +1,8 @@
 """Run the benchmark suite and print the tables with the same-run ratios.
 
     python -m benchmarks                 # everything, N = 5,000, 3 repetitions
-    python -m benchmarks --quick         # N = 1,000, 1 repetition (CI: keeps it working)
+    python -m benchmarks --quick         # N = 1,000 (200 enqueued one call each), 1 repetition
+                                         # (CI: keeps every workload working)
     python -m benchmarks --only sqlite   # sections or workloads whose name contains a word
 
 See benchmarks/README.md for what each workload does and how it is measured.
@@ -168,6 +169,11 @@ class Config:
     latency_samples: int
     dbs: Databases
     timeout: float
+    #: Measure a case that two tables show (the store's claim(1) + ack is also the
+    #: claim-history table's "empty" column) once, and show it twice. Only in a
+    #: one-repetition quick run, where no median is taken.
+    reuse: bool = False
+    measured: dict[tuple[Any, ...], Outcome] = dataclasses.field(default_factory=dict)
 
 
 def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -228,7 +234,11 @@ def process_case(
     assert target is not None and system.prefill is not None
     name = label or (system.label if k is None else f"{system.label}")
 
+    key = (system, procs, k, tuple(sorted(prefill.items())))
+
     def run(cfg: Config) -> Outcome:
+        if cfg.reuse and key in cfg.measured:
+            return cfg.measured[key]
         with fresh(system, cfg) as db:
             call(system.prefill, db, cfg.n, **prefill)
             specs = [
@@ -236,7 +246,10 @@ def process_case(
             ]
             what = f"{name} ({procs} process{'es' if procs > 1 else ''}, k={k})"
             reports = run_consumers(target, specs, total=cfg.n, timeout=cfg.timeout, what=what)
-            return combine(reports, cfg.n, what)
+            out = combine(reports, cfg.n, what)
+        if cfg.reuse:
+            cfg.measured[key] = out
+        return out
 
     return name, run
 
@@ -776,12 +789,15 @@ def main(argv: list[str] | None = None) -> int:
     quick = args.quick
     cfg = Config(
         n=args.n or (1_000 if quick else 5_000),
-        n_single=args.n_single or args.n or (1_000 if quick else 5_000),
+        # One call per task is the slowest way in (and its cost per task is flat), so
+        # the quick run checks it with fewer tasks.
+        n_single=args.n_single or args.n or (200 if quick else 5_000),
         reps=args.reps or (1 if quick else 3),
         history=args.history or (10_000 if quick else 1_000_000),
         latency_samples=args.latency_samples or (30 if quick else 250),
         dbs=Databases(None if args.no_pg else args.pg),
         timeout=300.0,
+        reuse=quick and not args.reps,
     )
     selected = [
         wl
