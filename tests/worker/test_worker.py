@@ -331,10 +331,12 @@ async def test_cancel_while_running_stops_the_handler(app: conveyor.App) -> None
 async def test_heartbeats_keep_a_long_task_leased(app: conveyor.App) -> None:
     @app.task(queue="q")
     async def long(ctx: Context) -> int:
-        await asyncio.sleep(1.2)  # twice the lease
+        await asyncio.sleep(3.2)  # over twice the lease
         return ctx.task.attempt
 
-    async with running(app.worker("q", lease=0.6, poll_interval=0.05)):
+    # A heartbeat every 0.5 s (a third of the lease): a loaded machine may delay
+    # one by a second and the lease still holds.
+    async with running(app.worker("q", lease=1.5, poll_interval=0.05)):
         task = await long.submit()
         done = await app.store.wait(task.id, timeout=10)
     assert (done.status, done.result, done.attempt) == (Status.SUCCEEDED, 1, 1)
