@@ -259,3 +259,33 @@ def test_only_read_committed_isolation_is_accepted(pg_url: str, level: str) -> N
     with pytest.raises(InvalidArgument):
         conveyor.connect(pg_url, engine_options={"isolation_level": level})
     conveyor.connect(pg_url, isolation_level="read committed")  # accepted
+
+
+# ------------------------------------------------- batch acks of streams
+async def test_a_stream_ack_that_waited_for_a_producer_sees_its_task(
+    url: str, store: TaskStore
+) -> None:
+    """A batch acknowledgement of a stream's last active task waits for a producer
+    that is appending to the stream (it holds the stream row); once the producer
+    commits, the recomputed head must be the producer's task, so the stream does
+    not stall with its next task unclaimable."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from conveyor.connect import resolve_url
+
+    first = await store.submit("t", queue="q", partition="p")
+    [got] = await store.claim("q", worker_id="w", limit=5, per_stream=2)
+    assert got.id == first.id
+    engine = create_async_engine(resolve_url(url)[1])
+    try:
+        async with engine.connect() as conn:
+            second = await store.submit("t", queue="q", partition="p", connection=conn)
+            acking = asyncio.ensure_future(
+                store.ack_many([{"task_id": first.id, "worker_id": "w", "attempt": 1}])
+            )
+            await waiters(url, 1)  # the ack waits for the producer's stream lock
+            await conn.commit()
+        assert await asyncio.wait_for(acking, 20) == [None]
+    finally:
+        await engine.dispose()
+    assert [t.id for t in await store.claim("q", worker_id="w2", limit=5)] == [second.id]

@@ -562,6 +562,8 @@ async def ack_many(
         left = [item for n, item in enumerate(todo, 1) if n in missed]
         if len(left) < len(todo):
             wake.wake_local(st, work=False)
+    if left:
+        left = await _ack_streams(st, left)
     out: list[Task | ConveyorError | None] = list(outcomes)
     if left:
         out, partitioned = await tx.run(
@@ -569,6 +571,37 @@ async def ack_many(
         )
         wake.wake_local(st, work=partitioned)
     return [o if isinstance(o, ConveyorError) else None for o in out]
+
+
+async def _ack_streams(st: Seam, todo: list[AckItem]) -> list[AckItem]:
+    """Finish ``todo`` (partitioned rows among them) with the dialect's two-statement
+    acknowledgement where it has one: lock the batch's streams in the lock order,
+    then finish the rows and recompute the streams in one statement. Returns the
+    items left: those that failed the fence (all of them without the texts)."""
+    lock = await texts.get(st, "ack_streams_lock")
+    ack = await texts.get(st, "ack_streams")
+    if lock is None or ack is None:
+        return todo
+    params = {
+        "ids": [item[1] for item in todo],
+        "workers": [item[2] for item in todo],
+        "grps": [item[3] for item in todo],
+        "attempts": [item[4] for item in todo],
+        "results": [item[5] for item in todo],
+    }
+
+    async def work(conn: AsyncConnection) -> list[Any]:
+        assert lock is not None and ack is not None
+        await texts.execute(conn, st, lock, {"ids": params["ids"], "grps": params["grps"]})
+        return list(await texts.execute(conn, st, ack, params))
+
+    rows = await tx.run(st, work)
+    missed = {row.idx for row in rows if row.idx is not None}
+    left = [item for n, item in enumerate(todo, 1) if n in missed]
+    if len(left) < len(todo):
+        # Waiters of finished tasks; idle workers too when a stream's head is free now.
+        wake.wake_local(st, work=bool(rows[0].freed))
+    return left
 
 
 async def explain_lost(conn: AsyncConnection, task_id: str, grp: str) -> None:

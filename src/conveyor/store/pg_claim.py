@@ -170,4 +170,105 @@ FROM flags LEFT JOIN (taken AS x JOIN conveyor_tasks AS t ON t.seq = x.task_seq)
 """
 
 
-__all__ = ["NOW", "claim_text", "view"]
+# Acknowledging partitioned tasks: two statements in one transaction. The first
+# locks the streams of the batch in the lock order; the second starts after those
+# locks are held, so its snapshot has every change to those streams (a producer
+# that appended a task while we waited for its stream, a cancel), finishes the
+# rows, fenced per item, and recomputes each touched stream — head, priority,
+# availability, as :func:`conveyor.store.streams.refresh` does — from that
+# snapshot minus the rows it just finished (a statement does not see its own
+# writes). One statement cannot do both: its snapshot would predate the locks.
+ACK_LOCK_TEXT = """
+SELECT 1 FROM conveyor_streams AS s
+JOIN (
+    SELECT DISTINCT t.queue, i.grp, t.partition
+    FROM unnest(%(ids)s::text[], %(grps)s::text[]) AS i(id, grp)
+    JOIN conveyor_tasks AS t ON t.id = i.id
+    WHERE t.partition IS NOT NULL
+) AS k ON s.queue = k.queue AND s.grp = k.grp AND s.partition = k.partition
+ORDER BY s.grp, s.queue, s.partition
+FOR UPDATE OF s
+"""
+
+
+def ack_streams_text(done_channel: str, work_channel: str) -> str:
+    """The second statement (see above). Bind parameters: ``ids``, ``workers``,
+    ``grps``, ``attempts``, ``results`` (arrays, one entry per item) and
+    ``offset_us``. Rows: ``idx`` (1-based) of each item that failed its fence (one
+    NULL row when none did) and ``freed``, how many streams have a claimable head
+    now. Announces "tasks finished" once, and "work" on each queue where a
+    stream's head became claimable."""
+    return f"""
+WITH items AS (
+    SELECT * FROM unnest(
+        %(ids)s::text[], %(workers)s::text[], %(grps)s::text[], %(attempts)s::int[],
+        %(results)s::text[]
+    ) WITH ORDINALITY AS i(id, worker_id, grp, attempt, result, idx)
+),
+done AS (
+    UPDATE conveyor_deliveries AS d SET
+        status = 'succeeded',
+        result = i.result,
+        finished_at = {NOW},
+        lease_expires_at = NULL
+    FROM items AS i JOIN conveyor_tasks AS t ON t.id = i.id
+    WHERE d.task_seq = t.seq AND d.grp = i.grp AND d.status = 'running'
+      AND d.worker_id = i.worker_id AND (i.attempt IS NULL OR d.attempt = i.attempt)
+    RETURNING t.id, d.task_seq, d.grp, d.queue, d.partition
+),
+touched AS MATERIALIZED (
+    SELECT DISTINCT queue, grp, partition FROM done WHERE partition IS NOT NULL
+),
+heads AS MATERIALIZED (
+    SELECT k.queue, k.grp, k.partition, h.task_seq, h.status, h.run_at, h.priority,
+           EXISTS (
+               SELECT 1 FROM conveyor_deliveries AS r
+               WHERE r.grp = k.grp AND r.queue = k.queue AND r.partition = k.partition
+                 AND r.status IN ('queued', 'running') AND r.status = 'running'
+                 AND NOT EXISTS (
+                     SELECT 1 FROM done AS x WHERE x.task_seq = r.task_seq AND x.grp = r.grp
+                 )
+           ) AS leased
+    FROM touched AS k LEFT JOIN LATERAL (
+        SELECT y.task_seq, y.status, y.run_at, y.priority
+        FROM conveyor_deliveries AS y
+        WHERE y.grp = k.grp AND y.queue = k.queue AND y.partition = k.partition
+          AND y.status IN ('queued', 'running')
+          AND NOT EXISTS (
+              SELECT 1 FROM done AS x WHERE x.task_seq = y.task_seq AND x.grp = y.grp
+          )
+        ORDER BY y.task_seq
+        LIMIT 1
+    ) AS h ON true
+),
+moved AS (
+    UPDATE conveyor_streams AS s SET
+        head_seq = h.task_seq,
+        priority = h.priority,
+        available_at = CASE WHEN h.status = 'queued' AND NOT h.leased THEN
+            CASE WHEN s.head_seq = h.task_seq AND s.available_at IS NOT NULL
+                 THEN greatest(s.available_at, h.run_at)
+                 ELSE greatest({NOW}, h.run_at)
+            END
+        END
+    FROM heads AS h
+    WHERE s.queue = h.queue AND s.grp = h.grp AND s.partition = h.partition
+    RETURNING s.queue, s.available_at
+),
+note AS (
+    SELECT
+        (SELECT count(pg_notify('{done_channel}', ''))
+         FROM (SELECT 1 FROM done LIMIT 1) AS any_done)
+        + (SELECT count(pg_notify('{work_channel}', w.queue))
+           FROM (SELECT DISTINCT queue FROM moved WHERE available_at IS NOT NULL) AS w)
+        AS n
+)
+SELECT lost.idx, (SELECT count(*) FROM moved WHERE available_at IS NOT NULL) AS freed
+FROM note LEFT JOIN (
+    SELECT i.idx FROM items AS i
+    WHERE NOT EXISTS (SELECT 1 FROM done WHERE done.id = i.id AND done.grp = i.grp)
+) AS lost ON true
+"""
+
+
+__all__ = ["ACK_LOCK_TEXT", "NOW", "ack_streams_text", "claim_text", "view"]

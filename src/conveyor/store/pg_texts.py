@@ -105,4 +105,6 @@ def texts() -> Mapping[str, str]:
         "claim_any": pg_claim.claim_text(False),
         "submit_plain": _SUBMIT_TEXT.replace("{work}", pg_listen.WORK_CHANNEL),
         "ack_plain": _ACK_TEXT.replace("{done}", pg_listen.DONE_CHANNEL),
+        "ack_streams_lock": pg_claim.ACK_LOCK_TEXT,
+        "ack_streams": pg_claim.ack_streams_text(pg_listen.DONE_CHANNEL, pg_listen.WORK_CHANNEL),
     }

@@ -245,6 +245,17 @@ class Seam(abc.ABC):
         column ``idx`` is the 1-based position of each item it did not finish (fence
         failed, or a partitioned row), ``NULL`` in a single row when it finished
         them all.
+
+        ``ack_streams_lock`` and ``ack_streams``: finish a batch that may hold
+        partitioned rows, in one transaction of two statements. The first locks the
+        stream rows of the items' partitions (``ids``, ``grps``) in the lock order
+        (:mod:`conveyor.store.streams`); the second, whose snapshot then sees every
+        change to those streams, finishes the rows as ``ack_plain`` does (any row,
+        partitioned or not) and recomputes each touched stream as
+        :func:`conveyor.store.streams.refresh` would, announcing new work on the
+        queues where a stream's head became claimable. Same parameters and ``idx``
+        column as ``ack_plain``, plus ``freed`` (streams whose head is claimable
+        now).
         """
 
     @abc.abstractmethod
