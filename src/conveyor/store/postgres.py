@@ -76,13 +76,27 @@ def _row_class(names: tuple[str, ...]) -> Any:
     return type("Row", (base,), {"__slots__": (), "_mapping": property(base._asdict)})
 
 
-def _mapped_row(cursor: Any) -> Callable[[Sequence[Any]], Any]:
-    """psycopg row factory: tuples with attribute access and ``_mapping``."""
-    desc = cursor.description
-    if desc is None:
-        return tuple
-    make = _row_class(tuple(col.name for col in desc))._make
-    return make  # type: ignore[no-any-return]
+#: The row maker of each built-once text: its columns never change, so they are
+#: read once (psycopg's ``description`` builds a column object per column per call).
+_row_makers: dict[str, Callable[[Sequence[Any]], Any]] = {}
+
+
+def _row_factory(sql: str) -> Callable[[Any], Callable[[Sequence[Any]], Any]]:
+    known = _row_makers.get(sql)
+    if known is not None:
+        return lambda cursor: known
+
+    def first(cursor: Any) -> Callable[[Sequence[Any]], Any]:
+        result = cursor.pgresult
+        if result is None or result.nfields == 0:
+            return tuple
+        names = tuple(result.fname(i).decode() for i in range(result.nfields))
+        make: Callable[[Sequence[Any]], Any] = _row_class(names)._make
+        if len(_row_makers) < 1024:
+            _row_makers[sql] = make
+        return make
+
+    return first
 
 
 class PostgresStore(TaskStore):
@@ -281,9 +295,10 @@ class PostgresStore(TaskStore):
             driver: psycopg.AsyncConnection[Any] = raw.driver_connection  # type: ignore[assignment]
             await driver.set_autocommit(True)
             try:
-                cur = driver.cursor(row_factory=_mapped_row)
+                cur = driver.cursor(row_factory=_row_factory(sql))
                 await cur.execute(sql, params)
-                return await cur.fetchall() if cur.description is not None else []
+                result = cur.pgresult
+                return await cur.fetchall() if result is not None and result.nfields else []
             finally:
                 if not driver.closed:
                     await driver.set_autocommit(False)

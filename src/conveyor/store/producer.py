@@ -124,24 +124,41 @@ async def submit(st: Seam, reqs: list[Request]) -> list[Task]:
     """Insert the requests in one transaction; the answering tasks in request order.
     Plain requests (no key, partition or parent) go through the dialect's
     one-statement submit where there is one."""
-    text = await texts.get(st, "submit_plain")
+    single = len(reqs) == 1
+    text = await texts.get(st, "submit_one" if single else "submit_plain")
     if text is None or any(
         r.key is not None or r.partition is not None or r.parent_id is not None for r in reqs
     ):
         return await tx.run(st, lambda conn: submit_tx(st, conn, reqs))
-    params = {
-        "ids": [r.id for r in reqs],
-        "names": [r.name for r in reqs],
-        "queues": [r.queue for r in reqs],
-        "payloads": [r.payload for r in reqs],
-        "metadatas": [r.metadata for r in reqs],
-        "priorities": [r.priority for r in reqs],
-        "max_attempts": [r.max_attempts for r in reqs],
-        "backoffs": [r.backoff for r in reqs],
-        "delays": [r.delay_us for r in reqs],
-        "run_ats": [r.run_at_us for r in reqs],
-        "correlation_ids": [r.correlation_id for r in reqs],
-    }
+    if single:
+        (r,) = reqs
+        params: dict[str, Any] = {
+            "id": r.id,
+            "name": r.name,
+            "queue": r.queue,
+            "payload": r.payload,
+            "metadata": r.metadata,
+            "priority": r.priority,
+            "max_attempts": r.max_attempts,
+            "backoff": r.backoff,
+            "delay": r.delay_us,
+            "run_at": r.run_at_us,
+            "correlation_id": r.correlation_id,
+        }
+    else:
+        params = {
+            "ids": [r.id for r in reqs],
+            "names": [r.name for r in reqs],
+            "queues": [r.queue for r in reqs],
+            "payloads": [r.payload for r in reqs],
+            "metadatas": [r.metadata for r in reqs],
+            "priorities": [r.priority for r in reqs],
+            "max_attempts": [r.max_attempts for r in reqs],
+            "backoffs": [r.backoff for r in reqs],
+            "delays": [r.delay_us for r in reqs],
+            "run_ats": [r.run_at_us for r in reqs],
+            "correlation_ids": [r.correlation_id for r in reqs],
+        }
     stored = {row.id: row for row in await texts.alone(st, text, params)}
     out = []
     for r in reqs:

@@ -236,6 +236,9 @@ class Seam(abc.ABC):
         ``run_ats`` (microseconds), ``correlation_ids`` (``None`` entries: the
         queue's setting or the default, or no value), and ``offset_us``. Returns one
         row per task: ``id``, ``max_attempts``, ``created_at``, ``run_at`` as stored.
+        ``submit_one`` is the same for one task, from the singular names (``id``,
+        ``name``, ``queue``, ``payload``, ``metadata``, ``priority``,
+        ``max_attempts``, ``backoff``, ``delay``, ``run_at``, ``correlation_id``).
 
         ``ack_plain``: finish a batch of unpartitioned leased rows as ``succeeded``
         in one statement, each fenced on its own, and announce the finished tasks
