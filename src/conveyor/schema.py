@@ -299,3 +299,17 @@ totals = Table(
     Column("status", String(16), primary_key=True),
     Column("n", BigInteger, nullable=False),
 )
+
+# Pending wait() calls, so a completion announces itself only when someone waits for
+# it (Postgres: the NOTIFY of a finished task is sent only for task ids found here;
+# an acknowledgement nobody waits for sends none). One row per (task, waiting store),
+# written when a wait() starts and deleted when it returns; ``expires_at`` bounds
+# what a crashed waiter leaves behind (expired rows are deleted by later
+# registrations). An accelerator only: a waiter also polls.
+waiters = Table(
+    "conveyor_waiters",
+    metadata,
+    Column("task_id", String(ID), primary_key=True),
+    Column("token", String(64), primary_key=True),
+    Column("expires_at", BigInteger, nullable=False),
+)

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal, TypeVar
@@ -32,7 +34,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from conveyor import _values as v
 from conveyor import statements as q
 from conveyor import tracing
-from conveyor.errors import InvalidArgument, NotFound
+from conveyor.errors import ConveyorError, InvalidArgument, NotFound
 from conveyor.models import Backoff, ConsumerGroup, Page, QueueStats, Status, Task
 from conveyor.schema import keys as k
 from conveyor.store import codec, groups, producer, streams, texts, upkeep, wake
@@ -43,6 +45,8 @@ from conveyor.store.leases import MAX_LIMIT, LeaseOps
 T = TypeVar("T")
 
 POLL_CAP = 0.5  # wait() never sleeps longer than this between looks
+WAITER_TTL = 3600.0  # seconds a wait() without timeout stays registered unrenewed
+WAITER_SLACK = 60.0  # a wait() with a timeout stays registered that much longer
 
 
 class TaskStore(LeaseOps, InspectReads):
@@ -329,23 +333,50 @@ class TaskStore(LeaseOps, InspectReads):
         if self._done_waker is None:
             await self.open()
         assert self._done_waker is not None
+        # Where the backend announces completions only to registered waiters, register
+        # before the first look: a completion committed after that is announced.
+        add = await texts.get(self, "waiter_add")
+        token = uuid.uuid4().hex
+        ttl = WAITER_TTL if limit is None else limit + WAITER_SLACK
+        renew_at = time.monotonic() + ttl / 2
+        if add is not None:
+            await self._register_waiter(add, task_id, token, ttl)
         # Watch before looking: a completion that commits while get() runs still
         # wakes the nap that follows. Polling (capped at POLL_CAP) covers
         # completions nobody announces to this process.
-        with self._done_waker.watch([task_id]) as watch:
-            while True:
-                watch.event.clear()
-                task = await self.get(task_id, group=group)
-                if task is None:
-                    raise NotFound(f"task {task_id}")
-                if task.terminal:
-                    return task
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise TimeoutError(f"task {task_id} still {task.status} after {limit} s")
-                nap = min(pause, POLL_CAP) if remaining is None else min(pause, POLL_CAP, remaining)
-                await watch.wait(nap)
-                pause = min(pause * 2, POLL_CAP)
+        try:
+            with self._done_waker.watch([task_id]) as watch:
+                while True:
+                    watch.event.clear()
+                    if add is not None and time.monotonic() > renew_at:
+                        await self._register_waiter(add, task_id, token, ttl)
+                        renew_at = time.monotonic() + ttl / 2
+                    task = await self.get(task_id, group=group)
+                    if task is None:
+                        raise NotFound(f"task {task_id}")
+                    if task.terminal:
+                        return task
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        raise TimeoutError(f"task {task_id} still {task.status} after {limit} s")
+                    nap = (
+                        min(pause, POLL_CAP)
+                        if remaining is None
+                        else min(pause, POLL_CAP, remaining)
+                    )
+                    await watch.wait(nap)
+                    pause = min(pause * 2, POLL_CAP)
+        finally:
+            drop = None if add is None else await texts.get(self, "waiter_drop")
+            if drop is not None:
+                # The row only speeds up wake-ups; a failure to delete it leaves an
+                # expiring row, never a wrong answer.
+                with contextlib.suppress(ConveyorError):
+                    await texts.alone(self, drop, {"task_id": task_id, "token": token})
+
+    async def _register_waiter(self, add: texts.Text, task_id: str, token: str, ttl: float) -> None:
+        params = {"task_id": task_id, "token": token, "ttl_us": round(ttl * v.US)}
+        await texts.alone(self, add, params)
 
     # ------------------------------------------------------------ bus mode
     async def subscribe(

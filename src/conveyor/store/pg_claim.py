@@ -257,8 +257,8 @@ moved AS (
 ),
 note AS (
     SELECT
-        (SELECT count(pg_notify('{done_channel}', ''))
-         FROM (SELECT 1 FROM done LIMIT 1) AS any_done)
+        (SELECT count(pg_notify('{done_channel}', done.id)) FROM done
+         WHERE EXISTS (SELECT 1 FROM conveyor_waiters AS w WHERE w.task_id = done.id))
         + (SELECT count(pg_notify('{work_channel}', w.queue))
            FROM (SELECT DISTINCT queue FROM moved WHERE available_at IS NOT NULL) AS w)
         AS n

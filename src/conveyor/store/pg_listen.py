@@ -5,7 +5,9 @@ Two channels, both scoped to the database (not the server):
 * ``conveyor_work`` — payload: a queue name. Sent when tasks become claimable
   (submit, retry, a retryable failure, a release, a recovered lease).
 * ``conveyor_done`` — payload: a task id, or the empty string for "some tasks
-  finished, look again". Sent when tasks become terminal.
+  finished, look again". Sent when tasks become terminal, and only for tasks a
+  ``wait()`` has registered for in ``conveyor_waiters`` (the empty payload: when
+  any ``wait()`` is registered), so completions nobody waits for cost no NOTIFY.
 
 ``pg_notify`` runs inside the transaction that makes the change, so a listener
 hears it only after the change commits, and never for a rolled-back one.
@@ -49,9 +51,15 @@ KEEPALIVES: Mapping[str, Any] = {
     "keepalives_count": 3,
 }
 
+# A completion (the done channel) is announced only when a wait() is registered for
+# it (conveyor_waiters), or, for "some tasks finished" (an empty payload), when any
+# wait() is: nobody else listens for it.
 NOTIFY: TextClause = text(
     "SELECT pg_notify(n.channel, n.payload) "
-    "FROM unnest(CAST(:channels AS text[]), CAST(:payloads AS text[])) AS n(channel, payload)"
+    "FROM unnest(CAST(:channels AS text[]), CAST(:payloads AS text[])) AS n(channel, payload) "
+    f"WHERE n.channel <> '{DONE_CHANNEL}' "
+    "OR EXISTS (SELECT 1 FROM conveyor_waiters AS w WHERE w.task_id = n.payload) "
+    "OR (n.payload = '' AND EXISTS (SELECT 1 FROM conveyor_waiters))"
 )
 
 State = Literal["idle", "listening", "down", "off", "stopped"]

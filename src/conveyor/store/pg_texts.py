@@ -19,10 +19,12 @@ _NOW = "(floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + %(
 
 
 # Acknowledge a batch in one statement: each item fenced on its own (leased to its
-# worker, on its attempt), one "some tasks finished" notification for the batch,
-# and only what the caller needs back: the items that failed the fence, and those
-# left for the step-by-step path (partitioned rows, whose stream must be refreshed
-# in the same transaction). ``note`` drives the final join, so it always runs.
+# worker, on its attempt), a notification for each finished task that a wait() is
+# registered for (conveyor_waiters: one index probe per task, none sent when nobody
+# waits, so an ordinary acknowledgement costs no NOTIFY), and only what the caller
+# needs back: the items that failed the fence, and those left for the step-by-step
+# path (partitioned rows, whose stream must be refreshed in the same transaction).
+# ``note`` drives the final join, so it always runs.
 _ACK_TEXT = f"""
 WITH items AS (
     SELECT * FROM unnest(
@@ -43,7 +45,8 @@ done AS (
     RETURNING t.id, d.grp
 ),
 note AS (
-    SELECT count(pg_notify('{{done}}', '')) AS n FROM (SELECT 1 FROM done LIMIT 1) AS any_done
+    SELECT count(pg_notify('{{done}}', done.id)) AS n FROM done
+    WHERE EXISTS (SELECT 1 FROM conveyor_waiters AS w WHERE w.task_id = done.id)
 )
 SELECT lost.idx
 FROM note LEFT JOIN (
@@ -109,6 +112,20 @@ SELECT ins.id, ins.max_attempts, ins.created_at, ins.run_at FROM note, ins
 """
 
 
+# A wait() registers before its first look, so a completion committed after the
+# registration is announced; expired rows (a waiter that crashed) are cleared by
+# later registrations. ``ttl_us``: how long the row holds without renewal.
+_WAITER_ADD = f"""
+WITH gone AS (DELETE FROM conveyor_waiters WHERE expires_at < {_NOW})
+INSERT INTO conveyor_waiters (task_id, token, expires_at)
+VALUES (%(task_id)s, %(token)s, {_NOW} + %(ttl_us)s)
+ON CONFLICT (task_id, token) DO UPDATE SET expires_at = excluded.expires_at
+"""
+_WAITER_DROP = """
+DELETE FROM conveyor_waiters WHERE task_id = %(task_id)s AND token = %(token)s
+"""
+
+
 def _submit_text(req: str) -> str:
     return _SUBMIT_TEXT.replace("{req}", req).replace("{work}", pg_listen.WORK_CHANNEL)
 
@@ -121,6 +138,8 @@ def texts() -> Mapping[str, str]:
         "submit_plain": _submit_text(_SUBMIT_MANY),
         "submit_one": _submit_text(_SUBMIT_ONE),
         "ack_plain": _ACK_TEXT.replace("{done}", pg_listen.DONE_CHANNEL),
+        "waiter_add": _WAITER_ADD,
+        "waiter_drop": _WAITER_DROP,
         "ack_streams_lock": pg_claim.ACK_LOCK_TEXT,
         "ack_streams": pg_claim.ack_streams_text(pg_listen.DONE_CHANNEL, pg_listen.WORK_CHANNEL),
     }

@@ -1,0 +1,117 @@
+"""Postgres: a completion is announced (NOTIFY on conveyor_done) only when a wait()
+is registered for it; a wait() in another store is still woken by the
+announcement, not by its polling."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy.engine import make_url
+
+import conveyor
+from conveyor.store import base, pg_listen, texts
+
+QUIET = 0.5  # seconds a listener is given to hear an announcement that must not come
+
+
+def _dsn(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+async def _listening(url: str) -> psycopg.AsyncConnection[Any]:
+    conn = await psycopg.AsyncConnection.connect(_dsn(url), autocommit=True)
+    await conn.execute(f"LISTEN {pg_listen.DONE_CHANNEL}")
+    return conn
+
+
+async def _heard(conn: psycopg.AsyncConnection[Any], seconds: float) -> list[str]:
+    return [note.payload async for note in conn.notifies(timeout=seconds)]
+
+
+async def _waiters(url: str) -> list[tuple[str, ...]]:
+    async with await psycopg.AsyncConnection.connect(_dsn(url), autocommit=True) as conn:
+        cur = await conn.execute("SELECT task_id, token FROM conveyor_waiters ORDER BY 1")
+        return [tuple(row) for row in await cur.fetchall()]
+
+
+@pytest.fixture
+def url(pg_url: str, store_url: str, backend: str) -> str:
+    if backend != "postgres":
+        pytest.skip("Postgres announces completions by NOTIFY")
+    return store_url
+
+
+async def test_completions_nobody_waits_for_are_not_announced(url: str) -> None:
+    listener = await _listening(url)
+    try:
+        async with conveyor.connect(url, listen=False) as store:
+            await store.submit_many([{"name": "x", "queue": "q"} for _ in range(4)])
+            claimed = await store.claim("q", worker_id="w", limit=4)
+            assert len(claimed) == 4
+            assert await store.ack_many(
+                [{"task_id": t.id, "worker_id": "w", "attempt": t.attempt} for t in claimed[:2]]
+            ) == [None, None]
+            await store.succeed(claimed[2].id, worker_id="w", attempt=claimed[2].attempt)
+            await store.fail(claimed[3].id, worker_id="w", error="no", retryable=False)
+        assert await _heard(listener, QUIET) == []
+    finally:
+        await listener.close()
+
+
+async def test_a_pending_wait_is_announced_its_task_only(url: str) -> None:
+    listener = await _listening(url)
+    try:
+        async with (
+            conveyor.connect(url, listen=False) as worker,
+            conveyor.connect(url) as waiter,
+        ):
+            a, _b = await worker.submit_many([{"name": "x", "queue": "q"} for _ in range(2)])
+            waiting = asyncio.create_task(waiter.wait(a.id, timeout=60))
+            while not await _waiters(url):
+                await asyncio.sleep(0.01)
+            claimed = await worker.claim("q", worker_id="w", limit=2)
+            await worker.ack_many(
+                [{"task_id": t.id, "worker_id": "w", "attempt": t.attempt} for t in claimed]
+            )
+            done = await asyncio.wait_for(waiting, 30)
+            assert done.id == a.id and done.status == "succeeded"
+        assert await _heard(listener, QUIET) == [a.id]  # not b: nobody waits for it
+        assert await _waiters(url) == []  # the wait() deregistered
+    finally:
+        await listener.close()
+
+
+async def test_a_wait_in_another_store_wakes_by_notification_not_polling(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Polling grows to a minute: a prompt return can only be the announcement.
+    monkeypatch.setattr(base, "POLL_CAP", 60.0)
+    async with (
+        conveyor.connect(url, listen=False) as worker,
+        conveyor.connect(url) as waiter,
+    ):
+        task = await worker.submit("x", queue="q")
+        waiting = asyncio.create_task(waiter.wait(task.id, timeout=120))
+        while not await _waiters(url):
+            await asyncio.sleep(0.01)
+        # Naps of 0.05 s doubling: the one in progress 7 s in runs until 12.75 s.
+        await asyncio.sleep(7)
+        [claimed] = await worker.claim("q", worker_id="w")
+        acked = time.monotonic()
+        await worker.ack_many([{"task_id": claimed.id, "worker_id": "w", "attempt": 1}])
+        done = await asyncio.wait_for(waiting, 60)
+        assert done.status == "succeeded"
+        assert time.monotonic() - acked < 4.5
+
+
+async def test_an_expired_registration_is_cleared_by_the_next(url: str) -> None:
+    async with conveyor.connect(url) as store:
+        add = await texts.get(store, "waiter_add")
+        assert add is not None
+        await texts.alone(store, add, {"task_id": "gone", "token": "t", "ttl_us": -1})
+        await texts.alone(store, add, {"task_id": "kept", "token": "t", "ttl_us": 10**9})
+        assert await _waiters(url) == [("kept", "t")]
