@@ -103,3 +103,23 @@ async def test_in_memory_store_runs_concurrent_calls_in_turn() -> None:
             *(st.claim("m", worker_id=f"w{i}", limit=1) for i in range(30))
         )
         assert sorted(task.payload["i"] for batch in claimed for task in batch) == list(range(30))
+
+
+async def test_a_call_cancelled_while_queued_never_runs(tmp_path: Path) -> None:
+    """A caller that gives up while its transaction waits its turn leaves nothing
+    behind: the transaction is skipped, not committed behind its back."""
+    async with conveyor.connect(f"sqlite:///{tmp_path / 'q.db'}") as st:
+
+        async def slow(conn: AsyncConnection) -> None:
+            await conn.execute(text("SELECT 1"))
+            time.sleep(0.5)  # holds the connection thread: the submit below queues
+
+        first = asyncio.create_task(st._run(slow))
+        await asyncio.sleep(0.1)
+        submit = asyncio.create_task(st.submit("t", {}, queue="q", key="gone"))
+        await asyncio.sleep(0.05)
+        submit.cancel()
+        await first
+        with pytest.raises(asyncio.CancelledError):
+            await submit
+        assert await st.get_by_key("gone") is None

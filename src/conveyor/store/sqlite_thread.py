@@ -44,8 +44,8 @@ _IDLE: Any = object()
 
 
 def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
-    # The caller may have been cancelled meanwhile; its transaction still ran to
-    # its end (commit or rollback) on the thread, as a statement sent to a server does.
+    # The caller may have been cancelled while its transaction ran; the transaction
+    # still ran to its end (commit or rollback), as one sent to a server does.
     if future.cancelled():
         return
     if ok:
@@ -129,6 +129,10 @@ class ConnectionThread:
                 if job is None:
                     return
                 fn, loop, future = job
+                if future.cancelled():
+                    # Its caller gave up while it queued: nothing of it has run, and
+                    # nothing will (a cancelled claim leases nothing).
+                    continue
                 try:
                     if conn is None or conn.invalidated:
                         if conn is not None:
