@@ -148,13 +148,9 @@ HUEY = System(
     table="task",
 )
 CONVEYOR_STORE_SQLITE = dataclasses.replace(CONVEYOR_STORE_PG, backend="sqlite", template=None)
-CONVEYOR_APP_SQLITE = dataclasses.replace(
-    CONVEYOR_APP_PG,
-    backend="sqlite",
-    template=None,
-    # No cross-process wake channel on SQLite: the worker polls, as the raw baseline does.
-    latency_spec=(("poll_interval", 0.01),),
-)
+# The worker keeps its default poll interval: another process's submit wakes it
+# through the store's wake channel (PRAGMA data_version on SQLite), not by polling.
+CONVEYOR_APP_SQLITE = dataclasses.replace(CONVEYOR_APP_PG, backend="sqlite", template=None)
 
 PG_SYSTEMS = [RAW_PG, PGQUEUER, PROCRASTINATE, CONVEYOR_STORE_PG, CONVEYOR_APP_PG]
 SQLITE_SYSTEMS = [RAW_SQLITE, HUEY, CONVEYOR_STORE_SQLITE, CONVEYOR_APP_SQLITE]
