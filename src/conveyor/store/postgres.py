@@ -308,8 +308,10 @@ class PostgresStore(TaskStore):
                 sql, params, exc, psycopg.Error, connection_invalidated=dead
             ) from exc
         finally:
+            # Both may do driver I/O through SQLAlchemy's async adapter, which must
+            # run inside its greenlet.
             if dead:
-                raw.invalidate()
+                await greenlet_spawn(raw.invalidate)
             await greenlet_spawn(raw.close)
 
     async def _start_wake(self) -> None:
