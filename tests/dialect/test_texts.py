@@ -5,6 +5,7 @@ with the store's retries, and inside a transaction."""
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import Any
 
 import psycopg
@@ -12,7 +13,7 @@ import pytest
 from sqlalchemy import Integer, bindparam, literal, select
 
 import conveyor
-from conveyor.errors import ConveyorError
+from conveyor.errors import ConveyorError, StoreUnavailable
 from conveyor.schema import tasks as t
 from conveyor.store import texts
 from conveyor.store.base import TaskStore
@@ -114,3 +115,24 @@ async def test_postgres_a_dead_pooled_connection_is_retried(
     # The dead connection was discarded cleanly (its close runs in SQLAlchemy's
     # greenlet), not with an error logged by the pool.
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+async def test_postgres_no_connection_to_be_had_is_store_unavailable(pg_url: str) -> None:
+    dsn = pg_url.replace("postgresql+psycopg://", "postgresql://")
+    base = dsn.rsplit("/", 1)[0]
+    name = f"conveyor_closed_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        async with conveyor.connect(f"{base}/{name}") as store:
+            pid = texts.Text("pid", "SELECT pg_backend_pid() AS pid")
+            first = (await texts.alone(store, pid, {}))[0].pid
+            with psycopg.connect(dsn, autocommit=True) as admin:
+                admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+                admin.execute("SELECT pg_terminate_backend(%s)", (first,))
+            # The pooled connection is dead and no new one is allowed.
+            with pytest.raises(StoreUnavailable):
+                await texts.alone(store, pid, {})
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

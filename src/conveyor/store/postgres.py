@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import re
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, ClassVar
@@ -97,6 +98,28 @@ def _row_factory(sql: str) -> Callable[[Any], Callable[[Sequence[Any]], Any]]:
         return make
 
     return first
+
+
+_NAMED = re.compile(r"%\((\w+)\)s|%%")
+
+
+@functools.lru_cache(maxsize=256)
+def _native(sql: str) -> tuple[str, tuple[str, ...]]:
+    """``sql`` with its ``%(name)s`` parameters as Postgres's own ``$n`` (one number
+    per name), and the names in number order. Converted once per text: psycopg would
+    otherwise re-parse the text on every call, and does not cache texts over 4 kB
+    (the claim's is longer)."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name is None:
+            return "%"
+        if name not in names:
+            names.append(name)
+        return f"${names.index(name) + 1}"
+
+    return _NAMED.sub(number, sql), tuple(names)
 
 
 class PostgresStore(TaskStore):
@@ -289,14 +312,19 @@ class PostgresStore(TaskStore):
         # The psycopg connection the pool hands out, switched to autocommit for the one
         # statement: no SQLAlchemy Connection, execution context or result wrapping.
         assert self._engine is not None
-        raw = await self._engine.raw_connection()
+        try:
+            raw = await self._engine.raw_connection()
+        except psycopg.Error as exc:
+            # No connection could be made: nothing was sent.
+            raise DBAPIError.instance(sql, params, exc, psycopg.Error) from exc
         dead = False
         try:
             driver: psycopg.AsyncConnection[Any] = raw.driver_connection  # type: ignore[assignment]
             await driver.set_autocommit(True)
             try:
-                cur = driver.cursor(row_factory=_row_factory(sql))
-                await cur.execute(sql, params)
+                native, names = _native(sql)
+                cur = psycopg.AsyncRawCursor(driver, row_factory=_row_factory(sql))
+                await cur.execute(native, [params[name] for name in names])
                 result = cur.pgresult
                 return await cur.fetchall() if result is not None and result.nfields else []
             finally:
