@@ -123,3 +123,14 @@ async def test_a_call_cancelled_while_queued_never_runs(tmp_path: Path) -> None:
         with pytest.raises(asyncio.CancelledError):
             await submit
         assert await st.get_by_key("gone") is None
+
+
+async def test_close_ends_the_connection_thread(tmp_path: Path) -> None:
+    """When close() returns, the store's connection thread has closed the
+    database and ended: nothing of the store runs after it."""
+    store = conveyor.connect(f"sqlite:///{tmp_path / 'q.db'}")
+    await store.submit("t", {}, queue="q")
+    thread = store._thread
+    assert thread is not None and thread._thread.is_alive()
+    await store.close()
+    assert not thread._thread.is_alive()

@@ -310,6 +310,15 @@ class SQLiteStore(TaskStore):
     async def _stop_wake(self) -> None:
         self._wake_loop = None
 
+    async def close(self) -> None:
+        """Release the connection: when this returns, the store's connection thread
+        has ended and the database file is closed."""
+        thread = self._thread
+        await super().close()
+        if thread is not None:
+            thread.close()  # also done by the engine's disposal; harmless twice
+            await thread.wait_closed()
+
     async def _notify(
         self,
         conn: AsyncConnection,

@@ -97,10 +97,17 @@ class ConnectionThread:
 
     def close(self) -> None:
         """Let the queued functions finish, then close the connection and end the
-        thread (not waited for: nothing of the caller's depends on it)."""
+        thread; returns at once (:meth:`wait_closed` waits)."""
         if not self._closed:
             self._closed = True
             self._jobs.put(None)
+
+    async def wait_closed(self, timeout: float = 5.0) -> None:
+        """Wait (up to ``timeout`` seconds) until the thread has closed the
+        connection, so a closed store holds no file handle and runs nothing."""
+        deadline = time.monotonic() + timeout
+        while self._thread.is_alive() and time.monotonic() < deadline:
+            await asyncio.sleep(0.001)
 
     # ------------------------------------------------------------ the thread
     def _main(self) -> None:
