@@ -45,7 +45,16 @@ from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any, ClassVar
 
-from sqlalchemy import BigInteger, ColumnElement, Select, Update, event, literal, select
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Select,
+    Update,
+    bindparam,
+    event,
+    literal,
+    select,
+)
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine, create_engine, make_url
 from sqlalchemy.exc import DBAPIError
@@ -129,6 +138,7 @@ class SQLiteStore(TaskStore):
         #: One private database on one connection: transactions queue in-process.
         self.in_memory = is_memory(url)
         self._thread: ConnectionThread | None = None
+        self._probes: dict[tuple[Any, ...], Select[Any]] = {}
         self._wake_loop: asyncio.AbstractEventLoop | None = None
 
     def _create_engine(self) -> AsyncEngine:
@@ -291,7 +301,17 @@ class SQLiteStore(TaskStore):
     ) -> Select[Any] | None:
         # A claim takes the single write lock (BEGIN IMMEDIATE) and would block every
         # producer while an idle worker polls; a read beside the writer (WAL) does not.
-        return q.claim_probe(grp, queues, now, partition)
+        # An idle worker asks this on every wake-up, so it is built once per question,
+        # its clock read when it runs (``now`` is the same clock, read earlier).
+        key = (grp, tuple(queues), partition, self.clock_offset)
+        probe = self._probes.get(key)
+        if probe is None:
+            if len(self._probes) >= 256:  # queues named on the fly: stay bounded
+                self._probes.clear()
+            offset = round(self.clock_offset * v.US)
+            clock = bindparam("probe_now", type_=BigInteger, callable_=lambda: v.now_us() + offset)
+            probe = self._probes[key] = q.claim_probe(grp, queues, clock, partition)
+        return probe
 
     def _statement_texts(self) -> Mapping[str, str]:
         # No data-modifying CTEs, arrays or UPDATE … FROM a set-returning function:
