@@ -363,13 +363,23 @@ class Worker:
         runner.add_done_callback(self._runners.discard)
 
     def _let_go(self, held: _Held) -> None:
+        held_back = self._feed.acking > 2 * self._feed.concurrency
         if held.acking:
             held.acking = False
             self._feed.acking -= 1
         if self._held.get(held.task.id) is held:
             del self._held[held.task.id]
-            assert self._slot_freed is not None
-            self._slot_freed.set()
+            # Wake the claim loop only where this can change what a claim finds: the
+            # next task of the stream, room that back-pressure held back, or a drain
+            # waiting for nothing to be held. (An unpartitioned task's slot was freed
+            # when its handler returned; a claim now would only find nothing again.)
+            if (
+                held.task.partition is not None
+                or held_back
+                or (self.stop_when_idle and not self._held)
+            ):
+                assert self._slot_freed is not None
+                self._slot_freed.set()
 
     # ------------------------------------------------------------- running
     async def _run_one(self, held: _Held) -> None:

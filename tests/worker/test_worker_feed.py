@@ -13,6 +13,8 @@ from conveyor import Status
 from conveyor.feed import PREFETCH_BELOW, Feed
 from conveyor.worker import Context
 
+SETTLE = 0.3  # seconds given to a claim that must (or must not) happen
+
 
 async def wait_until(check: Any, timeout: float = 10.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
@@ -194,3 +196,44 @@ async def test_a_stream_task_finishing_during_an_empty_claim_is_not_missed(
         finished = [await app.store.wait(h.id, timeout=10) for h in handles]
     assert [t.status for t in finished] == [Status.SUCCEEDED] * 3
     assert done == [0, 1, 2]
+
+
+async def test_an_unpartitioned_ack_does_not_make_an_idle_worker_claim_again(
+    app: conveyor.App,
+) -> None:
+    """Its slot was freed when the handler returned (and the claim made then found
+    nothing): the acknowledgement committing later changes nothing a claim could
+    find, so it must not cost another claim round trip."""
+
+    ran = asyncio.Event()
+
+    @app.task(queue="q")
+    async def step(ctx: Context) -> None:
+        ran.set()
+
+    gate = asyncio.Event()
+    real_ack, real_claim = app.store.ack_many, app.store.claim
+    claims: list[int] = []
+
+    async def held_back(items: Any) -> Any:
+        await gate.wait()
+        return await real_ack(items)
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        found = await real_claim(*args, **kwargs)
+        claims.append(len(found))
+        return found
+
+    app.store.ack_many = held_back  # type: ignore[method-assign]
+    app.store.claim = counted  # type: ignore[method-assign]
+    task = await step.submit()
+    async with running(app.worker("q", concurrency=1, poll_interval=30)):
+        await asyncio.wait_for(ran.wait(), 10)
+        await asyncio.sleep(SETTLE)  # the claims its freed slot makes (they find nothing)
+        before = list(claims)
+        gate.set()
+        done = await app.store.wait(task.id, timeout=10)
+        await asyncio.sleep(SETTLE)  # room for a (wrong) claim after the ack
+        assert claims == before
+    assert before[0] == 1 and not any(before[1:])
+    assert done.status is Status.SUCCEEDED
