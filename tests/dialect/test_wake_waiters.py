@@ -115,3 +115,24 @@ async def test_an_expired_registration_is_cleared_by_the_next(url: str) -> None:
         await texts.alone(store, add, {"task_id": "gone", "token": "t", "ttl_us": -1})
         await texts.alone(store, add, {"task_id": "kept", "token": "t", "ttl_us": 10**9})
         assert await _waiters(url) == [("kept", "t")]
+
+
+async def test_a_succeed_is_announced_to_a_pending_wait_only(url: str) -> None:
+    listener = await _listening(url)
+    try:
+        async with (
+            conveyor.connect(url, listen=False) as worker,
+            conveyor.connect(url) as waiter,
+        ):
+            a, b = await worker.submit_many([{"name": "x", "queue": "q"} for _ in range(2)])
+            waiting = asyncio.create_task(waiter.wait(a.id, timeout=60))
+            while not await _waiters(url):
+                await asyncio.sleep(0.01)
+            for task in await worker.claim("q", worker_id="w", limit=2):
+                done = await worker.succeed(task.id, worker_id="w", result=task.id, attempt=1)
+                assert done.status == "succeeded" and done.result == task.id
+            assert (await asyncio.wait_for(waiting, 30)).result == a.id
+            assert (await worker.get(b.id)).status == "succeeded"  # type: ignore[union-attr]
+        assert await _heard(listener, QUIET) == [a.id]
+    finally:
+        await listener.close()

@@ -332,6 +332,35 @@ def release_values(now: ColumnElement[int]) -> dict[str, Any]:
     }
 
 
+async def succeed(
+    st: Seam,
+    task_id: str,
+    worker_id: str,
+    group: str | None,
+    attempt: int | None,
+    encoded: str,
+) -> Task:
+    """Finish a leased task as ``succeeded`` with the JSON ``encoded`` result: one
+    statement where the dialect has one (unpartitioned rows), else, and when that
+    statement's fence matched nothing (to learn why), :func:`owned_write`."""
+    text = await texts.get(st, "succeed_plain")
+    if text is not None:
+        params = {
+            "id": v.name("task_id", task_id),
+            "worker_id": v.name("worker_id", worker_id),
+            "grp": codec.group_key(group),
+            "attempt": None if attempt is None else v.positive_int("attempt", attempt),
+            "result": encoded,
+        }
+        rows = await texts.alone(st, text, params)
+        if rows:
+            wake.wake_local(st, work=False)
+            return codec.row_to_task(rows[0])
+    return await owned_write(
+        st, task_id, worker_id, group, attempt, succeed_values(encoded), done=True
+    )
+
+
 async def owned_write(
     st: Seam,
     task_id: str,

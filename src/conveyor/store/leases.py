@@ -117,11 +117,7 @@ class LeaseOps(Seam):
     ) -> Task:
         """Finish a leased task as ``succeeded`` with ``result`` (JSON)."""
         encoded = v.to_json("result", result, max_size=self.max_result_size)
-
-        values = consumer.succeed_values(encoded)
-        return await consumer.owned_write(
-            self, task_id, worker_id, group, attempt, values, done=True
-        )
+        return await consumer.succeed(self, task_id, worker_id, group, attempt, encoded)
 
     async def fail(
         self,

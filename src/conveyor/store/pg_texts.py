@@ -126,6 +126,32 @@ DELETE FROM conveyor_waiters WHERE task_id = %(task_id)s AND token = %(token)s
 """
 
 
+# One succeed() of an unpartitioned task: the fenced write, the announcement when
+# a wait() is registered for it, and the task as the group sees it. No row: the
+# fence failed or the row is partitioned, and the step-by-step path decides.
+def _succeed_text() -> str:
+    return f"""
+WITH done AS (
+    UPDATE conveyor_deliveries AS d SET
+        status = 'succeeded',
+        result = %(result)s,
+        finished_at = {_NOW},
+        lease_expires_at = NULL
+    FROM conveyor_tasks AS t
+    WHERE t.id = %(id)s AND d.task_seq = t.seq AND d.grp = %(grp)s
+      AND d.status = 'running' AND d.worker_id = %(worker_id)s
+      AND (%(attempt)s::int IS NULL OR d.attempt = %(attempt)s::int)
+      AND d.partition IS NULL
+    RETURNING {pg_claim.view("d", "t")}
+),
+note AS (
+    SELECT count(pg_notify('{pg_listen.DONE_CHANNEL}', done.id)) AS n FROM done
+    WHERE EXISTS (SELECT 1 FROM conveyor_waiters AS w WHERE w.task_id = done.id)
+)
+SELECT done.* FROM note, done
+"""
+
+
 def _submit_text(req: str) -> str:
     return _SUBMIT_TEXT.replace("{req}", req).replace("{work}", pg_listen.WORK_CHANNEL)
 
@@ -138,6 +164,7 @@ def texts() -> Mapping[str, str]:
         "submit_plain": _submit_text(_SUBMIT_MANY),
         "submit_one": _submit_text(_SUBMIT_ONE),
         "ack_plain": _ACK_TEXT.replace("{done}", pg_listen.DONE_CHANNEL),
+        "succeed_plain": _succeed_text(),
         "waiter_add": _WAITER_ADD,
         "waiter_drop": _WAITER_DROP,
         "ack_streams_lock": pg_claim.ACK_LOCK_TEXT,

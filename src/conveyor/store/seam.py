@@ -240,6 +240,12 @@ class Seam(abc.ABC):
         ``name``, ``queue``, ``payload``, ``metadata``, ``priority``,
         ``max_attempts``, ``backoff``, ``delay``, ``run_at``, ``correlation_id``).
 
+        ``succeed_plain``: one ``succeed()`` of an unpartitioned leased row, fenced
+        (``id``, ``grp``, ``worker_id``, ``attempt`` or ``None``), with ``result``
+        (JSON text) and ``offset_us``; announced to a registered ``wait()``.
+        Returns the columns of :func:`conveyor.statements.view_columns` for the
+        row finished, or no row (fence failed, or a partitioned row).
+
         ``ack_plain``: finish a batch of unpartitioned leased rows as ``succeeded``
         in one statement, each fenced on its own, and announce the finished tasks
         to whoever waits for them. Bind parameters: equal-length lists ``ids``,
