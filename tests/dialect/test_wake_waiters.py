@@ -5,6 +5,7 @@ announcement, not by its polling."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from typing import Any
 
@@ -136,3 +137,47 @@ async def test_a_succeed_is_announced_to_a_pending_wait_only(url: str) -> None:
         assert await _heard(listener, QUIET) == [a.id]
     finally:
         await listener.close()
+
+
+_WAITER_PROCESS = """
+import asyncio, sys, time
+import conveyor
+from conveyor.store import base
+base.POLL_CAP = 60.0  # polling grows to a minute: only the announcement is prompt
+async def main():
+    async with conveyor.connect(sys.argv[1]) as store:
+        task = await store.wait(sys.argv[2], timeout=120)
+        print(task.status, time.time(), flush=True)
+asyncio.run(main())
+"""
+
+
+async def test_a_wait_in_another_process_wakes_by_notification(url: str) -> None:
+    async with conveyor.connect(url, listen=False) as worker:
+        task = await worker.submit("x", queue="q")
+        child = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            _WAITER_PROCESS,
+            url,
+            task.id,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        try:
+            while not await _waiters(url):
+                await asyncio.sleep(0.02)
+            # Naps of 0.05 s doubling: the one in progress 7 s in runs until 12.75 s.
+            await asyncio.sleep(7)
+            [claimed] = await worker.claim("q", worker_id="w")
+            acked = time.time()
+            await worker.ack_many([{"task_id": claimed.id, "worker_id": "w", "attempt": 1}])
+            assert child.stdout is not None
+            line = await asyncio.wait_for(child.stdout.readline(), 60)
+            status, woke = line.decode().split()
+            assert status == "succeeded"
+            assert float(woke) - acked < 4.5
+            assert await asyncio.wait_for(child.wait(), 30) == 0
+        finally:
+            if child.returncode is None:
+                child.kill()
+                await child.wait()
