@@ -65,7 +65,9 @@ class Acks:
         ]
         self.observe(len(items))
         try:
-            outcomes = await self.store.ack_many(items)
+            outcomes = await self.store.ack_many(
+                items, partitioned=any(task.partition is not None for task, _, _ in batch)
+            )
         except Exception as exc:
             # Every waiter, the leader included, gets the error from its own future:
             # raising it here as well would leave the leader's future unretrieved.

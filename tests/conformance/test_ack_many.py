@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from _support import mixed_acks
 from conveyor import InvalidArgument, LostLease, NotFound, Status, TaskCancelled
 from conveyor.store.base import TaskStore
@@ -80,3 +82,21 @@ async def test_bad_items_are_refused_before_anything_is_written(store: TaskStore
         else:  # pragma: no cover
             raise AssertionError(f"{bad!r} was accepted")
     assert (await store.get(task.id)).status is Status.RUNNING  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("partitioned", [None, False, True])
+async def test_the_partitioned_hint_picks_a_path_not_an_outcome(
+    store: TaskStore, partitioned: bool | None
+) -> None:
+    await store.submit("t", queue="q", partition="p")
+    waiting = await store.submit("t", queue="q", partition="p")
+    await store.submit("t", queue="q")
+    got = await store.claim("q", worker_id="w", limit=5, per_stream=1)
+    assert len(got) == 2
+    items = [{"task_id": t.id, "worker_id": "w", "attempt": t.attempt} for t in got]
+    items.append({"task_id": waiting.id, "worker_id": "w"})  # not leased: fails its fence
+    outcomes = await store.ack_many(items, partitioned=partitioned)
+    assert outcomes[:2] == [None, None] and isinstance(outcomes[2], LostLease)
+    # The stream moved on: its second task is claimable now.
+    [second] = await store.claim("q", worker_id="w", limit=5)
+    assert second.id == waiting.id and second.status is Status.RUNNING

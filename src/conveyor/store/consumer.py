@@ -570,14 +570,21 @@ async def succeed_many_tx(
 
 
 async def ack_many(
-    st: Seam, outcomes: list[Task | ConveyorError | None], todo: list[AckItem]
+    st: Seam,
+    outcomes: list[Task | ConveyorError | None],
+    todo: list[AckItem],
+    *,
+    partitioned: bool = False,
 ) -> list[ConveyorError | None]:
     """Finish the ``todo`` items without reading tasks back: per item ``None`` when
     it was acknowledged, else its error. Unpartitioned rows go through the dialect's
-    one-statement ack where there is one; the rest (and fence failures, to learn
-    why) through :func:`succeed_many_tx`."""
+    one-statement ack where there is one (skipped when the caller says the batch is
+    ``partitioned``), partitioned ones through its stream acknowledgement; the rest
+    (fence failures, to learn why; everything where the dialect has neither)
+    through :func:`succeed_many_tx`."""
     left = todo
-    text = await texts.get(st, "ack_plain")
+    # A batch known to hold partitioned rows skips the statement that leaves them.
+    text = None if partitioned else await texts.get(st, "ack_plain")
     if text is not None:
         params = {
             "ids": [item[1] for item in todo],
@@ -595,10 +602,10 @@ async def ack_many(
         left = await _ack_streams(st, left)
     out: list[Task | ConveyorError | None] = list(outcomes)
     if left:
-        out, partitioned = await tx.run(
+        out, moved = await tx.run(
             st, lambda conn: succeed_many_tx(st, conn, outcomes, left, read_back=False)
         )
-        wake.wake_local(st, work=partitioned)
+        wake.wake_local(st, work=moved)
     return [o if isinstance(o, ConveyorError) else None for o in out]
 
 

@@ -217,13 +217,17 @@ class LeaseOps(Seam):
         return [o for o in out if o is not None]
 
     async def ack_many(
-        self, items: Iterable[Mapping[str, Any]]
+        self, items: Iterable[Mapping[str, Any]], *, partitioned: bool | None = None
     ) -> builtins.list[ConveyorError | None]:
         """:meth:`succeed_many` for callers that do not need the tasks back (the
         worker's group commit): per item, in order, ``None`` when it was
         acknowledged, else the error it met. Unpartitioned tasks are finished in one
-        statement where the backend allows, without reading task rows back."""
+        statement where the backend allows, without reading task rows back.
+
+        ``partitioned``: whether some item is a task of a partition, when the caller
+        knows (the worker does); ``True`` goes straight to the path that also moves
+        streams. It only picks the path: the outcome is the same either way."""
         outcomes, todo = consumer.validate_acks(items)
         if not todo:
             return [o if isinstance(o, ConveyorError) else None for o in outcomes]
-        return await consumer.ack_many(self, outcomes, todo)
+        return await consumer.ack_many(self, outcomes, todo, partitioned=partitioned is True)
