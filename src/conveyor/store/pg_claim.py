@@ -130,7 +130,7 @@ chosen AS (
     FROM ordered AS e
     WHERE %(mix)s OR CASE WHEN e.lead = 1 THEN e.rank = 1 ELSE e.kind = 0 END
 ),
-picked AS (
+picked AS MATERIALIZED (
     SELECT k.task_seq, k.rank, coalesce(
         %(lease)s::float8,
         (SELECT c.lease FROM conveyor_queues AS c WHERE c.queue = k.queue),
@@ -156,7 +156,10 @@ taken AS (
         progress = NULL,
         progress_message = NULL
     FROM picked AS k
-    WHERE d.grp = %(grp)s AND d.task_seq = k.task_seq AND d.status = 'queued'
+    -- The array drives the plan from the primary key: the planner cannot know how
+    -- few rows ``picked`` holds, and may otherwise walk every queued row.
+    WHERE d.grp = %(grp)s AND d.task_seq = ANY(ARRAY(SELECT task_seq FROM picked))
+      AND d.task_seq = k.task_seq AND d.status = 'queued'
     RETURNING d.*, k.rank
 ),
 held AS (
