@@ -16,7 +16,8 @@ partition that must go one after another. The feed keeps
   cannot fill every slot while others wait; a round claims again while streams
   keep coming and slots are left;
 * **back-pressure** on acknowledgements: a slot is freed when its handler
-  returns, before the success is written (group commit writes it with others);
+  returns, before the success is written (group commit writes it with others) —
+  a stream run's too: its next task waits for that write, then for a slot;
   while more than twice ``concurrency`` acknowledgements are in flight, the
   worker claims nothing new.
 """

@@ -12,7 +12,9 @@ What it does, in order of a task's life:
   thread of their own. Tasks of one partition claimed together run one after
   another, in order; if one of them does not finish for good (a retry is
   scheduled, the lease is lost), the rest are handed back untouched, because
-  running them would overtake it;
+  running them would overtake it. A slot is given up when a handler returns,
+  while its success is written: other work runs meanwhile, and a stream's next
+  task takes a slot again once that write is done;
 * **heartbeat** every third of the lease while a task is held (running or
   waiting its turn in a partition batch);
 * **time out** at the task's ``timeout``: a coroutine is cancelled; a thread
@@ -44,6 +46,7 @@ import random
 import socket
 import time
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -84,6 +87,15 @@ CLAIM_RETRY_MAX = 5.0
 
 
 @dataclass(eq=False)
+class _Run:
+    """A stream run's hold on a slot. The run gives its slot up while the success
+    of one of its tasks is written (the next task must wait for that write, but
+    other work need not), and takes a slot again for its next task."""
+
+    holding: bool = True
+
+
+@dataclass(eq=False)
 class _Held:
     """A task this worker holds a lease on."""
 
@@ -96,6 +108,7 @@ class _Held:
     finishing: bool = False  # the outcome is being written; a LostLease then is ours
     beating: bool = False  # a heartbeat is in flight
     slot: bool = False  # runs alone in a slot, freed when its handler returns
+    run: _Run | None = None  # the stream run it belongs to
     acking: bool = False  # its handler returned; its success is being written
     outcome: str = "lost"  # for metrics and traces: succeeded, failed, retry, snoozed, lost
     error: BaseException | None = None
@@ -166,6 +179,9 @@ class Worker:
         self._stopping: asyncio.Event | None = None
         self._forced: asyncio.Event | None = None
         self._slot_freed: asyncio.Event | None = None
+        # Stream runs waiting to take a slot back for their next task, first come
+        # first served, ahead of buffered units.
+        self._resume: deque[tuple[asyncio.Future[None], _Run]] = deque()
         self._stop_calls = 0
         self._running = False
         #: Drain mode (``conveyor.testing.run_tasks``): return once a claim finds
@@ -344,18 +360,43 @@ class Worker:
                 first.slot = True
                 self._start(self._run_one(first), first.task.id)
             else:
-                self._start(self._run_stream(unit), f"{first.task.partition}:{first.task.id}")
+                run = _Run()
+                for held in unit:
+                    held.run = run
+                self._start(self._run_stream(unit, run), f"{first.task.partition}:{first.task.id}")
 
-    def _free_slot(self, held: _Held | None = None) -> None:
-        """The slot of ``held`` (or of a stream run, when None) is free again."""
+    def _free_slot(self, held: _Held | None = None, run: _Run | None = None) -> None:
+        """The slot of ``held`` (or of the stream ``run``) is free again: it goes to a
+        stream run waiting to go on, else to a buffered unit."""
         if held is not None:
             if not held.slot:
                 return
             held.slot = False
+        if run is not None:
+            if not run.holding:
+                return
+            run.holding = False
         self._feed.busy -= 1
         assert self._slot_freed is not None
         self._slot_freed.set()
+        while self._resume and self._feed.busy < self.concurrency:
+            waiter, waiting = self._resume.popleft()
+            if not waiter.done():
+                self._feed.busy += 1
+                waiting.holding = True
+                waiter.set_result(None)
         self._fill()
+
+    async def _slot_back(self, run: _Run) -> bool:
+        """Take a slot for the stream ``run``'s next task; False if stopped first."""
+        if self._feed.busy < self.concurrency and not self._resume:
+            self._feed.busy += 1
+            run.holding = True
+            return True
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._resume.append((waiter, run))
+        await self._until(waiter)  # cancels the waiter if stop() came first
+        return run.holding
 
     def _start(self, coro: Coroutine[Any, Any, None], label: str) -> None:
         runner = asyncio.create_task(coro, name=f"conveyor-run-{label}")
@@ -389,15 +430,20 @@ class Worker:
             self._free_slot(held)
             self._let_go(held)
 
-    async def _run_stream(self, helds: list[_Held]) -> None:
+    async def _run_stream(self, helds: list[_Held], run: _Run) -> None:
         try:
-            await self._run_in_order(helds)
+            await self._run_in_order(helds, run)
         finally:
-            self._free_slot()
+            self._free_slot(run=run)
 
-    async def _run_in_order(self, helds: list[_Held]) -> None:
+    async def _run_in_order(self, helds: list[_Held], run: _Run) -> None:
         assert self._stopping is not None
         for i, held in enumerate(helds):
+            if not run.holding and not await self._slot_back(run):
+                for later in helds[i:]:  # stopped while waiting for a slot
+                    await self._release(later)
+                    self._let_go(later)
+                return
             try:
                 settled = await self.instruments.attempt(held, self._execute(held))
             finally:
@@ -468,12 +514,16 @@ class Worker:
         took = time.monotonic() - started
         held.log.info("succeeded in %.3f s", took)
         self._feed.ran(took)
-        if held.slot:
-            # The slot goes to the next task now; the success is written meanwhile
-            # (the lease stays ours until it is).
+        if held.slot or (held.run is not None and held.run.holding):
+            # The slot goes to other work now; the success is written meanwhile (the
+            # lease stays ours until it is). A stream run's next task waits for that
+            # write, then takes a slot again.
             held.acking = True
             self._feed.acking += 1
-            self._free_slot(held)
+            if held.slot:
+                self._free_slot(held)
+            else:
+                self._free_slot(run=held.run)
         return await self._succeed(held, result)
 
     # -------------------------------------------------------------- writes

@@ -38,9 +38,9 @@ async def test_concurrency_one_starts_the_next_task_before_the_ack_is_written(
     gate = asyncio.Event()
     real = app.store.ack_many
 
-    async def held_back(items: Any) -> Any:
+    async def held_back(items: Any, **options: Any) -> Any:
         await gate.wait()
-        return await real(items)
+        return await real(items, **options)
 
     app.store.ack_many = held_back  # type: ignore[method-assign]
     first = await step.submit(0)
@@ -53,6 +53,37 @@ async def test_concurrency_one_starts_the_next_task_before_the_ack_is_written(
         done = [await app.store.wait(t.id, timeout=10) for t in (first, second)]
     assert [d.status for d in done] == [Status.SUCCEEDED, Status.SUCCEEDED]
     assert [d.result for d in done] == [0, 1]
+
+
+async def test_a_stream_gives_its_slot_up_while_its_ack_is_written(app: conveyor.App) -> None:
+    started: list[str] = []
+
+    @app.task(queue="q")
+    async def step(ctx: Context, tag: str) -> str:
+        started.append(tag)
+        return tag
+
+    gate = asyncio.Event()
+    real = app.store.ack_many
+
+    async def held_back(items: Any, **options: Any) -> Any:
+        await gate.wait()
+        return await real(items, **options)
+
+    app.store.ack_many = held_back  # type: ignore[method-assign]
+    a0 = await step.with_options(partition="a").submit("a0")
+    a1 = await step.with_options(partition="a").submit("a1")
+    b0 = await step.with_options(partition="b").submit("b0")
+    async with running(app.worker("q", concurrency=1, poll_interval=0.05)):
+        # a0's success is not written yet: its stream waits (a1 may not overtake
+        # it), but the one slot goes to the other stream meanwhile.
+        await wait_until(lambda: "b0" in started)
+        assert "a1" not in started
+        assert (await app.store.get(a0.id)).status is Status.RUNNING  # type: ignore[union-attr]
+        gate.set()
+        done = [await app.store.wait(t.id, timeout=10) for t in (a0, a1, b0)]
+    assert [d.status for d in done] == [Status.SUCCEEDED] * 3
+    assert started.index("a0") < started.index("a1")
 
 
 async def test_one_round_takes_several_streams(app: conveyor.App) -> None:
