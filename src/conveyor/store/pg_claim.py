@@ -199,7 +199,8 @@ def ack_streams_text(done_channel: str, work_channel: str) -> str:
     ``grps``, ``attempts``, ``results`` (arrays, one entry per item) and
     ``offset_us``. Rows: ``idx`` (1-based) of each item that failed its fence (one
     NULL row when none did) and ``freed``, how many streams have a claimable head
-    now. Announces "tasks finished" once, and "work" on each queue where a
+    now. Announces each finished task someone waits for (registered in
+    ``conveyor_waiters``, as ``ack_plain`` does), and "work" on each queue where a
     stream's head became claimable."""
     return f"""
 WITH items AS (
