@@ -150,6 +150,11 @@ def run_together(argvs: Sequence[Sequence[str]], timeout: float = 90.0) -> list[
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+            # When one child failed, the others' pipes are still open: close them
+            # here, or their collection warns (an error) inside some later test.
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
 
 
 # ------------------------------------------------------------------ children
