@@ -17,7 +17,10 @@ What differs from Postgres, and only that:
   its own (:mod:`conveyor.store.sqlite_thread`): one hop from the event loop per
   transaction. The thread's queue is the in-process write lock: this process's
   transactions run one at a time in arrival order, never sleeping in SQLite's
-  busy handler for each other (``busy_timeout`` still covers other processes);
+  busy handler for each other. A write transaction waiting for another
+  process's lock asks again every millisecond (up to ``busy_timeout``) instead
+  of in SQLite's busy handler, whose back-off to 100 ms sleeps lets a process
+  that writes back to back starve the other;
 * wake-ups — while idle, the connection thread reads ``PRAGMA data_version``
   every few milliseconds (no lock; it changes when another connection commits)
   and wakes this process's idle workers and ``wait()`` calls when it moves.
@@ -40,6 +43,7 @@ import asyncio
 import functools
 import os
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
@@ -121,6 +125,28 @@ def _returned_view() -> tuple[Any, ...]:
     return tuple(columns)
 
 
+def _begin_fairly(conn: Connection, sql: str, timeout: float) -> None:
+    """Run ``sql`` (a BEGIN that takes the write lock), asking again about every
+    millisecond (the connection's busy handler sleeps that long) for up to
+    ``timeout`` seconds while another connection holds the lock.
+
+    A waiter that asks this often finds the lock in the short gaps between another
+    process's transactions, so two busy processes on one file take turns.
+    """
+    raw: Any = conn.connection.driver_connection
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            raw.execute(sql)
+            return
+        except sqlite3.OperationalError as exc:
+            message = str(exc).lower()
+            if "locked" not in message and "busy" not in message:
+                break  # reported below, the way SQLAlchemy reports it
+    # Last try through SQLAlchemy, which raises its own error if it fails too.
+    conn.exec_driver_sql(sql)
+
+
 class SQLiteStore(TaskStore):
     """conveyor on a SQLite file (or ``:memory:`` for throwaway use)."""
 
@@ -160,7 +186,7 @@ class SQLiteStore(TaskStore):
             **{k: val for k, val in options.items() if k not in _POOL_OPTIONS},
         )
         self._configure(engine.sync_engine)
-        self._configure(blocking)
+        self._configure(blocking, fair=not self.in_memory)
         self._thread = ConnectionThread(
             blocking,
             # A private in-memory database has nobody else to hear from.
@@ -177,9 +203,18 @@ class SQLiteStore(TaskStore):
 
         return engine
 
-    def _configure(self, engine: Engine) -> None:
-        """Attach the connection set-up and the choice of BEGIN to ``engine``."""
-        busy_ms = int(self.busy_timeout * 1000)
+    def _configure(self, engine: Engine, *, fair: bool = False) -> None:
+        """Attach the connection set-up and the choice of BEGIN to ``engine``.
+
+        ``fair``: wait for the write lock by asking again every millisecond (see
+        :func:`_begin_fairly`) instead of in SQLite's busy handler.
+        """
+        busy_timeout = self.busy_timeout
+        # SQLite's own busy handler backs off to 100 ms sleeps, so a process waiting
+        # in it almost never finds the lock free between the transactions of a
+        # process that writes back to back, and starves. The fair engine's handler
+        # sleeps once (1 ms) and the BEGIN is asked again until busy_timeout.
+        busy_ms = int(busy_timeout * 1000)
         synchronous = self.synchronous
 
         @event.listens_for(engine, "connect")
@@ -191,12 +226,19 @@ class SQLiteStore(TaskStore):
             cur.execute("PRAGMA journal_mode = WAL")
             cur.execute(f"PRAGMA synchronous = {synchronous}")
             cur.execute("PRAGMA foreign_keys = ON")
+            if fair:
+                # After the set-up, which may wait long (journal_mode on a new file).
+                cur.execute("PRAGMA busy_timeout = 1")
             cur.close()
 
         @event.listens_for(engine, "begin")
         def _on_begin(conn: Connection) -> None:
             write = conn.get_execution_options().get("conveyor_write", True)
-            conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+            sql = "BEGIN IMMEDIATE" if write else "BEGIN"
+            if fair and write:
+                _begin_fairly(conn, sql, busy_timeout)
+            else:
+                conn.exec_driver_sql(sql)
 
     def _connection_runner(self) -> ConnectionRunner | None:
         # In-process, a transaction's statements cost microseconds each and a hop
