@@ -195,3 +195,21 @@ async def test_stores_opening_a_fresh_database_at_once(fresh_url: str) -> None:
         _assert_matches_metadata(engine)
     finally:
         engine.dispose()
+
+
+async def test_a_schema_behind_this_version_is_refused_without_migrate(fresh_url: str) -> None:
+    # A database at an older revision, opened with migrate=False: refused at open()
+    # with the command that fixes it, not with a driver error at the first call
+    # that needs a newer table.
+    engine = _sync_engine(fresh_url)
+    try:
+        _alembic(engine, "upgrade", "0003")
+    finally:
+        engine.dispose()
+    store = conveyor.connect(fresh_url, migrate=False)
+    with pytest.raises(conveyor.ConfigurationError, match="conveyor migrate") as info:
+        await store.open()
+    assert "0003" in str(info.value)
+    await store.close()
+    async with conveyor.connect(fresh_url) as store:  # migrate=True brings it up to date
+        assert (await store.list()).items == []

@@ -97,6 +97,14 @@ def migrate_and_check(st: Seam, conn: Connection) -> None:
                 "the database has no conveyor schema: run `conveyor migrate` or open "
                 "the store with migrate=True"
             )
+        elif set(current) != set(script.get_heads()):
+            # Behind: this version's statements would meet tables that are not
+            # there yet, and fail mid-call. Say so now, with the way out.
+            raise ConfigurationError(
+                f"the database's conveyor schema is at revision {', '.join(sorted(current))}, "
+                f"and this version of conveyor needs {', '.join(sorted(script.get_heads()))}: "
+                "run `conveyor migrate` (or open the store once with migrate=True)"
+            )
         version = conn.execute(
             select(meta.c.value).where(meta.c.key == "protocol_version")
         ).scalar_one_or_none()
