@@ -39,7 +39,10 @@ WORK_CHANNEL = "conveyor_work"
 DONE_CHANNEL = "conveyor_done"
 APPLICATION_NAME = "conveyor-listener"
 RETRY_FIRST = 0.1  # seconds before the first reconnect; doubles up to RETRY_MAX
-RETRY_MAX = 30.0
+# Kept short: while the listener is down every waiter falls back to its poll, and a
+# failed connect attempt every 2 s costs the server nothing worth saving (with
+# 30 s, the listener came back ~10 s after a 5 s restart).
+RETRY_MAX = 2.0
 IDLE_CHECK = 30.0  # a quiet connection is probed this often: a dead peer sends no error
 PROBE_TIMEOUT = 10.0
 # Kernel keepalives close a connection whose peer vanished without a FIN (a pulled
