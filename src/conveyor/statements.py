@@ -265,8 +265,11 @@ def lease_until(now: Now, lease: float | None) -> ColumnElement[Any]:
     return now + seconds_to_us(lease_seconds(None))
 
 
-def lease_seconds(lease: float | None) -> ColumnElement[Any]:
-    """The lease length: the given one, else the queue's stored default, else 30 s."""
+def lease_seconds(lease: float | ColumnElement[Any] | None) -> ColumnElement[Any]:
+    """The lease length: the given one (a value, or SQL such as a bind parameter of
+    a statement built once), else the queue's stored default, else 30 s."""
+    if isinstance(lease, ColumnElement):
+        return lease
     if lease is not None:
         return literal(lease)
     setting = select(qs.c.lease).where(qs.c.queue == d.c.queue).scalar_subquery()
@@ -279,7 +282,7 @@ def take(
     now: Now,
     *,
     worker_id: str,
-    lease: float | None,
+    lease: float | ColumnElement[Any] | None,
     queues: Sequence[str],
 ) -> Update:
     """Lease the given rows to ``worker_id``: running, attempt + 1, lease set. (The

@@ -4,6 +4,7 @@ with the store's retries, and inside a transaction."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from typing import Any
@@ -50,12 +51,24 @@ async def test_a_shared_builder_runs_alone_with_the_clock_bound(store: TaskStore
     assert {"clock", "count"} <= set(built.names())
     assert "absent" not in built  # None: not on this backend
     clock = built.get("clock")
-    assert clock is not None and clock.clock
+    assert clock is not None and (clock.clock or clock.now)
     (row,) = await texts.alone(store, clock, {"a": 41}, write=False)
     assert row.a1 == 42
     store.clock_offset = 3600.0
     (later,) = await texts.alone(store, clock, {"a": 1}, write=False)
     assert 3_500_000_000 < later.now - row.now < 3_700_000_000
+
+
+async def test_a_built_once_clock_is_read_each_time_the_statement_runs(store: TaskStore) -> None:
+    # SQLite's clock is the process's: built once, it must not stay the moment of open().
+    await store.open()
+    assert store._engine is not None
+    clock = texts.build(store, store._engine.dialect, _builders()).get("clock")
+    assert clock is not None
+    (first,) = await texts.alone(store, clock, {"a": 0}, write=False)
+    await asyncio.sleep(0.01)
+    (second,) = await texts.alone(store, clock, {"a": 0}, write=False)
+    assert second.now - first.now >= 10_000
 
 
 async def test_a_shared_builder_runs_inside_a_transaction(store: TaskStore) -> None:

@@ -24,7 +24,7 @@ from conveyor.models import Task
 from conveyor.schema import deliveries as d
 from conveyor.schema import queues as qs
 from conveyor.schema import tasks as t
-from conveyor.store import codec, streams, texts, upkeep, wake
+from conveyor.store import codec, steps, streams, texts, upkeep, wake
 from conveyor.store import transactions as tx
 from conveyor.store.seam import Seam
 
@@ -91,10 +91,22 @@ async def claim(
 
             if not await tx.run(st, ask, write=False):
                 return []
-    claimed = await tx.run(
-        st,
-        lambda conn: claim_tx(st, conn, grp, names, worker_id, lease, limit, partition, per_stream),
-    )
+    if await steps.ready(st, names):
+        # The same steps, each statement built once (dialects without a
+        # one-statement claim).
+        claimed = await tx.run(
+            st,
+            lambda conn: steps.claim_tx(
+                st, conn, grp, names[0], worker_id, lease, limit, partition, per_stream
+            ),
+        )
+    else:
+        claimed = await tx.run(
+            st,
+            lambda conn: claim_tx(
+                st, conn, grp, names, worker_id, lease, limit, partition, per_stream
+            ),
+        )
     if claimed:
         st._busy.add(busy_key)
     else:
@@ -600,6 +612,11 @@ async def ack_many(
             wake.wake_local(st, work=False)
     if left:
         left = await _ack_streams(st, left)
+    if left and await steps.ack_ready(st):
+        # Step by step, each statement built once; the fence failures go on below.
+        left, finished, moved = await tx.run(st, lambda conn: steps.ack_tx(st, conn, left))
+        if finished:
+            wake.wake_local(st, work=moved)
     out: list[Task | ConveyorError | None] = list(outcomes)
     if left:
         out, moved = await tx.run(

@@ -52,6 +52,10 @@ class Seam(abc.ABC):
     #: them (SQLite: one writer holds the whole database) the protocol skips the
     #: steps that only take locks ahead of time (see :mod:`conveyor.store.streams`).
     row_locks: ClassVar[bool]
+    #: Whether the clock is the process's (SQLite), read when a statement runs
+    #: rather than by the database: a statement built once then binds it per run
+    #: (see :func:`conveyor.store.texts.now`).
+    process_clock: ClassVar[bool] = False
     #: The database URL the store was made with.
     url: str
     #: Whether open() applies pending migrations.

@@ -125,6 +125,17 @@ def _returned_view() -> tuple[Any, ...]:
     return tuple(columns)
 
 
+#: Rows of ``:ids`` (a JSON array of task ids) in group ``:grp`` leased to
+#: ``:worker_id`` (see conveyor.store.steps.ack_tx).
+_ACK_HELD = (
+    "SELECT t.id AS id, d.task_seq AS task_seq, d.attempt AS attempt, d.queue AS queue, "
+    'd."partition" AS "partition" '
+    "FROM conveyor_tasks AS t JOIN conveyor_deliveries AS d ON d.task_seq = t.seq "
+    "WHERE t.id IN (SELECT value FROM json_each(:ids)) AND d.grp = :grp "
+    "AND d.worker_id = :worker_id AND d.status = 'running'"
+)
+
+
 def _begin_fairly(conn: Connection, sql: str, timeout: float) -> None:
     """Run ``sql`` (a BEGIN that takes the write lock), asking again about every
     millisecond (the connection's busy handler sleeps that long) for up to
@@ -152,6 +163,8 @@ class SQLiteStore(TaskStore):
 
     # One writer holds the whole database: there are no row locks to order.
     row_locks: ClassVar[bool] = False
+    # No server clock: the process's, bound to each statement when it runs.
+    process_clock: ClassVar[bool] = True
 
     def __init__(
         self, url: str, *, busy_timeout: float = 10.0, synchronous: str = "NORMAL", **options: Any
@@ -357,9 +370,11 @@ class SQLiteStore(TaskStore):
 
     def _statement_texts(self) -> Mapping[str, str]:
         # No data-modifying CTEs, arrays or UPDATE … FROM a set-returning function:
-        # claim, plain submit and ack run step by step, on the one connection that
-        # holds the write lock, so it costs no extra round trips to a server.
-        return {}
+        # claim, plain submit and ack run step by step (conveyor.store.steps), on the
+        # one connection that holds the write lock, so it costs no extra round trips
+        # to a server. The one step with a list parameter takes it as JSON text read
+        # by json_each (SQLite has no arrays; an IN list would be rebuilt per size).
+        return {"ack_held": _ACK_HELD}
 
     def _direct_runner(self) -> DirectRunner | None:
         return None

@@ -44,6 +44,8 @@ from conveyor.store.seam import Seam
 
 #: The bind parameter the clock of a built-once statement reads.
 OFFSET = "offset_us"
+#: The bind parameter a process clock is read into (see :func:`now`).
+CLOCK = "now_us"
 
 Builder = Callable[[Seam], "ClauseElement | str | None"]
 
@@ -67,7 +69,11 @@ def shared(name: str) -> Callable[[Builder], Builder]:
 
 def now(st: Seam) -> ColumnElement[int]:
     """The store's clock for a built-once Core statement: the dialect's clock plus
-    the ``offset_us`` bind parameter (bound by the runners)."""
+    the ``offset_us`` bind parameter (bound by the runners); where the clock is the
+    process's (``st.process_clock``), the ``now_us`` bind parameter, the clock read
+    (offset included) each time the statement runs."""
+    if st.process_clock:
+        return bindparam(CLOCK, type_=BigInteger)
     return st._db_now() + bindparam(OFFSET, type_=BigInteger)
 
 
@@ -82,12 +88,16 @@ class Text:
     fixed: Mapping[str, Any] = field(default_factory=dict)
     #: Whether the text reads ``offset_us``.
     clock: bool = False
+    #: Whether the text reads ``now_us`` (a process clock, read per run).
+    now: bool = False
 
     def bind(self, st: Seam, params: Mapping[str, Any]) -> dict[str, Any]:
         """The driver parameters for one run."""
         out = {**self.fixed, **params} if self.fixed else dict(params)
         if self.clock:
             out[OFFSET] = round(st.clock_offset * v.US)
+        if self.now:
+            out[CLOCK] = v.now_us() + round(st.clock_offset * v.US)
         return out
 
 
@@ -126,7 +136,12 @@ def build(st: Seam, dialect: Dialect, builders: Mapping[str, Builder] | None = N
 
 def _text(name: str, made: ClauseElement | str, dialect: Dialect) -> Text:
     if isinstance(made, str):
-        return Text(name, made, clock=f"%({OFFSET})s" in made or f":{OFFSET}" in made)
+        return Text(
+            name,
+            made,
+            clock=f"%({OFFSET})s" in made or f":{OFFSET}" in made,
+            now=f"%({CLOCK})s" in made or f":{CLOCK}" in made,
+        )
     if dialect.positional:
         # Named parameters, so one dict binds on every driver (sqlite3 takes
         # ``:name`` as well as ``?``).
@@ -138,8 +153,16 @@ def _text(name: str, made: ClauseElement | str, dialect: Dialect) -> Text:
                 f"statement {name!r}: parameter {bind.key!r} expands (an IN list); pass "
                 "an array instead"
             )
-    fixed = {key: val for key, val in compiled.params.items() if val is not None}
-    return Text(name, compiled.string, fixed=fixed, clock=OFFSET in compiled.params)
+    # Values Core fixed (literals, and NULLs a statement sets, as SET col = NULL),
+    # not the named parameters the caller binds (required ones).
+    binds = compiled.binds
+    fixed = {
+        key: val
+        for key, val in compiled.params.items()
+        if val is not None or (key in binds and not binds[key].required)
+    }
+    params = compiled.params
+    return Text(name, compiled.string, fixed=fixed, clock=OFFSET in params, now=CLOCK in params)
 
 
 async def of(st: Seam) -> Texts:

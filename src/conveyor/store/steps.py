@@ -1,0 +1,299 @@
+"""Claim and acknowledgement step by step, each step a statement built once.
+
+A dialect without a one-statement claim and acknowledgement (SQLite: no
+data-modifying CTEs, no arrays) runs them as several statements in one
+transaction. Built with SQLAlchemy Core on every call, those statements cost far
+more client time than the database spends on them; here each is built once per
+store (:mod:`conveyor.store.texts`), with the per-call values as named bind
+parameters, and the steps are the same as :func:`.consumer.claim_tx` and
+:func:`.consumer.succeed_many_tx` take.
+
+Lease recovery is off the claim path: a claim asks one indexed question (is any
+lease of this queue expired?) and recovers only when the answer is yes, so an
+expired lease is still recovered by the next claim of its queue.
+
+Covered: claims of one queue, plain work and stream choice (a stream's run still
+goes through :mod:`.streams`), and batch acknowledgement. The rest (several
+queues at once; fence failures, to learn why) takes the Core path.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, cast
+
+from sqlalchemy import Float, and_, bindparam, or_, select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from conveyor import statements as q
+from conveyor.models import Task
+from conveyor.schema import deliveries as d
+from conveyor.store import codec, streams, texts, upkeep
+from conveyor.store import transactions as tx
+from conveyor.store.seam import Seam
+
+#: Bind parameters of the built-once steps (typed ``Any``: they stand where the
+#: Core builders of :mod:`conveyor.statements` take Python values).
+_GRP: Any = bindparam("grp")
+_QUEUE: Any = bindparam("queue")
+_PARTITION: Any = bindparam("partition")
+
+#: A validated acknowledgement: (index, task_id, worker_id, grp, attempt, result JSON).
+AckItem = tuple[int, str, str, str, int | None, str]
+
+
+def _steps(st: Seam) -> bool:
+    # Postgres claims in one statement and acknowledges in two (its own texts);
+    # these steps serve the dialect without them.
+    return not st.row_locks
+
+
+@texts.shared("step_expired")
+def _expired(st: Seam) -> Any:
+    if not _steps(st):
+        return None
+    return select(d.c.task_seq).where(*q.expired(texts.now(st), _GRP, [_QUEUE])).limit(1)
+
+
+@texts.shared("step_stream")
+def _stream(st: Seam) -> Any:
+    if not _steps(st):
+        return None
+    return st._lock_candidates(q.ready_streams(_GRP, [_QUEUE], texts.now(st), None))
+
+
+@texts.shared("step_stream_of")
+def _stream_of(st: Seam) -> Any:
+    if not _steps(st):
+        return None
+    return st._lock_candidates(q.ready_streams(_GRP, [_QUEUE], texts.now(st), _PARTITION))
+
+
+@texts.shared("step_plain_first")
+def _plain_first(st: Seam) -> Any:
+    if not _steps(st):
+        return None
+    return q.ready_plain(_GRP, [_QUEUE], texts.now(st)).limit(1)
+
+
+def _take_plain(st: Seam, *, lease: bool, mix: bool) -> Any:
+    """Lease up to ``limit`` ready unpartitioned rows (in claim order); with ``mix``
+    only those ahead of a stream (``s_priority``, ``s_available``) in claim order."""
+    if not _steps(st):
+        return None
+    now = texts.now(st)
+    ready = q.ready_plain(_GRP, [_QUEUE], now)
+    if mix:
+        priority: Any = bindparam("s_priority")
+        available: Any = bindparam("s_available")
+        ready = ready.where(
+            or_(
+                d.c.priority > priority,
+                and_(d.c.priority == priority, d.c.run_at <= available),
+            )
+        )
+    pick = st._lock_candidates(ready.limit(bindparam("limit"))).cte("pick")
+    # ``w_id``: a bind parameter may not share a SET column's name.
+    stmt = q.take(
+        _GRP,
+        select(pick.c.task_seq).scalar_subquery(),
+        now,
+        worker_id=cast(str, bindparam("w_id")),
+        lease=bindparam("lease", type_=Float) if lease else None,
+        queues=[_QUEUE],
+    )
+    return st._returning_view(stmt)
+
+
+@texts.shared("step_take")
+def _take(st: Seam) -> Any:
+    return _take_plain(st, lease=False, mix=False)
+
+
+@texts.shared("step_take_lease")
+def _take_lease(st: Seam) -> Any:
+    return _take_plain(st, lease=True, mix=False)
+
+
+@texts.shared("step_take_mix")
+def _take_mix(st: Seam) -> Any:
+    return _take_plain(st, lease=False, mix=True)
+
+
+@texts.shared("step_take_lease_mix")
+def _take_lease_mix(st: Seam) -> Any:
+    return _take_plain(st, lease=True, mix=True)
+
+
+@texts.shared("step_finish")
+def _finish(st: Seam) -> Any:
+    if not _steps(st):
+        return None
+    return q.finish_row(_GRP, texts.now(st))
+
+
+async def ready(st: Seam, names: Sequence[str]) -> bool:
+    """Whether a claim of ``names`` can take the built-once steps."""
+    built = await texts.of(st)
+    return len(names) == 1 and "step_take" in built
+
+
+async def claim_tx(
+    st: Seam,
+    conn: AsyncConnection,
+    grp: str,
+    queue: str,
+    worker_id: str,
+    lease: float | None,
+    limit: int,
+    partition: str | None,
+    per_stream: int | None,
+) -> list[Task]:
+    """:func:`.consumer.claim_tx` for one queue, on the built-once steps (see
+    :func:`ready`); the same choices in the same order."""
+    built = st._texts
+    assert built is not None
+    step = built.get
+    base = {"grp": grp, "queue": queue}
+    expired = step("step_expired")
+    assert expired is not None
+    if (await texts.execute(conn, st, expired, base)).first() is not None:
+        await upkeep.recover_tx(st, conn, grp, [queue])
+    claimed: list[Task] = []
+    left = limit
+    while left > 0:
+        cap = left if per_stream is None else min(left, per_stream)
+        got, streams_left = await _claim_once(
+            st, conn, base, worker_id, lease, left, cap, partition, per_stream is not None
+        )
+        claimed += got
+        left -= len(got)
+        if not got or not streams_left or per_stream is None or partition is not None:
+            break
+    return claimed
+
+
+async def _claim_once(
+    st: Seam,
+    conn: AsyncConnection,
+    base: dict[str, Any],
+    worker_id: str,
+    lease: float | None,
+    limit: int,
+    stream_limit: int,
+    partition: str | None,
+    mix: bool,
+) -> tuple[list[Task], bool]:
+    """:func:`.consumer._claim_once` on the built-once steps."""
+    built = st._texts
+    assert built is not None
+
+    def step(name: str) -> texts.Text:
+        text = built.get(name)
+        assert text is not None
+        return text
+
+    if partition is None:
+        found = await texts.execute(conn, st, step("step_stream"), base)
+    else:
+        of = {**base, "partition": partition}
+        found = await texts.execute(conn, st, step("step_stream_of"), of)
+    stream = found.first()
+    if stream is None and partition is not None:
+        return [], False
+    use_stream = stream is not None
+    if stream is not None and partition is None:
+        # Streams and unpartitioned work compete: priority, then who waited longest.
+        plain = (await texts.execute(conn, st, step("step_plain_first"), base)).first()
+        use_stream = plain is None or (stream.priority, -stream.available_at) > (
+            plain.priority,
+            -plain.run_at,
+        )
+    grp, queue = base["grp"], base["queue"]
+    if use_stream:
+        assert stream is not None
+        # A stream's run: its rows are a list (no arrays on SQLite), leased through
+        # Core as .consumer does.
+        seqs = await streams.next_run(st, conn, queue, grp, stream.partition, stream_limit)
+        if not seqs:
+            return [], False
+        stmt = q.take(grp, seqs, tx.now(st), worker_id=worker_id, lease=lease, queues=[queue])
+        taken = sorted(await conn.execute(st._returning_view(stmt)), key=lambda row: row.seq)
+        await streams.refresh(st, conn, [(queue, grp, stream.partition)])
+        return [codec.row_to_task(row) for row in taken], True
+    params: dict[str, Any] = {**base, "w_id": worker_id, "limit": limit}
+    name = "step_take"
+    if lease is not None:
+        name += "_lease"
+        params["lease"] = lease
+    if mix and stream is not None:
+        name += "_mix"
+        params["s_priority"] = stream.priority
+        params["s_available"] = stream.available_at
+    rows = list(await texts.execute(conn, st, step(name), params))
+    rows.sort(key=lambda row: (-row.priority, row.run_at, row.seq))
+    return [codec.row_to_task(row) for row in rows], stream is not None
+
+
+async def ack_ready(st: Seam) -> bool:
+    """Whether acknowledgements can take the built-once steps."""
+    built = await texts.of(st)
+    return "ack_held" in built and "step_finish" in built
+
+
+async def ack_tx(
+    st: Seam, conn: AsyncConnection, todo: list[AckItem]
+) -> tuple[list[AckItem], list[str], bool]:
+    """Finish the leased ``todo`` items on the built-once steps (see
+    :func:`ack_ready`): per (worker, group), one lookup of the batch's rows leased
+    to the worker, then one statement per row passing the fence. Returns the items
+    that failed the fence (the caller learns why through
+    :func:`.consumer.succeed_many_tx`), the finished task ids, and whether a
+    partitioned task finished (its stream may have work for the next claimer)."""
+    built = st._texts
+    assert built is not None
+    held_text, finish = built.get("ack_held"), built.get("step_finish")
+    assert held_text is not None and finish is not None
+    owners: dict[tuple[str, str], list[AckItem]] = {}
+    for item in todo:
+        owners.setdefault((item[2], item[3]), []).append(item)
+    left: list[AckItem] = []
+    finished: list[str] = []
+    queues: set[str] = set()
+    touched: set[tuple[str, str, str]] = set()
+    for (worker_id, grp), mine in owners.items():
+        params = {
+            "ids": json.dumps(sorted({m[1] for m in mine})),
+            "grp": grp,
+            "worker_id": worker_id,
+        }
+        held = {row.id: row for row in await texts.execute(conn, st, held_text, params)}
+        # The fence, per task: leased to this worker, on the attempt given.
+        ok: dict[int, str] = {}
+        for item in mine:
+            row = held.get(item[1])
+            attempt = item[4]
+            if row is not None and (attempt is None or row.attempt == attempt):
+                ok.setdefault(row.task_seq, item[5])
+            else:
+                left.append(item)
+                continue
+            finished.append(item[1])
+            queues.add(row.queue)
+            if row.partition is not None:
+                touched.add((row.queue, grp, row.partition))
+        if ok:
+            await conn.exec_driver_sql(
+                finish.sql,
+                [
+                    finish.bind(st, {"grp": grp, "b_seq": seq, "b_result": res})
+                    for seq, res in ok.items()
+                ],
+            )
+    await streams.refresh(st, conn, touched)
+    if finished:
+        await st._notify(conn, queues, done=True, task_ids=finished)
+        if touched:
+            await st._notify(conn, {key[0] for key in touched}, done=False)
+    return left, finished, bool(touched)
