@@ -138,9 +138,9 @@ def submit_context(queues: Sequence[str], now: Now) -> Select[Any]:
 
 
 @functools.cache
-def fan_out() -> Insert:
-    """Delivery rows for new tasks (bind ``seqs``, a list of task seqs): queue mode
-    plus every active group of the queue.
+def fan_out(one: bool = False) -> Insert:
+    """Delivery rows for new tasks (bind ``seqs``, a list of task seqs; with ``one``,
+    ``seq``, one task's): queue mode plus every active group of the queue.
 
     Written in the producer's transaction, so a group never depends on a cursor
     that a late-committing producer could slip behind. Built once: building it
@@ -178,7 +178,9 @@ def fan_out() -> Insert:
                 ),
             )
         )
-        .where(t.c.seq.in_(bindparam("seqs", expanding=True)))
+        .where(
+            t.c.seq == bindparam("seq") if one else t.c.seq.in_(bindparam("seqs", expanding=True))
+        )
     )
     return d.insert().from_select(SEEDED, source)
 

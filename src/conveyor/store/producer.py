@@ -21,7 +21,7 @@ from conveyor.schema import deliveries as d
 from conveyor.schema import groups as g
 from conveyor.schema import keys as k
 from conveyor.schema import tasks as t
-from conveyor.store import codec, external, streams, texts, upkeep, wake
+from conveyor.store import codec, external, steps, streams, texts, upkeep, wake
 from conveyor.store import transactions as tx
 from conveyor.store.seam import Seam
 
@@ -126,9 +126,14 @@ async def submit(st: Seam, reqs: list[Request]) -> list[Task]:
     one-statement submit where there is one."""
     single = len(reqs) == 1
     text = await texts.get(st, "submit_one" if single else "submit_plain")
-    if text is None or any(
+    plain = not any(
         r.key is not None or r.partition is not None or r.parent_id is not None for r in reqs
-    ):
+    )
+    if text is None and single and plain and "step_submit_insert" in await texts.of(st):
+        # The same steps, each statement built once (dialects without a
+        # one-statement submit).
+        return [await tx.run(st, lambda conn: submit_one_tx(st, conn, reqs[0]))]
+    if text is None or not plain:
         return await tx.run(st, lambda conn: submit_tx(st, conn, reqs))
     if single:
         (r,) = reqs
@@ -263,6 +268,50 @@ async def submit_in(st: Seam, connection: Any, reqs: list[Request]) -> list[Task
     return tasks
 
 
+def task_row(r: Request, now: int, conf: Any, root: str) -> dict[str, Any]:
+    """The task row of request ``r`` (the INSERT's parameters): ``now`` the clock
+    read, ``conf`` the queue's stored settings (or ``None``), ``root`` its root id."""
+    max_attempts = r.max_attempts or (conf.max_attempts if conf is not None else None)
+    return {
+        "id": r.id,
+        "name": r.name,
+        "queue": r.queue,
+        "partition": r.partition,
+        "payload": r.payload,
+        "metadata": r.metadata,
+        "priority": r.priority,
+        "max_attempts": max_attempts or DEFAULT_MAX_ATTEMPTS,
+        "backoff": r.backoff or (conf.backoff if conf is not None else None),
+        "created_at": now,
+        "run_at": r.run_at_us if r.run_at_us is not None else now + (r.delay_us or 0),
+        "key": r.key,
+        "parent_id": r.parent_id,
+        "root_id": root,
+        "correlation_id": r.correlation_id,
+    }
+
+
+async def submit_one_tx(st: Seam, conn: AsyncConnection, r: Request) -> Task:
+    """:func:`submit_tx` of one plain request (no key, partition or parent) on the
+    statements built once (:mod:`.steps`): the clock and queue settings, the task
+    row, its delivery rows."""
+    built = st._texts
+    assert built is not None
+    context, insert, fan = (
+        built.get("step_submit_context"),
+        built.get("step_submit_insert"),
+        built.get("step_fan_out"),
+    )
+    assert context is not None and insert is not None and fan is not None
+    found = (await texts.execute(conn, st, context, {"queue": r.queue})).first()
+    conf = found if found.queue is not None else None
+    row = task_row(r, int(found.now), conf, r.id)
+    seq = (await texts.execute(conn, st, insert, steps.insert_params(row))).scalar_one()
+    await texts.execute(conn, st, fan, {"seq": seq})
+    await st._notify(conn, {r.queue}, done=False)
+    return codec.new_task(row, payload=json.loads(r.payload), metadata=json.loads(r.metadata))
+
+
 async def insert_tasks(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> dict[str, Task]:
     """Insert the task rows and their delivery rows; the new tasks by id."""
     parents: dict[str, str] = {}
@@ -295,30 +344,15 @@ async def insert_tasks(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> 
     )
     now = int(context[0].now)
     settings = {row.queue: row for row in context if row.queue is not None}
-    params: list[dict[str, Any]] = []
-    for r in reqs:
-        root = r.id if r.parent_id is None else parents.get(r.parent_id, r.parent_id)
-        conf = settings.get(r.queue)
-        max_attempts = r.max_attempts or (conf.max_attempts if conf is not None else None)
-        params.append(
-            {
-                "id": r.id,
-                "name": r.name,
-                "queue": r.queue,
-                "partition": r.partition,
-                "payload": r.payload,
-                "metadata": r.metadata,
-                "priority": r.priority,
-                "max_attempts": max_attempts or DEFAULT_MAX_ATTEMPTS,
-                "backoff": r.backoff or (conf.backoff if conf is not None else None),
-                "created_at": now,
-                "run_at": r.run_at_us if r.run_at_us is not None else now + (r.delay_us or 0),
-                "key": r.key,
-                "parent_id": r.parent_id,
-                "root_id": root,
-                "correlation_id": r.correlation_id,
-            }
+    params = [
+        task_row(
+            r,
+            now,
+            settings.get(r.queue),
+            r.id if r.parent_id is None else parents.get(r.parent_id, r.parent_id),
         )
+        for r in reqs
+    ]
     # One multi-row INSERT of plain values.
     result = await conn.execute(t.insert().returning(t.c.seq), params)
     seqs = list(result.scalars())

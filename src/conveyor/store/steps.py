@@ -13,8 +13,9 @@ lease of this queue expired?) and recovers only when the answer is yes, so an
 expired lease is still recovered by the next claim of its queue.
 
 Covered: claims of one queue, plain work and stream choice (a stream's run still
-goes through :mod:`.streams`), and batch acknowledgement. The rest (several
-queues at once; fence failures, to learn why) takes the Core path.
+goes through :mod:`.streams`), batch acknowledgement, and the submit of one plain
+task (:func:`.producer.submit_one_tx`). The rest (several queues at once; fence
+failures, to learn why; keys, partitions, parents, batches) takes the Core path.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from conveyor import statements as q
 from conveyor.models import Task
 from conveyor.schema import deliveries as d
+from conveyor.schema import tasks as t
 from conveyor.store import codec, streams, texts, upkeep
 from conveyor.store import transactions as tx
 from conveyor.store.seam import Seam
@@ -124,6 +126,54 @@ def _take_mix(st: Seam) -> Any:
 @texts.shared("step_take_lease_mix")
 def _take_lease_mix(st: Seam) -> Any:
     return _take_plain(st, lease=True, mix=True)
+
+
+#: The task columns a submit writes (the rest take their defaults).
+_TASK_COLUMNS = (
+    "id",
+    "name",
+    "queue",
+    "partition",
+    "payload",
+    "metadata",
+    "priority",
+    "max_attempts",
+    "backoff",
+    "created_at",
+    "run_at",
+    "key",
+    "parent_id",
+    "root_id",
+    "correlation_id",
+)
+
+
+def insert_params(row: dict[str, Any]) -> dict[str, Any]:
+    """The parameters of ``step_submit_insert`` for a task row (named apart from the
+    columns: a bind parameter may not share a column's name in VALUES)."""
+    return {f"v_{name}": row[name] for name in _TASK_COLUMNS}
+
+
+@texts.shared("step_submit_context")
+def _submit_context(st: Seam) -> Any:
+    if not _steps(st):
+        return None
+    return q.submit_context([_QUEUE], texts.now(st))
+
+
+@texts.shared("step_submit_insert")
+def _submit_insert(st: Seam) -> Any:
+    if not _steps(st):
+        return None
+    values: dict[str, Any] = {name: bindparam(f"v_{name}") for name in _TASK_COLUMNS}
+    return t.insert().values(values).returning(t.c.seq)
+
+
+@texts.shared("step_fan_out")
+def _fan_out(st: Seam) -> Any:
+    if not _steps(st):
+        return None
+    return q.fan_out(one=True)
 
 
 @texts.shared("step_finish")
