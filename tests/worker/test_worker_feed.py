@@ -246,9 +246,9 @@ async def test_an_unpartitioned_ack_does_not_make_an_idle_worker_claim_again(
     real_ack, real_claim = app.store.ack_many, app.store.claim
     claims: list[int] = []
 
-    async def held_back(items: Any) -> Any:
+    async def held_back(items: Any, **options: Any) -> Any:
         await gate.wait()
-        return await real_ack(items)
+        return await real_ack(items, **options)
 
     async def counted(*args: Any, **kwargs: Any) -> Any:
         found = await real_claim(*args, **kwargs)
