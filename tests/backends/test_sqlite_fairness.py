@@ -4,9 +4,11 @@ process leaves, instead of sleeping past the gaps in SQLite's busy handler."""
 from __future__ import annotations
 
 import logging
+import sqlite3
 import subprocess
 import sys
 import textwrap
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -60,3 +62,24 @@ def test_a_writer_gets_the_lock_in_the_gaps_another_process_leaves(
     # Every write found a gap within its busy_timeout: none had to be retried.
     retried = [r for r in caplog.records if "transient database error" in r.getMessage()]
     assert retried == []
+
+
+async def test_the_ack_lookup_probes_by_id_not_through_the_history(tmp_path: Path) -> None:
+    """The batch acknowledgement's lookup starts from the batch's ids (one index
+    probe each), never from the group's delivery rows, which hold the history."""
+    path = tmp_path / "plan.db"
+    async with conveyor.connect(f"sqlite:///{path}") as store:
+        await store.open()
+        assert store._texts is not None
+        held = store._texts.get("ack_held")
+        assert held is not None
+        with closing(sqlite3.connect(path)) as db:
+            plan = [
+                row[3]
+                for row in db.execute(
+                    "EXPLAIN QUERY PLAN " + held.sql, {"ids": '["x"]', "grp": "", "worker_id": "w"}
+                )
+            ]
+    assert plan[0].startswith("SCAN j"), plan
+    assert all("SCAN" not in step for step in plan[1:]), plan
+    assert not any("ix_conveyor_deliveries_status" in step for step in plan), plan

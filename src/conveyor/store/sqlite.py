@@ -130,9 +130,13 @@ def _returned_view() -> tuple[Any, ...]:
 _ACK_HELD = (
     "SELECT t.id AS id, d.task_seq AS task_seq, d.attempt AS attempt, d.queue AS queue, "
     'd."partition" AS "partition" '
-    "FROM conveyor_tasks AS t JOIN conveyor_deliveries AS d ON d.task_seq = t.seq "
-    "WHERE t.id IN (SELECT value FROM json_each(:ids)) AND d.grp = :grp "
-    "AND d.worker_id = :worker_id AND d.status = 'running'"
+    # CROSS JOIN fixes the join order (SQLite keeps it): from the ids, each one
+    # probe of the tasks' id index and of the delivery's primary key. Left to the
+    # planner, it walked the group's delivery rows by the status index: every
+    # finished row of the history.
+    "FROM json_each(:ids) AS j CROSS JOIN conveyor_tasks AS t ON t.id = j.value "
+    "CROSS JOIN conveyor_deliveries AS d ON d.task_seq = t.seq AND d.grp = :grp "
+    "WHERE d.worker_id = :worker_id AND d.status = 'running'"
 )
 
 
