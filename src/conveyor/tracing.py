@@ -24,7 +24,13 @@ from typing import Any
 
 try:
     from opentelemetry import propagate, trace
-    from opentelemetry.trace import Link, SpanKind, StatusCode
+    from opentelemetry.trace import (
+        Link,
+        NoOpTracerProvider,
+        ProxyTracerProvider,
+        SpanKind,
+        StatusCode,
+    )
 except ImportError:  # the otel extra is not installed
     trace = None  # type: ignore[assignment]
 
@@ -51,6 +57,18 @@ def _tracer() -> Any:
     return trace.get_tracer(TRACER)
 
 
+def _recording() -> bool:
+    """Whether a span made now could be recorded: a provider is set here or
+    globally. Without one, OpenTelemetry would hand out non-recording spans, and
+    making them (attributes, links, context switches) was about a tenth of a
+    worker's CPU per task; checked per call, so a provider set later counts."""
+    if trace is None:
+        return False
+    if _provider is not None:
+        return True
+    return not isinstance(trace.get_tracer_provider(), (ProxyTracerProvider, NoOpTracerProvider))
+
+
 def enabled() -> bool:
     """Whether OpenTelemetry is installed (spans are then made; they are recorded
     only if the application configured a tracer provider)."""
@@ -62,7 +80,7 @@ def producer_span(requests: Sequence[Any]) -> Iterator[None]:
     """Around a submit of prepared ``requests`` (objects with ``id``, ``name``,
     ``queue`` and ``metadata`` as a JSON text): a producer span whose context is
     written into each request's metadata."""
-    if trace is None or not requests:
+    if not requests or not _recording():
         yield
         return
     queues = sorted({r.queue for r in requests})
@@ -117,7 +135,7 @@ class Attempt:
 def consumer_span(task: Any, group: str | None = None) -> Iterator[Attempt]:
     """A consumer span for one attempt of ``task`` (a :class:`~conveyor.Task`),
     linked to the producer span found in its metadata, current inside the block."""
-    if trace is None:
+    if not _recording():
         yield Attempt(None)
         return
     links = []
