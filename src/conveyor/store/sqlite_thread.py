@@ -124,9 +124,13 @@ class ConnectionThread:
                     job = self._jobs.get(timeout=wait) if wait else self._jobs.get()
                 except queue.Empty:
                     job = _IDLE
-                if self._poll and conn is not None:
+                if self._poll and conn is not None and (fast or job is _IDLE):
                     # Also between transactions when they never stop coming, so a
-                    # busy process still hears the others within about ``poll``.
+                    # busy process still hears the others within about ``poll`` —
+                    # but only while someone waits to hear: a busy worker that waits
+                    # on nothing would pay a read per ``poll`` for no one. ``seen``
+                    # is then older, so the first look after a wait begins reports
+                    # a change (a spare wake-up, never a missed one).
                     moment = time.monotonic()
                     if job is _IDLE or moment - polled >= self._poll:
                         polled = moment
