@@ -37,6 +37,34 @@ from conveyor import statements as q
 # The clock: the statement's moment in microseconds, moved by the store's
 # clock_offset (a bind parameter, so the text never changes).
 NOW = "(floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + %(offset_us)s)"
+
+
+def ack_head(only_plain: bool, returning: str) -> str:
+    """The head both batch-acknowledgement texts share: ``items`` (the batch's
+    arrays, numbered) and ``done`` (each item finished if its fence holds: leased
+    to its worker, on its attempt). ``only_plain`` leaves partitioned rows alone;
+    ``returning`` names what ``done`` returns."""
+    plain = "\n      AND d.partition IS NULL" if only_plain else ""
+    return f"""
+WITH items AS (
+    SELECT * FROM unnest(
+        %(ids)s::text[], %(workers)s::text[], %(grps)s::text[], %(attempts)s::int[],
+        %(results)s::text[]
+    ) WITH ORDINALITY AS i(id, worker_id, grp, attempt, result, idx)
+),
+done AS (
+    UPDATE conveyor_deliveries AS d SET
+        status = 'succeeded',
+        result = i.result,
+        finished_at = {NOW},
+        lease_expires_at = NULL
+    FROM items AS i JOIN conveyor_tasks AS t ON t.id = i.id
+    WHERE d.task_seq = t.seq AND d.grp = i.grp AND d.status = 'running'
+      AND d.worker_id = i.worker_id AND (i.attempt IS NULL OR d.attempt = i.attempt){plain}
+    RETURNING {returning}
+),"""
+
+
 _TASK_SIDE = frozenset(
     (
         "seq id name queue partition payload metadata priority created_at key parent_id "
@@ -202,24 +230,9 @@ def ack_streams_text(done_channel: str, work_channel: str) -> str:
     now. Announces each finished task someone waits for (registered in
     ``conveyor_waiters``, as ``ack_plain`` does), and "work" on each queue where a
     stream's head became claimable."""
-    return f"""
-WITH items AS (
-    SELECT * FROM unnest(
-        %(ids)s::text[], %(workers)s::text[], %(grps)s::text[], %(attempts)s::int[],
-        %(results)s::text[]
-    ) WITH ORDINALITY AS i(id, worker_id, grp, attempt, result, idx)
-),
-done AS (
-    UPDATE conveyor_deliveries AS d SET
-        status = 'succeeded',
-        result = i.result,
-        finished_at = {NOW},
-        lease_expires_at = NULL
-    FROM items AS i JOIN conveyor_tasks AS t ON t.id = i.id
-    WHERE d.task_seq = t.seq AND d.grp = i.grp AND d.status = 'running'
-      AND d.worker_id = i.worker_id AND (i.attempt IS NULL OR d.attempt = i.attempt)
-    RETURNING t.id, d.task_seq, d.grp, d.queue, d.partition
-),
+    return (
+        ack_head(False, "t.id, d.task_seq, d.grp, d.queue, d.partition")
+        + f"""
 touched AS MATERIALIZED (
     SELECT DISTINCT queue, grp, partition FROM done WHERE partition IS NOT NULL
 ),
@@ -273,6 +286,7 @@ FROM note LEFT JOIN (
     WHERE NOT EXISTS (SELECT 1 FROM done WHERE done.id = i.id AND done.grp = i.grp)
 ) AS lost ON true
 """
+    )
 
 
 __all__ = ["ACK_LOCK_TEXT", "NOW", "ack_streams_text", "claim_text", "view"]

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from conveyor import statements as q
 from conveyor.store import pg_claim, pg_listen
 
-# The clock of the one-statement texts below: the statement's moment in microseconds,
-# moved by the store's clock_offset (a bind parameter, so the text never changes).
-_NOW = "(floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + %(offset_us)s)"
+# The clock of the one-statement texts below (the statement's moment, moved by the
+# store's clock_offset): the same fragment as the claim's.
+_NOW = pg_claim.NOW
 
 
 # Acknowledge a batch in one statement: each item fenced on its own (leased to its
@@ -25,27 +25,11 @@ _NOW = "(floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + %(
 # needs back: the items that failed the fence, and those left for the step-by-step
 # path (partitioned rows, whose stream must be refreshed in the same transaction).
 # ``note`` drives the final join, so it always runs.
-_ACK_TEXT = f"""
-WITH items AS (
-    SELECT * FROM unnest(
-        %(ids)s::text[], %(workers)s::text[], %(grps)s::text[], %(attempts)s::int[],
-        %(results)s::text[]
-    ) WITH ORDINALITY AS i(id, worker_id, grp, attempt, result, idx)
-),
-done AS (
-    UPDATE conveyor_deliveries AS d SET
-        status = 'succeeded',
-        result = i.result,
-        finished_at = {_NOW},
-        lease_expires_at = NULL
-    FROM items AS i JOIN conveyor_tasks AS t ON t.id = i.id
-    WHERE d.task_seq = t.seq AND d.grp = i.grp AND d.status = 'running'
-      AND d.worker_id = i.worker_id AND (i.attempt IS NULL OR d.attempt = i.attempt)
-      AND d.partition IS NULL
-    RETURNING t.id, d.grp
-),
+_ACK_TEXT = (
+    pg_claim.ack_head(True, "t.id, d.grp")
+    + """
 note AS (
-    SELECT count(pg_notify('{{done}}', done.id)) AS n FROM done
+    SELECT count(pg_notify('{done}', done.id)) AS n FROM done
     WHERE EXISTS (SELECT 1 FROM conveyor_waiters AS w WHERE w.task_id = done.id)
 )
 SELECT lost.idx
@@ -54,6 +38,7 @@ FROM note LEFT JOIN (
     WHERE NOT EXISTS (SELECT 1 FROM done WHERE done.id = i.id AND done.grp = i.grp)
 ) AS lost ON true
 """
+)
 
 
 # Submit plain tasks (no key, partition or parent) in one statement: insert the
