@@ -176,18 +176,13 @@ async def claim_tx(
     streams. Each stream's tasks come together, in submit order.
     """
     await upkeep.recover_tx(st, conn, grp, names)
-    claimed: list[Task] = []
-    left = limit
-    while left > 0:
-        cap = left if per_stream is None else min(left, per_stream)
-        got, streams_left = await _claim_once(
+
+    async def once(left: int, cap: int) -> tuple[list[Task], bool]:
+        return await _claim_once(
             st, conn, grp, names, worker_id, lease, left, cap, partition, per_stream is not None
         )
-        claimed += got
-        left -= len(got)
-        if not got or not streams_left or per_stream is None or partition is not None:
-            break
-    return claimed
+
+    return await steps.claim_rounds(once, limit, partition, per_stream)
 
 
 async def _claim_once(

@@ -21,7 +21,7 @@ failures, to learn why; keys, partitions, parents, batches) takes the Core path.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, cast
 
 from sqlalchemy import Float, and_, bindparam, or_, select
@@ -189,6 +189,28 @@ async def ready(st: Seam, names: Sequence[str]) -> bool:
     return len(names) == 1 and "step_take" in built
 
 
+async def claim_rounds(
+    once: Callable[[int, int], Awaitable[tuple[list[Task], bool]]],
+    limit: int,
+    partition: str | None,
+    per_stream: int | None,
+) -> list[Task]:
+    """The rounds of a step-by-step claim (both paths, built once or not): ``once(
+    left, cap)`` takes one stream (at most ``cap`` tasks) or plain work and says
+    whether free streams remain; with ``per_stream`` the claim goes on choosing
+    until ``limit`` is used up or nothing is left."""
+    claimed: list[Task] = []
+    left = limit
+    while left > 0:
+        cap = left if per_stream is None else min(left, per_stream)
+        got, streams_left = await once(left, cap)
+        claimed += got
+        left -= len(got)
+        if not got or not streams_left or per_stream is None or partition is not None:
+            break
+    return claimed
+
+
 async def claim_tx(
     st: Seam,
     conn: AsyncConnection,
@@ -210,18 +232,13 @@ async def claim_tx(
     assert expired is not None
     if (await texts.execute(conn, st, expired, base)).first() is not None:
         await upkeep.recover_tx(st, conn, grp, [queue])
-    claimed: list[Task] = []
-    left = limit
-    while left > 0:
-        cap = left if per_stream is None else min(left, per_stream)
-        got, streams_left = await _claim_once(
+
+    async def once(left: int, cap: int) -> tuple[list[Task], bool]:
+        return await _claim_once(
             st, conn, base, worker_id, lease, left, cap, partition, per_stream is not None
         )
-        claimed += got
-        left -= len(got)
-        if not got or not streams_left or per_stream is None or partition is not None:
-            break
-    return claimed
+
+    return await claim_rounds(once, limit, partition, per_stream)
 
 
 async def _claim_once(
