@@ -18,7 +18,7 @@ from sqlalchemy.engine import make_url
 
 import conveyor
 from conveyor import Status
-from conveyor.store import pg_listen
+from conveyor.store import pg_listen, wake
 from conveyor.store.postgres import PostgresStore
 from conveyor.worker import Context
 
@@ -34,9 +34,11 @@ def queue() -> str:
 
 @pytest.fixture
 async def waiter(pg_url: str) -> AsyncIterator[PostgresStore]:
-    """The store whose listener is under test."""
+    """The store whose listener is under test, listening (as after its first claim
+    or wait)."""
     async with conveyor.connect(pg_url) as st:
         assert isinstance(st, PostgresStore)
+        await wake.listen(st)
         yield st
 
 
@@ -46,6 +48,32 @@ async def other(pg_url: str) -> AsyncIterator[PostgresStore]:
     async with conveyor.connect(pg_url, listen=False) as st:
         assert isinstance(st, PostgresStore)
         yield st
+
+
+async def test_a_store_listens_from_its_first_claim_or_wait_only(
+    pg_url: str, other: PostgresStore, queue: str
+) -> None:
+    # A producer never listens: its own announcements would only wake itself.
+    async with conveyor.connect(pg_url) as producer:
+        assert isinstance(producer, PostgresStore)
+        await producer.submit_many([{"name": "x", "queue": queue}] * 2)
+        await producer.submit("x", queue=queue)
+        assert producer._listener is None
+    for first in ("claim", "wait_for_work", "wait"):
+        async with conveyor.connect(pg_url) as st:
+            assert isinstance(st, PostgresStore)
+            assert st._listener is None
+            if first == "claim":
+                await st.claim(f"{queue}-idle", worker_id="w")
+            elif first == "wait_for_work":
+                await st.wait_for_work([f"{queue}-idle"], 0.01)
+            else:
+                task = await other.submit("x", queue=f"{queue}-idle")
+                with pytest.raises(TimeoutError):
+                    await st.wait(task.id, timeout=0.01)
+            # Listening before it first looked: the look itself came after the start.
+            assert st._listener is not None and st._listener.listening, first
+        assert st._listener is None  # closed with the store
 
 
 async def test_a_notification_wakes_an_idle_waiter_of_that_queue_only(

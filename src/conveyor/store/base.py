@@ -103,12 +103,17 @@ class TaskStore(LeaseOps, InspectReads):
             self._work_waker = wake.Waker(remember=True)
             self._done_waker = wake.Waker()
             self._engine = engine
-            await self._start_wake()
+            # The wake channel starts with the first claim or wait (wake.listen).
 
     async def close(self) -> None:
         """Release every connection. The store can be opened again afterwards."""
         engine, self._engine = self._engine, None
         if engine is not None:
+            start, self._wake_start = self._wake_start, None
+            if start is not None and not start.done():
+                start.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await start
             await self._stop_wake()
             await engine.dispose()
 
@@ -330,8 +335,7 @@ class TaskStore(LeaseOps, InspectReads):
         limit = None if timeout is None else v.duration_seconds("timeout", timeout)
         deadline = None if limit is None else time.monotonic() + limit
         pause = 0.05
-        if self._done_waker is None:
-            await self.open()
+        await wake.listen(self)
         assert self._done_waker is not None
         # Where the backend announces completions only to registered waiters, register
         # before the first look: a completion committed after that is announced.
@@ -514,7 +518,7 @@ class TaskStore(LeaseOps, InspectReads):
         workers; a notification that arrived since the last wait also counts, so
         one landing between an empty claim and this call is not lost.
         """
-        if self._work_waker is None:
-            await self.open()
+        names = v.names("queues", queues)
+        await wake.listen(self)
         assert self._work_waker is not None
-        return await self._work_waker.wait(v.names("queues", queues), timeout)
+        return await self._work_waker.wait(names, timeout)

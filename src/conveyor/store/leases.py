@@ -57,6 +57,8 @@ class LeaseOps(Seam):
         if per_stream is not None:
             per_stream = v.positive_int("per_stream", per_stream)
         grp = codec.group_key(group)
+        # Listening before the claim looks: work announced after it is heard.
+        await wake.listen(self)
         if group is not None:
             for queue in names:
                 if (queue, group) not in self._known_groups:

@@ -150,8 +150,8 @@ class PostgresStore(TaskStore):
         self.timeouts = timeouts
         # The timeouts hold outside transactions only when set on the connection.
         self.autocommit_single = timeouts == "connection"
-        #: Whether to hold a LISTEN connection for wake-ups (False: waiters only poll;
-        #: for short-lived producers such as a CLI call). NOTIFY is sent either way.
+        #: Whether to hold a LISTEN connection for wake-ups, from the store's first
+        #: claim or wait on (False: waiters only poll). NOTIFY is sent either way.
         self.listen = listen
         self._listener: pg_listen.Listener | None = None
         self.isolation_level = _read_committed("isolation_level", isolation_level)

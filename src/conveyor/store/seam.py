@@ -15,6 +15,7 @@ never on the store class itself.
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
@@ -73,6 +74,9 @@ class Seam(abc.ABC):
     _texts: Texts | None = None
     _work_waker: Waker | None
     _done_waker: Waker | None
+    #: The start of the cross-process wake channel, once something waited or claimed
+    #: (:func:`conveyor.store.wake.listen`); ``None`` before that and after close().
+    _wake_start: asyncio.Task[None] | None = None
     #: (queue, group) pairs this store has seen subscribed: claims skip the check.
     _known_groups: set[tuple[str, str]]
     #: Claim keys whose last claim found work: the next one skips the probe.
@@ -285,13 +289,17 @@ class Seam(abc.ABC):
     # ------------------------------------------------------- wake channel
     @abc.abstractmethod
     async def _start_wake(self) -> None:
-        """Start the cross-process wake channel (called once by open()). What arrives
-        from other processes is handed to ``self._wake``. A backend without one does
-        nothing: its waiters poll."""
+        """Start the cross-process wake channel: called once per opening, the first
+        time this store claims or waits (:func:`conveyor.store.wake.listen`), so a
+        store that only submits never holds one. What arrives from other processes
+        is handed to ``self._wake``; what was announced before the channel started
+        is not heard (a claim or wait that starts it looks at the database after
+        this returns). A backend without one does nothing: its waiters poll."""
 
     @abc.abstractmethod
     async def _stop_wake(self) -> None:
-        """Stop the cross-process wake channel (called once by close())."""
+        """Stop the cross-process wake channel (called by close(), after the start
+        has finished, whether or not it was ever started)."""
 
     @abc.abstractmethod
     async def _notify(

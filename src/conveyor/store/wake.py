@@ -91,6 +91,24 @@ class Waker:
             return await watch.wait(timeout)
 
 
+async def listen(st: Seam) -> None:
+    """Start the store's cross-process wake channel if it has not started yet, and
+    return once it has (or the dialect gave up waiting for it). Called before every
+    claim and wait: a store that only submits never listens (on Postgres, a LISTEN
+    connection hearing the store's own announcements cost every submit a wake-up of
+    its own), and one that claims or waits is listening before it first looks."""
+    start = st._wake_start
+    if start is None:
+        if st._engine is None:
+            await st.open()
+        start = st._wake_start
+        if start is None:
+            start = st._wake_start = asyncio.ensure_future(st._start_wake())
+    if not start.done():
+        # Shielded: a cancelled caller does not cancel a start others wait for.
+        await asyncio.shield(start)
+
+
 def wake_local(st: Seam, *, work: bool) -> None:
     """After a commit in this process. It does not say which queues or tasks, so it
     wakes every waiter here (all idle workers only when ``work``); each looks again,
