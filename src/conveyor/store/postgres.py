@@ -24,7 +24,18 @@ from contextlib import asynccontextmanager
 from typing import Any, ClassVar
 
 import psycopg
-from sqlalchemy import BigInteger, ColumnElement, Select, Update, cast, event, extract, func, text
+from sqlalchemy import (
+    BigInteger,
+    ClauseElement,
+    ColumnElement,
+    Select,
+    Update,
+    cast,
+    event,
+    extract,
+    func,
+    text,
+)
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import DBAPIError
@@ -301,7 +312,7 @@ class PostgresStore(TaskStore):
         # An idle claim takes no lock worth sparing (SKIP LOCKED, row locks only).
         return None
 
-    def _statement_texts(self) -> Mapping[str, str]:
+    def _statement_texts(self) -> Mapping[str, ClauseElement | str]:
         return pg_texts.texts()
 
     def _direct_runner(self) -> DirectRunner | None:

@@ -40,7 +40,6 @@ crash (kill -9) but a power cut may lose the last transactions. Pass
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import sqlite3
 import time
@@ -51,13 +50,13 @@ from typing import Any, ClassVar
 
 from sqlalchemy import (
     BigInteger,
+    ClauseElement,
     ColumnElement,
     Select,
     Update,
     bindparam,
     event,
     literal,
-    select,
 )
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine, create_engine, make_url
@@ -68,8 +67,7 @@ from sqlalchemy.pool import StaticPool
 from conveyor import _values as v
 from conveyor import statements as q
 from conveyor.errors import ConfigurationError, InvalidArgument
-from conveyor.schema import deliveries as d
-from conveyor.schema import tasks as t
+from conveyor.store import sqlite_texts
 from conveyor.store.base import TaskStore
 from conveyor.store.seam import ConnectionRunner, DirectRunner
 from conveyor.store.sqlite_thread import ConnectionThread
@@ -102,42 +100,6 @@ def is_memory(url: str) -> bool:
         or database.startswith("file::memory:")
         or parsed.query.get("mode") == "memory"
     )
-
-
-@functools.cache
-def _returned_view() -> tuple[Any, ...]:
-    """The task view as SQLite's RETURNING can give it, built once (a claim or
-    fenced write needs it every time, and building it cost a tenth of a claim).
-
-    SQLite's RETURNING may name only the updated table's columns (an UPDATE …
-    FROM table may not appear there), so each task column is a correlated lookup
-    by primary key. Same names and values as Postgres's joined form.
-    """
-    columns: list[Any] = []
-    for col in q.view_columns():
-        if col.table is d:
-            columns.append(col)
-        elif col.name == "seq":
-            columns.append(d.c.task_seq.label("seq"))
-        else:
-            lookup = select(col).where(t.c.seq == d.c.task_seq).correlate(d)
-            columns.append(lookup.scalar_subquery().label(col.name))
-    return tuple(columns)
-
-
-#: Rows of ``:ids`` (a JSON array of task ids) in group ``:grp`` leased to
-#: ``:worker_id`` (see conveyor.store.steps.ack_tx).
-_ACK_HELD = (
-    "SELECT t.id AS id, d.task_seq AS task_seq, d.attempt AS attempt, d.queue AS queue, "
-    'd."partition" AS "partition" '
-    # CROSS JOIN fixes the join order (SQLite keeps it): from the ids, each one
-    # probe of the tasks' id index and of the delivery's primary key. Left to the
-    # planner, it walked the group's delivery rows by the status index: every
-    # finished row of the history.
-    "FROM json_each(:ids) AS j CROSS JOIN conveyor_tasks AS t ON t.id = j.value "
-    "CROSS JOIN conveyor_deliveries AS d ON d.task_seq = t.seq AND d.grp = :grp "
-    "WHERE d.worker_id = :worker_id AND d.status = 'running'"
-)
 
 
 def _begin_fairly(conn: Connection, sql: str, timeout: float) -> None:
@@ -353,7 +315,7 @@ class SQLiteStore(TaskStore):
         return sqlite_insert(table)
 
     def _returning_view(self, stmt: Update) -> Update:
-        return stmt.returning(*_returned_view())
+        return stmt.returning(*sqlite_texts.returned_view())
 
     def _claim_probe(
         self, grp: str, queues: Sequence[str], partition: str | None, now: ColumnElement[int]
@@ -372,13 +334,14 @@ class SQLiteStore(TaskStore):
             probe = self._probes[key] = q.claim_probe(grp, queues, clock, partition)
         return probe
 
-    def _statement_texts(self) -> Mapping[str, str]:
-        # No data-modifying CTEs, arrays or UPDATE … FROM a set-returning function:
-        # claim, plain submit and ack run step by step (conveyor.store.steps), on the
-        # one connection that holds the write lock, so it costs no extra round trips
-        # to a server. The one step with a list parameter takes it as JSON text read
-        # by json_each (SQLite has no arrays; an IN list would be rebuilt per size).
-        return {"ack_held": _ACK_HELD}
+    def _statement_texts(self) -> Mapping[str, ClauseElement | str]:
+        # No data-modifying CTEs, arrays, LATERAL or UPDATE … FROM a set-returning
+        # function: claim, plain submit and ack run step by step
+        # (conveyor.store.steps), on the one connection that holds the write lock,
+        # so it costs no extra round trips to a server. The steps that take a list
+        # take it as JSON text read by json_each (an IN list would be rebuilt per
+        # size); why each differs is in conveyor.store.sqlite_texts.
+        return sqlite_texts.texts()
 
     def _direct_runner(self) -> DirectRunner | None:
         return None

@@ -232,6 +232,8 @@ async def claim_tx(
     assert expired is not None
     if (await texts.execute(conn, st, expired, base)).first() is not None:
         await upkeep.recover_tx(st, conn, grp, [queue])
+    if "step_stream_runs" in built:
+        return await _claim_set(st, conn, base, worker_id, lease, limit, partition, per_stream)
 
     async def once(left: int, cap: int) -> tuple[list[Task], bool]:
         return await _claim_once(
@@ -239,6 +241,112 @@ async def claim_tx(
         )
 
     return await claim_rounds(once, limit, partition, per_stream)
+
+
+@texts.shared("step_plain")
+def _plain(st: Seam) -> Any:
+    if not _steps(st):
+        return None
+    return q.ready_plain(_GRP, [_QUEUE], texts.now(st)).limit(bindparam("limit"))
+
+
+#: A unit of a claim: its place in claim order, and the rows it would lease.
+_Unit = tuple[tuple[Any, ...], list[int]]
+
+
+def choose(units: list[_Unit], limit: int, mix: bool) -> list[int]:
+    """The rows a claim leases from its candidate ``units`` (each a stream's run, or
+    one unplanned row, keyed by claim order): with ``mix``, units in claim order
+    while ``limit`` allows (the last stream's run cut short); without, the first
+    unit if it is a stream, else every unpartitioned row (a claim without
+    ``per_stream`` takes one stream or plain work, never both)."""
+    units.sort(key=lambda unit: unit[0])
+    if not units:
+        return []
+    if not mix:
+        first_key, first_rows = units[0]
+        if first_key[2] == 1:  # a stream leads
+            return first_rows[:limit]
+        return [rows[0] for key, rows in units if key[2] == 0][:limit]
+    picked: list[int] = []
+    for _, rows in units:
+        picked += rows[: limit - len(picked)]
+        if len(picked) >= limit:
+            break
+    return picked
+
+
+async def _claim_set(
+    st: Seam,
+    conn: AsyncConnection,
+    base: dict[str, Any],
+    worker_id: str,
+    lease: float | None,
+    limit: int,
+    partition: str | None,
+    per_stream: int | None,
+) -> list[Task]:
+    """The claim as sets, a fixed number of statements however many streams it
+    takes: the free streams with their runs, the unpartitioned candidates, one
+    lease of every row chosen, one update marking the streams taken as held. The
+    same choice as :func:`.consumer.claim_tx` (and Postgres's one statement):
+    streams and plain work compete in one claim order — priority, then who waited
+    longest, plain first on a tie, then submit order."""
+    built = st._texts
+    assert built is not None
+
+    def step(name: str) -> texts.Text:
+        text = built.get(name)
+        assert text is not None
+        return text
+
+    run_cap = limit if per_stream is None else min(per_stream, limit)
+    mix = per_stream is not None and partition is None
+    params = {
+        **base,
+        "partition": partition,
+        "streams": limit if mix else 1,
+        "per_stream": run_cap,
+    }
+    units: list[_Unit] = []
+    found: dict[str, list[Any]] = {}
+    for row in await texts.execute(conn, st, step("step_stream_runs"), params):
+        found.setdefault(row.partition, []).append(row)
+    for rows in found.values():
+        first = rows[0]
+        if first.task_seq != first.head_seq:
+            continue  # the stream row names another head: not a run to take
+        # The run lasts while its rows are queued and due (a leased or waiting row
+        # holds the rest back).
+        run: list[int] = []
+        for row in rows:
+            if row.status != q.QUEUED or not row.due:
+                break
+            run.append(row.task_seq)
+        if run:
+            key = (-first.priority, first.available_at, 1, 0, first.queue, first.partition)
+            units.append((key, run))
+    if partition is None:
+        plain = {**base, "limit": limit}
+        for row in await texts.execute(conn, st, step("step_plain"), plain):
+            units.append(((-row.priority, row.run_at, 0, row.task_seq, "", ""), [row.task_seq]))
+    picked = choose(units, limit, mix)
+    if not picked:
+        return []
+    lease_params = {
+        **base,
+        "seqs": json.dumps(picked),
+        "w_id": worker_id,
+        "lease": lease,
+    }
+    taken = {
+        row.seq: row for row in await texts.execute(conn, st, step("step_lease_seqs"), lease_params)
+    }
+    held = sorted({row.partition for row in taken.values() if row.partition is not None})
+    if held:
+        hold = {**base, "partitions": json.dumps(held)}
+        await texts.execute(conn, st, step("step_hold_streams"), hold)
+    return [codec.row_to_task(taken[seq]) for seq in picked if seq in taken]
 
 
 async def _claim_once(

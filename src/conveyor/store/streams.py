@@ -37,6 +37,7 @@ On SQLite one writer holds the whole database and the order is moot
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -123,7 +124,18 @@ async def refresh(st: Seam, conn: AsyncConnection, keys: Iterable[tuple[Any, ...
     A stream is available when its first active task is queued and due and no
     task of it is leased. ``available_at`` records when the current head became
     available, which is what fair stream selection orders by.
+
+    Where the dialect has the whole of it as one statement built once
+    (``refresh_streams``, on SQLite, whose single writer lock makes the
+    lock-then-read order moot), every stream is recomputed by that statement.
     """
+    built = st._texts.get("refresh_streams") if st._texts is not None else None
+    if built is not None:
+        ordered = sorted(set(keys), key=lock_order)
+        if ordered:
+            params = {"keys": json.dumps([list(key) for key in ordered])}
+            await conn.exec_driver_sql(built.sql, built.bind(st, params))
+        return
     for queue, grp, partition in sorted(set(keys), key=lock_order):
         # Lock the stream row before reading its head: a transition committed by
         # another transaction while we wait is then visible to the reads below,
