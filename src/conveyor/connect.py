@@ -60,7 +60,9 @@ def connect(url: str | None = None, **options: Any) -> TaskStore:
     SQLite also ``busy_timeout`` and ``synchronous``; Postgres also ``listen`` and
     ``timeouts`` (``"connection"``, the default: the timeouts are set once per
     connection; ``"transaction"``: in every transaction, for a transaction-mode
-    pooler such as PgBouncer).
+    pooler such as PgBouncer) and ``durable_claims`` (default False: a claim's
+    commit does not wait for the WAL flush, so a server crash may forget a lease
+    and the task runs again; True waits, like every other write).
     """
     dialect, async_url = resolve_url(url)
     if dialect == "sqlite":

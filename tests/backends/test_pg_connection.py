@@ -9,7 +9,9 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 import conveyor
-from conveyor import InvalidArgument
+from conveyor import InvalidArgument, Status
+from conveyor.statements import QUEUE_MODE
+from conveyor.store import texts
 
 
 async def _show(conn: AsyncConnection) -> tuple[str, str, str]:
@@ -55,3 +57,42 @@ async def test_dead_pooled_connections_are_replaced(pg_url: str) -> None:
         # a transaction on a dead connection is retried once on a new one
         task = await st.submit("after", queue="q")
         assert (await st.get(task.id)) is not None
+
+
+@pytest.mark.parametrize("durable", [False, True])
+async def test_a_claim_commits_without_waiting_for_the_flush_unless_durable(
+    pg_url: str, durable: bool
+) -> None:
+    """The claim's transaction turns ``synchronous_commit`` off for itself alone
+    (a lease lost with a server crash only means the task runs again); with
+    ``durable_claims=True`` it keeps the server's setting. Either way it leases."""
+    async with conveyor.connect(pg_url, durable_claims=durable) as st:
+        task = await st.submit("t", queue="quick")
+        claim = await texts.get(st, "claim_one")
+        assert claim is not None
+        params = {
+            "grp": QUEUE_MODE, "queue": "quick", "partition": None, "limit": 1,
+            "per_stream": 1, "streams": 1, "mix": False, "worker_id": "w", "lease": None,
+        }  # fmt: skip
+
+        async def look(conn: AsyncConnection) -> tuple[list[str], str]:
+            rows = list(await texts.execute(conn, st, claim, params))
+            ids = [row.id for row in rows]
+            return ids, (await conn.execute(text("SHOW synchronous_commit"))).scalar_one()
+
+        ids, setting = await st._run(look)
+        assert ids == [task.id]
+        assert setting == ("on" if durable else "off")
+        # and the rest of the store's writes keep the server's setting
+        assert (await st._run(_sync_commit)) == "on"
+        assert (await st.get(task.id)).status is Status.RUNNING  # type: ignore[union-attr]
+
+
+async def _sync_commit(conn: AsyncConnection) -> str:
+    return str((await conn.execute(text("SHOW synchronous_commit"))).scalar_one())
+
+
+def test_durable_claims_is_checked(pg_url: str) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        conveyor.connect(pg_url, durable_claims="yes")
+    assert info.value.field == "durable_claims"

@@ -81,8 +81,19 @@ def view(taken: str, task: str) -> str:
     )
 
 
-def claim_text(single_queue: bool) -> str:
-    """The claim. Bind parameters: ``grp``, ``queue`` (``single_queue``) or
+# A lease need not survive a crash of the server: a claim lost with the last
+# fraction of a second of WAL leaves its rows queued, and they are claimed again
+# (at-least-once, as when the worker dies). So the claim's commit does not wait
+# for the flush (``synchronous_commit`` off for this transaction alone): about
+# half a commit's server time. Anything durable committed after it (an ack, a
+# submit) flushes the WAL up to its own record, the claim's included. Submits,
+# acks and every other write keep the server's setting.
+QUICK_COMMIT = "set_config('synchronous_commit', 'off', true)"
+
+
+def claim_text(single_queue: bool, durable: bool = False) -> str:
+    """The claim. Unless ``durable``, its commit does not wait for the WAL flush (see
+    :data:`QUICK_COMMIT`). Bind parameters: ``grp``, ``queue`` (``single_queue``) or
     ``queues`` (a list), ``partition`` (or NULL), ``limit``, ``per_stream`` (rows
     per stream), ``streams`` (streams to lock at most), ``mix`` (several units, or
     one), ``worker_id``, ``lease`` (or NULL) and ``offset_us``. Rows: ``busy`` and
@@ -91,7 +102,7 @@ def claim_text(single_queue: bool) -> str:
     queue = "queue = %(queue)s" if single_queue else "queue = ANY(%(queues)s::text[])"
     return f"""
 WITH flags AS (
-    SELECT EXISTS (
+    SELECT {QUICK_COMMIT if not durable else "NULL"} AS quick, EXISTS (
         SELECT 1 FROM conveyor_deliveries
         WHERE status = 'running' AND grp = %(grp)s AND {queue}
           AND lease_expires_at < {NOW}
@@ -289,4 +300,4 @@ FROM note LEFT JOIN (
     )
 
 
-__all__ = ["ACK_LOCK_TEXT", "NOW", "ack_streams_text", "claim_text", "view"]
+__all__ = ["ACK_LOCK_TEXT", "NOW", "QUICK_COMMIT", "ack_streams_text", "claim_text", "view"]

@@ -141,11 +141,12 @@ def _submit_text(req: str) -> str:
     return _SUBMIT_TEXT.replace("{req}", req).replace("{work}", pg_listen.WORK_CHANNEL)
 
 
-def texts() -> Mapping[str, str]:
-    """Every Postgres text, by statement name."""
+def texts(durable_claims: bool = False) -> Mapping[str, str]:
+    """Every Postgres text, by statement name (``durable_claims``: the claim's commit
+    waits for the WAL flush, see :data:`conveyor.store.pg_claim.QUICK_COMMIT`)."""
     return {
-        "claim_one": pg_claim.claim_text(True),
-        "claim_any": pg_claim.claim_text(False),
+        "claim_one": pg_claim.claim_text(True, durable_claims),
+        "claim_any": pg_claim.claim_text(False, durable_claims),
         "submit_plain": _submit_text(_SUBMIT_MANY),
         "submit_one": _submit_text(_SUBMIT_ONE),
         "ack_plain": _ACK_TEXT.replace("{done}", pg_listen.DONE_CHANNEL),
