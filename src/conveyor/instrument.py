@@ -29,6 +29,18 @@ class Instruments:
         self.metrics = metrics.worker_metrics()
         if self.metrics is not None:
             self.metrics.track(worker)
+        # The labelled child of each (metric, queue, task name): prometheus_client's
+        # labels() validates and locks on every call, several times per task.
+        self._children: dict[tuple[str, str, str], Any] = {}
+
+    def _child(self, metric: str, queue: str, name: str) -> Any:
+        key = (metric, queue, name)
+        child = self._children.get(key)
+        if child is None:
+            assert self.metrics is not None
+            child = getattr(self.metrics, metric).labels(queue, name)
+            self._children[key] = child
+        return child
 
     def claimed(self, tasks: Sequence[Task], seconds: float) -> None:
         """A claim call returned ``tasks`` after ``seconds``."""
@@ -37,7 +49,7 @@ class Instruments:
             return
         m.claim_seconds.observe(seconds)
         for task in tasks:
-            m.claims.labels(task.queue, task.name).inc()
+            self._child("claims", task.queue, task.name).inc()
 
     def acked(self, size: int) -> None:
         """One commit acknowledged ``size`` successes."""
@@ -47,20 +59,32 @@ class Instruments:
     async def attempt(self, held: _Held, run: Awaitable[bool]) -> bool:
         """Run one attempt (``run``, the worker's execution of ``held``) inside its
         consumer span, then count its outcome (which the worker sets on ``held``)."""
-        task = held.task
         started = time.monotonic()
-        with tracing.consumer_span(task, self.group) as span:
+        if not tracing.recording():  # no span to make: spare the context manager
+            try:
+                return await run
+            finally:
+                self._count(held, started)
+        with tracing.consumer_span(held.task, self.group) as span:
             try:
                 return await run
             finally:
                 span.outcome(held.outcome, held.error)
-                m = self.metrics
-                if m is not None:
-                    counter = {
-                        "succeeded": m.succeeded,
-                        "failed": m.failed,
-                        "retry": m.retries,
-                        "snoozed": m.snoozed,
-                    }.get(held.outcome, m.lost)
-                    counter.labels(task.queue, task.name).inc()
-                    m.run_seconds.labels(task.queue, task.name).observe(time.monotonic() - started)
+                self._count(held, started)
+
+    def _count(self, held: _Held, started: float) -> None:
+        if self.metrics is None:
+            return
+        task = held.task
+        metric = _OUTCOME_METRIC.get(held.outcome, "lost")
+        self._child(metric, task.queue, task.name).inc()
+        self._child("run_seconds", task.queue, task.name).observe(time.monotonic() - started)
+
+
+#: The counter of each outcome the worker records (anything else: ``lost``).
+_OUTCOME_METRIC = {
+    "succeeded": "succeeded",
+    "failed": "failed",
+    "retry": "retries",
+    "snoozed": "snoozed",
+}

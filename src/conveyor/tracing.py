@@ -69,6 +69,11 @@ def _recording() -> bool:
     return not isinstance(trace.get_tracer_provider(), (ProxyTracerProvider, NoOpTracerProvider))
 
 
+def recording() -> bool:
+    """Whether a span made now would be recorded (a tracer provider is configured)."""
+    return _recording()
+
+
 def enabled() -> bool:
     """Whether OpenTelemetry is installed (spans are then made; they are recorded
     only if the application configured a tracer provider)."""

@@ -21,37 +21,45 @@ from conveyor.schema import tasks as t
 
 
 def row_to_task(row: Any) -> Task:
-    """A row of :func:`conveyor.statements.view_columns` as a Task."""
-    m = row._mapping
-    grp = m["grp"]
+    """A row of :func:`conveyor.statements.view_columns` as a Task (a SQLAlchemy row
+    or a built-once text's row: both answer to the column names as attributes)."""
+    # On every claimed task: attribute reads, no mapping built, and a lookup table
+    # for the status.
+    from_us = v.from_us
+    metadata = row.metadata
+    result = row.result
+    error = row.error
     return Task(
-        id=m["id"],
-        name=m["name"],
-        queue=m["queue"],
-        partition=m["partition"],
-        payload=json.loads(m["payload"]),
-        metadata=json.loads(m["metadata"]),
-        priority=m["priority"],
-        status=Status(m["status"]),
-        attempt=m["attempt"],
-        max_attempts=m["max_attempts"],
-        run_at=v.from_us(int(m["run_at"])),
-        created_at=v.from_us(int(m["created_at"])),
-        started_at=v.from_us(m["started_at"]),
-        finished_at=v.from_us(m["finished_at"]),
-        lease_expires_at=v.from_us(m["lease_expires_at"]),
-        worker_id=m["worker_id"],
-        progress=m["progress"],
-        progress_message=m["progress_message"],
-        result=None if m["result"] is None else json.loads(m["result"]),
-        error=None if m["error"] is None else json.loads(m["error"]),
-        key=m["key"],
-        parent_id=m["parent_id"],
-        root_id=m["root_id"],
-        correlation_id=m["correlation_id"],
-        group=grp or None,
-        lease=m["lease"],
+        id=row.id,
+        name=row.name,
+        queue=row.queue,
+        partition=row.partition,
+        payload=json.loads(row.payload),
+        metadata={} if metadata == "{}" else json.loads(metadata),
+        priority=row.priority,
+        status=_STATUS[row.status],
+        attempt=row.attempt,
+        max_attempts=row.max_attempts,
+        run_at=from_us(int(row.run_at)),
+        created_at=from_us(int(row.created_at)),
+        started_at=from_us(row.started_at),
+        finished_at=from_us(row.finished_at),
+        lease_expires_at=from_us(row.lease_expires_at),
+        worker_id=row.worker_id,
+        progress=row.progress,
+        progress_message=row.progress_message,
+        result=None if result is None else json.loads(result),
+        error=None if error is None else json.loads(error),
+        key=row.key,
+        parent_id=row.parent_id,
+        root_id=row.root_id,
+        correlation_id=row.correlation_id,
+        group=row.grp or None,
+        lease=row.lease,
     )
+
+
+_STATUS = {status.value: status for status in Status}
 
 
 def new_task(row: dict[str, Any], *, payload: Any, metadata: Any) -> Task:
