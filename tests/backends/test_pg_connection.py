@@ -4,6 +4,8 @@ replaced without a pre-ping."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -11,7 +13,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 import conveyor
 from conveyor import InvalidArgument, Status
 from conveyor.statements import QUEUE_MODE
-from conveyor.store import texts
+from conveyor.store import pg_direct, texts
+from conveyor.store.postgres import PostgresStore
 
 
 async def _show(conn: AsyncConnection) -> tuple[str, str, str]:
@@ -96,3 +99,31 @@ def test_durable_claims_is_checked(pg_url: str) -> None:
     with pytest.raises(InvalidArgument) as info:
         conveyor.connect(pg_url, durable_claims="yes")
     assert info.value.field == "durable_claims"
+
+
+async def test_single_statements_run_on_kept_autocommit_connections(pg_url: str) -> None:
+    """A statement run by itself takes one of at most ``pg_direct.KEEP`` connections
+    the store keeps in autocommit (with the store's timeouts), and gives it back;
+    more at once take pooled ones; one that died is replaced; close() closes them."""
+    async with conveyor.connect(pg_url, statement_timeout=0.7, listen=False) as st:
+        assert isinstance(st, PostgresStore)
+        for _ in range(3):
+            await st.submit("t", queue="kept")
+        direct = st._direct
+        assert direct is not None and direct._made == 1 and len(direct._idle) == 1
+        first = direct._idle[0]
+        assert first.autocommit
+        [row] = await st._run_direct("SELECT current_setting('statement_timeout') AS s", {})
+        assert row.s == "700ms" and direct._idle == [first]
+        await asyncio.gather(*(st.submit("t", queue="kept") for _ in range(12)))
+        assert direct._made == len(direct._idle) == pg_direct.KEEP
+        # A kept connection the server ended is dropped; the retry takes another.
+        pids = [conn.info.backend_pid for conn in direct._idle]
+        async with conveyor.connect(pg_url, listen=False) as other:
+            await other._run_direct("SELECT pg_terminate_backend(%(pid)s)", {"pid": pids[-1]})
+        task = await st.submit("t", queue="kept")
+        assert (await st.get(task.id)) is not None
+        assert direct._made == len(direct._idle) <= pg_direct.KEEP
+        assert pids[-1] not in [conn.info.backend_pid for conn in direct._idle]
+        kept = list(direct._idle)
+    assert st._direct is None and direct._made == 0 and all(conn.closed for conn in kept)

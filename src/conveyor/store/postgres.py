@@ -16,14 +16,10 @@ What differs from SQLite, and only that:
 
 from __future__ import annotations
 
-import collections
-import functools
-import re
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, ClassVar
 
-import psycopg
 from sqlalchemy import (
     BigInteger,
     ClauseElement,
@@ -40,13 +36,12 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
-from sqlalchemy.util import greenlet_spawn
 
 from conveyor import statements as q
 from conveyor.errors import ConfigurationError, InvalidArgument
 from conveyor.schema import deliveries as d
 from conveyor.schema import tasks as t
-from conveyor.store import pg_listen, pg_texts
+from conveyor.store import pg_direct, pg_listen, pg_texts
 from conveyor.store.base import TaskStore
 from conveyor.store.seam import DirectRunner
 
@@ -79,58 +74,6 @@ def _read_committed(field: str, level: object) -> str:
             "meanwhile; leave isolation_level out",
         )
     return ISOLATION_LEVEL
-
-
-@functools.lru_cache(maxsize=256)
-def _row_class(names: tuple[str, ...]) -> Any:
-    # Rows as SQLAlchemy's look to the protocol: attributes, positions and a mapping.
-    base = collections.namedtuple("Row", names, rename=True)  # type: ignore[misc]
-    return type("Row", (base,), {"__slots__": (), "_mapping": property(base._asdict)})
-
-
-#: The row maker of each built-once text: its columns never change, so they are
-#: read once (psycopg's ``description`` builds a column object per column per call).
-_row_makers: dict[str, Callable[[Sequence[Any]], Any]] = {}
-
-
-def _row_factory(sql: str) -> Callable[[Any], Callable[[Sequence[Any]], Any]]:
-    known = _row_makers.get(sql)
-    if known is not None:
-        return lambda cursor: known
-
-    def first(cursor: Any) -> Callable[[Sequence[Any]], Any]:
-        result = cursor.pgresult
-        if result is None or result.nfields == 0:
-            return tuple
-        names = tuple(result.fname(i).decode() for i in range(result.nfields))
-        make: Callable[[Sequence[Any]], Any] = _row_class(names)._make
-        if len(_row_makers) < 1024:
-            _row_makers[sql] = make
-        return make
-
-    return first
-
-
-_NAMED = re.compile(r"%\((\w+)\)s|%%")
-
-
-@functools.lru_cache(maxsize=256)
-def _native(sql: str) -> tuple[str, tuple[str, ...]]:
-    """``sql`` with its ``%(name)s`` parameters as Postgres's own ``$n`` (one number
-    per name), and the names in number order. Converted once per text: psycopg would
-    otherwise re-parse the text on every call, and does not cache texts over 4 kB
-    (the claim's is longer)."""
-    names: list[str] = []
-
-    def number(match: re.Match[str]) -> str:
-        name = match.group(1)
-        if name is None:
-            return "%"
-        if name not in names:
-            names.append(name)
-        return f"${names.index(name) + 1}"
-
-    return _NAMED.sub(number, sql), tuple(names)
 
 
 class PostgresStore(TaskStore):
@@ -174,6 +117,7 @@ class PostgresStore(TaskStore):
         #: and the claim's commit costs about half as much server time.
         self.durable_claims = durable_claims
         self._listener: pg_listen.Listener | None = None
+        self._direct: pg_direct.Direct | None = None
         self.isolation_level = _read_committed("isolation_level", isolation_level)
         if "isolation_level" in self.engine_options:
             _read_committed("engine_options", self.engine_options["isolation_level"])
@@ -329,38 +273,20 @@ class PostgresStore(TaskStore):
         return self._run_direct if self.autocommit_single else None
 
     async def _run_direct(self, sql: str, params: Mapping[str, Any]) -> list[Any]:
-        # The psycopg connection the pool hands out, switched to autocommit for the one
-        # statement: no SQLAlchemy Connection, execution context or result wrapping.
-        assert self._engine is not None
-        try:
-            raw = await self._engine.raw_connection()
-        except psycopg.Error as exc:
-            # No connection could be made: nothing was sent.
-            raise DBAPIError.instance(sql, params, exc, psycopg.Error) from exc
-        dead = False
-        try:
-            driver: psycopg.AsyncConnection[Any] = raw.driver_connection  # type: ignore[assignment]
-            await driver.set_autocommit(True)
-            try:
-                native, names = _native(sql)
-                cur = psycopg.AsyncRawCursor(driver, row_factory=_row_factory(sql))
-                await cur.execute(native, [params[name] for name in names])
-                result = cur.pgresult
-                return await cur.fetchall() if result is not None and result.nfields else []
-            finally:
-                if not driver.closed:
-                    await driver.set_autocommit(False)
-        except psycopg.Error as exc:
-            dead = raw.driver_connection is None or raw.driver_connection.closed
-            raise DBAPIError.instance(
-                sql, params, exc, psycopg.Error, connection_invalidated=dead
-            ) from exc
-        finally:
-            # Both may do driver I/O through SQLAlchemy's async adapter, which must
-            # run inside its greenlet.
-            if dead:
-                await greenlet_spawn(raw.invalidate)
-            await greenlet_spawn(raw.close)
+        # On a psycopg connection kept in autocommit (pg_direct): no SQLAlchemy
+        # Connection, execution context, result wrapping or pool round trip.
+        direct = self._direct
+        if direct is None:
+            assert self._engine is not None
+            direct = self._direct = pg_direct.Direct(self._engine)
+        return await direct.run(sql, params)
+
+    async def close(self) -> None:
+        """Release every connection. The store can be opened again afterwards."""
+        direct, self._direct = self._direct, None
+        if direct is not None:
+            await direct.close()
+        await super().close()
 
     async def _start_wake(self) -> None:
         if not self.listen:

@@ -278,7 +278,8 @@ class Seam(abc.ABC):
     @abc.abstractmethod
     def _direct_runner(self) -> DirectRunner | None:
         """A runner of one driver statement by itself, committed on its own, on a
-        connection from the engine's pool but without SQLAlchemy's execution layer
+        connection the engine made (pooled, or kept aside by the dialect) but
+        without SQLAlchemy's execution layer
         (the statement's per-call cost is then the driver's); or ``None`` (run
         through ``exec_driver_sql``). The store's timeouts must hold, a connection
         found dead must be invalidated, and driver errors must be raised as

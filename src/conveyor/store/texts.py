@@ -18,8 +18,9 @@ Where a statement comes from, for each name:
 Running:
 
 * :func:`alone` — one statement by itself, committed on its own (autocommit where
-  the dialect allows), with the store's retries; on Postgres it runs on the
-  driver connection the pool hands out, skipping SQLAlchemy's execution layer;
+  the dialect allows), with the store's retries; on Postgres it runs on a
+  driver connection kept in autocommit (:mod:`.pg_direct`), skipping SQLAlchemy's
+  execution layer and pool;
 * :func:`execute` — one statement inside a transaction the caller runs
   (:func:`conveyor.store.transactions.run`).
 

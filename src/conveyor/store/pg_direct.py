@@ -1,0 +1,207 @@
+"""Postgres single statements run by themselves (``texts.alone``), on the psycopg
+connection directly: without SQLAlchemy's execution layer, and mostly without
+its pool.
+
+A statement that commits on its own runs in autocommit. Taking a connection out
+of SQLAlchemy's pool for it, switching the driver to autocommit and back, and
+handing it back (the pool's reset runs a rollback through the greenlet bridge)
+cost about as much client CPU as the statement itself (~80 of ~170 µs for a
+one-row ``SELECT``). So a store keeps up to :data:`KEEP` connections of its own
+for these statements, already in autocommit, and reuses them; a statement that
+finds all of them busy takes one from the pool as before.
+
+The kept connections are made by the engine's pool (its creator, connect
+arguments and connect events, hence the store's timeouts in the startup options)
+and then detached from it: they do not count against the pool's size, and the
+pool never hands them to a transaction. A kept connection that fails is closed,
+and another is made when needed; ``close()`` closes them all.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import psycopg
+from psycopg import pq
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.util import greenlet_spawn
+
+#: Connections a store keeps for single statements (beyond its pool). Two: one
+#: producer or worker loop uses one at a time; a second covers an acknowledgement
+#: overlapping a claim. More concurrent statements use the pool.
+KEEP = 2
+
+Conn = psycopg.AsyncConnection[Any]
+
+
+@functools.lru_cache(maxsize=256)
+def _row_class(names: tuple[str, ...]) -> Any:
+    # Rows as SQLAlchemy's look to the protocol: attributes, positions and a mapping.
+    base = collections.namedtuple("Row", names, rename=True)  # type: ignore[misc]
+    return type("Row", (base,), {"__slots__": (), "_mapping": property(base._asdict)})
+
+
+#: The row maker of each built-once text: its columns never change, so they are
+#: read once (psycopg's ``description`` builds a column object per column per call).
+_row_makers: dict[str, Callable[[Sequence[Any]], Any]] = {}
+
+
+def row_factory(sql: str) -> Callable[[Any], Callable[[Sequence[Any]], Any]]:
+    """psycopg's row factory for ``sql``: named tuples, their class made once."""
+    known = _row_makers.get(sql)
+    if known is not None:
+        return lambda cursor: known
+
+    def first(cursor: Any) -> Callable[[Sequence[Any]], Any]:
+        result = cursor.pgresult
+        if result is None or result.nfields == 0:
+            return tuple
+        names = tuple(result.fname(i).decode() for i in range(result.nfields))
+        make: Callable[[Sequence[Any]], Any] = _row_class(names)._make
+        if len(_row_makers) < 1024:
+            _row_makers[sql] = make
+        return make
+
+    return first
+
+
+_NAMED = re.compile(r"%\((\w+)\)s|%%")
+
+
+@functools.lru_cache(maxsize=256)
+def native(sql: str) -> tuple[str, tuple[str, ...]]:
+    """``sql`` with its ``%(name)s`` parameters as Postgres's own ``$n`` (one number
+    per name), and the names in number order. Converted once per text: psycopg would
+    otherwise re-parse the text on every call, and does not cache texts over 4 kB
+    (the claim's is longer)."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name is None:
+            return "%"
+        if name not in names:
+            names.append(name)
+        return f"${names.index(name) + 1}"
+
+    return _NAMED.sub(number, sql), tuple(names)
+
+
+async def _execute(driver: Conn, sql: str, params: Mapping[str, Any]) -> list[Any]:
+    text, names = native(sql)
+    cur = psycopg.AsyncRawCursor(driver, row_factory=row_factory(sql))
+    await cur.execute(text, [params[name] for name in names])
+    result = cur.pgresult
+    return await cur.fetchall() if result is not None and result.nfields else []
+
+
+def _error(sql: str, params: Mapping[str, Any], exc: psycopg.Error, dead: bool) -> Exception:
+    # As SQLAlchemy raises driver errors, so transactions.run retries and
+    # translates them as its own.
+    return DBAPIError.instance(sql, params, exc, psycopg.Error, connection_invalidated=dead)
+
+
+class Direct:
+    """The single-statement runner of one store (one engine)."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        self._idle: list[Conn] = []
+        self._made = 0  # kept connections in existence (idle or in use)
+        self._closed = False
+
+    async def run(self, sql: str, params: Mapping[str, Any]) -> list[Any]:
+        """Run ``sql`` by itself in autocommit; its rows."""
+        if self._idle:
+            driver = self._idle.pop()
+        elif self._made < KEEP and not self._closed:
+            driver = await self._connect(sql, params)
+        else:
+            return await self._pooled(sql, params)
+        try:
+            rows = await _execute(driver, sql, params)
+        except psycopg.Error as exc:
+            dead = driver.closed
+            await self._put_back(driver, dead)
+            raise _error(sql, params, exc, dead) from exc
+        except BaseException:
+            # Cancelled mid-statement: a result may still be on its way.
+            await self._put_back(driver, True)
+            raise
+        await self._put_back(driver, False)
+        return rows
+
+    async def close(self) -> None:
+        """Close the kept connections (those in use are closed when they return)."""
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for driver in idle:
+            self._made -= 1
+            await driver.close()
+
+    async def _connect(self, sql: str, params: Mapping[str, Any]) -> Conn:
+        self._made += 1  # before the await: concurrent callers must not overshoot
+        try:
+            raw = await self._engine.raw_connection()
+        except psycopg.Error as exc:
+            self._made -= 1
+            raise _error(sql, params, exc, False) from exc
+        except BaseException:
+            self._made -= 1
+            raise
+        driver: Conn = raw.driver_connection  # type: ignore[assignment]
+        # Ours from now on: the pool forgets it (and makes another when it needs one).
+        raw.detach()
+        try:
+            await driver.set_autocommit(True)
+        except BaseException:
+            self._made -= 1
+            await driver.close()
+            raise
+        return driver
+
+    async def _put_back(self, driver: Conn, broken: bool) -> None:
+        if (
+            broken
+            or self._closed
+            or driver.closed
+            or driver.info.transaction_status != pq.TransactionStatus.IDLE
+        ):
+            self._made -= 1
+            # psycopg's close() never suspends (it finishes the libpq connection), so
+            # it completes even in a cancelled task.
+            await driver.close()
+            return
+        self._idle.append(driver)
+
+    async def _pooled(self, sql: str, params: Mapping[str, Any]) -> list[Any]:
+        # Every kept connection is busy: a pooled one, switched to autocommit for the
+        # statement and back.
+        try:
+            raw = await self._engine.raw_connection()
+        except psycopg.Error as exc:
+            # No connection could be made: nothing was sent.
+            raise _error(sql, params, exc, False) from exc
+        dead = False
+        try:
+            driver: Conn = raw.driver_connection  # type: ignore[assignment]
+            await driver.set_autocommit(True)
+            try:
+                return await _execute(driver, sql, params)
+            finally:
+                if not driver.closed:
+                    await driver.set_autocommit(False)
+        except psycopg.Error as exc:
+            dead = raw.driver_connection is None or raw.driver_connection.closed
+            raise _error(sql, params, exc, dead) from exc
+        finally:
+            # Both may do driver I/O through SQLAlchemy's async adapter, which must
+            # run inside its greenlet.
+            if dead:
+                await greenlet_spawn(raw.invalidate)
+            await greenlet_spawn(raw.close)
