@@ -26,9 +26,16 @@ from benchmarks.harness import cpu_seconds
 
 
 async def drain(
-    db: str, n: int, concurrency: int, partitions: int | None, profiler: Any
+    db: str,
+    n: int,
+    concurrency: int,
+    partitions: int | None,
+    profiler: Any,
+    groups: int = 0,
+    group: str | None = None,
 ) -> tuple[float, float]:
-    await cv.prefill(db, n, partitions=partitions)
+    if not group or group == "g0":
+        await cv.prefill(db, n, partitions=partitions, groups=groups)
     done = asyncio.Event()
     count = 0
 
@@ -42,7 +49,7 @@ async def drain(
             done.set()
 
     async with app:
-        worker = app.worker(cv.QUEUE, concurrency=concurrency)
+        worker = app.worker(cv.QUEUE, concurrency=concurrency, group=group)
         await app.store.open()
         profiler.start()
         started, cpu0 = time.perf_counter(), cpu_seconds()
@@ -69,13 +76,23 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--partitions", type=int)
+    parser.add_argument(
+        "--groups", type=int, default=0, help="subscribe g0..g<N-1> and queue for them only"
+    )
+    parser.add_argument(
+        "--group", help="consume as this group (g0 prefills; others expect it done)"
+    )
     parser.add_argument("--html", help="also write pyinstrument's HTML report here")
     parser.add_argument("--no-profile", action="store_true", help="run without pyinstrument")
     args = parser.parse_args()
-    if not args.url.startswith("postgresql"):
+    if not args.url.startswith("postgresql") and args.group in (None, "g0"):
         cv.setup(args.url)
     profiler: Any = _NoProfile() if args.no_profile else Profiler(async_mode="enabled")
-    took, cpu = asyncio.run(drain(args.url, args.n, args.concurrency, args.partitions, profiler))
+    took, cpu = asyncio.run(
+        drain(
+            args.url, args.n, args.concurrency, args.partitions, profiler, args.groups, args.group
+        )
+    )
     if not args.no_profile:
         print(profiler.output_text(unicode=True, color=False, show_all=False))
     rate, per_task = args.n / took, cpu / args.n * 1e6

@@ -52,6 +52,18 @@ QUEUE_MODE = ""  # the delivery ``grp`` of queue mode; group names are never emp
 
 Now = ColumnElement[int]
 
+
+def is_status(value: str) -> ColumnElement[bool]:
+    """``status = '<value>'`` with the value written inline, never bound.
+
+    SQLite matches a bound ``status = ?`` to a partial index's ``status = 'queued'``
+    by reading the bound value while it plans, and then marks the statement to be
+    planned again whenever that parameter is bound: every run of a statement built
+    once re-prepared it (a claim's lease step, 13 correlated lookups, cost ~200 µs
+    of parsing and planning under the write lock per call instead of ~15 µs)."""
+    return d.c.status == literal_column(f"'{value}'")
+
+
 #: The delivery columns a new row is seeded with (the rest start NULL).
 SEEDED = [
     "task_seq",
@@ -229,7 +241,7 @@ def ready_plain(grp: str, queues: Sequence[str], now: Now) -> Select[Any]:
         .where(
             d.c.grp == grp,
             d.c.queue.in_(queues),
-            d.c.status == QUEUED,
+            is_status(QUEUED),
             d.c.partition.is_(None),
             d.c.run_at <= now,
         )
@@ -302,7 +314,7 @@ def take(
             d.c.grp == grp,
             d.c.queue.in_(queues),
             d.c.task_seq.in_(seqs),
-            d.c.status == QUEUED,
+            is_status(QUEUED),
         )
         .values(
             status=RUNNING,
@@ -320,7 +332,7 @@ def take(
 
 def expired(now: Now, grp: str | None, queues: Sequence[str] | None) -> list[ColumnElement[bool]]:
     """Running rows whose lease has run out (served by the ``leased`` index)."""
-    cond: list[ColumnElement[bool]] = [d.c.status == RUNNING, d.c.lease_expires_at < now]
+    cond: list[ColumnElement[bool]] = [is_status(RUNNING), d.c.lease_expires_at < now]
     if grp is not None:
         cond.append(d.c.grp == grp)
     if queues is not None:
@@ -360,7 +372,7 @@ def owned(task_id: str, grp: str, worker_id: str, attempt: int | None) -> list[C
     cond: list[ColumnElement[bool]] = [
         d.c.task_seq == task_seq_of(task_id),
         d.c.grp == grp,
-        d.c.status == RUNNING,
+        is_status(RUNNING),
         d.c.worker_id == worker_id,
     ]
     if attempt is not None:
@@ -382,7 +394,7 @@ def leased_to(grp: str, worker_id: str) -> Select[Any]:
     return select(d.c.task_seq, d.c.attempt, d.c.queue, d.c.partition).where(
         d.c.grp == grp,
         d.c.worker_id == worker_id,
-        d.c.status == RUNNING,
+        is_status(RUNNING),
         d.c.task_seq.in_(bindparam("seqs", expanding=True)),
     )
 
@@ -425,7 +437,7 @@ def stream_running(queue: str, grp: str, partition: str) -> Select[Any]:
             d.c.queue == queue,
             d.c.partition == partition,
             active(),
-            d.c.status == RUNNING,
+            is_status(RUNNING),
         )
     )
 
@@ -472,7 +484,7 @@ def claimable(now: Now | int) -> list[ColumnElement[bool]]:
     """Rows a claim could take now: queued and due, and unpartitioned or the head of
     a free stream (a task blocked behind its stream's head is not claimable)."""
     return [
-        d.c.status == QUEUED,
+        is_status(QUEUED),
         d.c.run_at <= now,
         or_(
             d.c.partition.is_(None),
