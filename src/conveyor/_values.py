@@ -124,7 +124,7 @@ def to_json(field: str, value: Any, *, max_size: int | None = None) -> str:
     passes reads back equal, except that tuples come back as lists.
     """
     try:
-        encoded = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+        encoded = _encode(value)
         raw = encoded.encode("utf-8")  # lone surrogates serialise but no database stores them
     except RecursionError:
         raise InvalidArgument(field, f"is nested more than {MAX_DEPTH} levels deep") from None
@@ -137,7 +137,7 @@ def to_json(field: str, value: Any, *, max_size: int | None = None) -> str:
             "data elsewhere and pass a reference (or raise the store's limit)",
         )
     if "{" in encoded or encoded.count("[") > MAX_DEPTH:
-        _check_shape(field, value)
+        _check_shape(field, value, 1)
     return encoded
 
 
@@ -145,28 +145,28 @@ def to_json(field: str, value: Any, *, max_size: int | None = None) -> str:
 # depend on how deep the caller's stack happens to be.
 MAX_DEPTH = 100
 
+# One encoder for every call: json.dumps with options builds a new one each time.
+_encode = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False).encode
+_NESTED = (dict, list, tuple)
 
-def _check_shape(field: str, value: Any) -> None:
-    """String keys only, at most :data:`MAX_DEPTH` levels (``value`` encodes as JSON)."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            if depth > MAX_DEPTH:
-                raise InvalidArgument(field, f"is nested more than {MAX_DEPTH} levels deep")
-            for key, inner in item.items():
-                if not isinstance(key, str):
-                    raise InvalidArgument(
-                        field, f"dict keys must be strings, got {type(key).__name__} {key!r}"
-                    )
-                if isinstance(inner, dict | list | tuple):
-                    stack.append((inner, depth + 1))
-        elif isinstance(item, list | tuple):
-            if depth > MAX_DEPTH:
-                raise InvalidArgument(field, f"is nested more than {MAX_DEPTH} levels deep")
-            stack.extend(
-                (inner, depth + 1) for inner in item if isinstance(inner, dict | list | tuple)
-            )
+
+def _check_shape(field: str, value: Any, depth: int) -> None:
+    """String keys only, at most :data:`MAX_DEPTH` levels (``value`` encodes as JSON,
+    so it is no deeper than the interpreter's recursion limit)."""
+    if depth > MAX_DEPTH:
+        raise InvalidArgument(field, f"is nested more than {MAX_DEPTH} levels deep")
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            if not isinstance(key, str):
+                raise InvalidArgument(
+                    field, f"dict keys must be strings, got {type(key).__name__} {key!r}"
+                )
+            if isinstance(inner, _NESTED):
+                _check_shape(field, inner, depth + 1)
+    elif isinstance(value, list | tuple):
+        for inner in value:
+            if isinstance(inner, _NESTED):
+                _check_shape(field, inner, depth + 1)
 
 
 def metadata(value: Any, *, max_size: int | None = None) -> str:
@@ -287,8 +287,12 @@ def error_envelope(error: Any, *, retryable: bool) -> dict[str, Any]:
 
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+# Ten bits to two characters: a ULID's 130 bits are 13 lookups.
+_PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]
 _id_lock = threading.Lock()
 _id_last = [0, 0]  # last millisecond, last random part
+# The time part of the ids of the last millisecond (10 characters), swapped whole.
+_id_prefix: list[tuple[int, str]] = [(-1, "")]
 
 
 def new_task_id() -> str:
@@ -301,9 +305,21 @@ def new_task_id() -> str:
         else:
             rand = int.from_bytes(os.urandom(10), "big") >> 1  # headroom for increments
         _id_last[0], _id_last[1] = ms, rand
-    value = (ms << 80) | rand
-    chars = []
-    for _ in range(26):
-        chars.append(_CROCKFORD[value & 31])
-        value >>= 5
-    return "".join(reversed(chars))
+    pairs = _PAIRS
+    at, prefix = _id_prefix[0]
+    if at != ms:
+        # 48 bits of milliseconds in the first 10 characters (50 bits)
+        prefix = "".join([pairs[(ms >> shift) & 1023] for shift in (40, 30, 20, 10, 0)])
+        _id_prefix[0] = (ms, prefix)
+    # 80 random bits in the last 16
+    return (
+        prefix
+        + pairs[rand >> 70]
+        + pairs[(rand >> 60) & 1023]
+        + pairs[(rand >> 50) & 1023]
+        + pairs[(rand >> 40) & 1023]
+        + pairs[(rand >> 30) & 1023]
+        + pairs[(rand >> 20) & 1023]
+        + pairs[(rand >> 10) & 1023]
+        + pairs[rand & 1023]
+    )

@@ -74,6 +74,21 @@ async def test_explicit_fields_are_stored(store: TaskStore) -> None:
     assert await store.get(task.id) == task
 
 
+PAYLOADS: list[Any] = [
+    None,
+    0,
+    -12345678901234,
+    1.5,
+    True,
+    "text ünïcødé ✓",
+    "{braces} and [brackets]",
+    [1, "two", None, [3.25]],
+    {"nested": {"list": [1, 2, {"x": None}], "flag": False}, "emoji": "🚀"},
+    {"quote'": 'double"', "sql": "'; DROP TABLE conveyor_tasks; --"},
+    {"nul\x00key": "nul\x00value", "control": "\t\n\x1b"},
+]
+
+
 @pytest.mark.parametrize(
     "payload",
     [
@@ -94,6 +109,40 @@ async def test_payload_round_trips_as_json(store: TaskStore, payload: Any) -> No
     assert task.payload == payload
     fetched = await store.get(task.id)
     assert fetched is not None and fetched.payload == payload
+
+
+async def test_submit_many_returns_what_it_stored(store: TaskStore) -> None:
+    # Payloads of every JSON shape in one batch, metadata given or not, options left
+    # to the queue's settings for all or given for some.
+    await store.configure_queue("q-set", max_attempts=7, backoff=2)
+    plain = await store.submit_many(
+        [
+            {
+                "name": "p",
+                "payload": payload,
+                "queue": "q-set",
+                "metadata": {"i": i} if i % 2 else None,
+            }
+            for i, payload in enumerate(PAYLOADS)
+        ]
+    )
+    mixed = await store.submit_many(
+        [
+            {"name": "m", "queue": "q-set", "max_attempts": 2, "correlation_id": "c"},
+            {"name": "m", "queue": "q-set", "delay": 5},
+            {"name": "m", "queue": "other", "priority": -3},
+        ]
+    )
+    assert [t.payload for t in plain] == PAYLOADS
+    assert [t.metadata for t in plain] == [{"i": i} if i % 2 else {} for i in range(len(PAYLOADS))]
+    assert {t.max_attempts for t in plain} == {7}
+    assert [t.max_attempts for t in mixed] == [2, 7, 3]
+    assert [t.correlation_id for t in mixed] == ["c", None, None]
+    assert [t.priority for t in mixed] == [0, 0, -3]
+    assert seconds(mixed[1].run_at - mixed[1].created_at) == pytest.approx(5, abs=0.1)
+    assert mixed[0].run_at == mixed[0].created_at
+    for t in plain + mixed:
+        assert await store.get(t.id) == t
 
 
 async def test_get_returns_what_submit_returned(store: TaskStore) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Select, select
@@ -65,7 +66,7 @@ _STATUS = {status.value: status for status in Status}
 def new_task(row: dict[str, Any], *, payload: Any, metadata: Any) -> Task:
     """The Task a freshly inserted row (the INSERT's parameters) stands for, without
     reading it back: queued, attempt 0, nothing run yet."""
-    return Task(
+    return queued_task(
         id=row["id"],
         name=row["name"],
         queue=row["queue"],
@@ -73,11 +74,47 @@ def new_task(row: dict[str, Any], *, payload: Any, metadata: Any) -> Task:
         payload=payload,
         metadata=metadata,
         priority=row["priority"],
-        status=Status.QUEUED,
-        attempt=0,
         max_attempts=row["max_attempts"],
         run_at=v.from_us(row["run_at"]),
         created_at=v.from_us(row["created_at"]),
+        key=row["key"],
+        parent_id=row["parent_id"],
+        root_id=row["root_id"],
+        correlation_id=row["correlation_id"],
+    )
+
+
+def queued_task(
+    *,
+    id: str,
+    name: str,
+    queue: str,
+    partition: str | None,
+    payload: Any,
+    metadata: Any,
+    priority: int,
+    max_attempts: int,
+    run_at: datetime,
+    created_at: datetime,
+    key: str | None,
+    parent_id: str | None,
+    root_id: str,
+    correlation_id: str | None,
+) -> Task:
+    """A task just submitted, from its values: queued, attempt 0, nothing run yet."""
+    return Task(
+        id=id,
+        name=name,
+        queue=queue,
+        partition=partition,
+        payload=payload,
+        metadata=metadata,
+        priority=priority,
+        status=Status.QUEUED,
+        attempt=0,
+        max_attempts=max_attempts,
+        run_at=run_at,
+        created_at=created_at,
         started_at=None,
         finished_at=None,
         lease_expires_at=None,
@@ -86,10 +123,10 @@ def new_task(row: dict[str, Any], *, payload: Any, metadata: Any) -> Task:
         progress_message=None,
         result=None,
         error=None,
-        key=row["key"],
-        parent_id=row["parent_id"],
-        root_id=row["root_id"],
-        correlation_id=row["correlation_id"],
+        key=key,
+        parent_id=parent_id,
+        root_id=root_id,
+        correlation_id=correlation_id,
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select, update
@@ -71,36 +72,54 @@ class Request:
 def prepare(req: Mapping[str, Any], *, max_size: int | None = None) -> Request:
     """Validate one submit request (a mapping of submit()'s arguments); payload and
     metadata may take at most ``max_size`` bytes of JSON each."""
+    # Options left at their default skip their checks (per-task cost of submit_many).
     unknown = set(req) - SUBMIT_FIELDS
     if unknown:
         raise InvalidArgument(sorted(unknown)[0], "is not an argument of submit()")
     if "name" not in req:
         raise InvalidArgument("name", "is required")
+    get = req.get
     name = v.name("name", req["name"])
-    queue = v.name("queue", req.get("queue", "default"))
-    payload = v.to_json("payload", req.get("payload"), max_size=max_size)
-    priority = v.integer("priority", req.get("priority", 0))
-    delay, run_at = req.get("delay"), req.get("run_at")
-    if delay is not None and run_at is not None:
-        raise InvalidArgument("delay", "give delay or run_at, not both")
-    delay_us = None if delay is None else round(v.duration_seconds("delay", delay) * v.US)
-    run_at_us = None if run_at is None else v.to_us(v.aware("run_at", run_at))
-    max_attempts = req.get("max_attempts")
+    queue = v.name("queue", get("queue", "default"))
+    payload = v.to_json("payload", get("payload"), max_size=max_size)
+    priority = get("priority", 0)
+    if priority.__class__ is not int or not -(2**31) <= priority < 2**31:
+        priority = v.integer("priority", priority)
+    delay, run_at = get("delay"), get("run_at")
+    delay_us = run_at_us = None
+    if delay is not None or run_at is not None:
+        if delay is not None and run_at is not None:
+            raise InvalidArgument("delay", "give delay or run_at, not both")
+        if delay is not None:
+            delay_us = round(v.duration_seconds("delay", delay) * v.US)
+        else:
+            run_at_us = v.to_us(v.aware("run_at", run_at))
+    max_attempts = get("max_attempts")
     if max_attempts is not None:
         max_attempts = v.positive_int("max_attempts", max_attempts)
-    backoff = v.backoff("backoff", req.get("backoff"))
-    key = v.opt_name("key", req.get("key"))
-    conflict = req.get("conflict", "reuse")
+    backoff = get("backoff")
+    if backoff is not None:
+        backoff = json.dumps(v.backoff("backoff", backoff).as_dict())  # type: ignore[union-attr]
+    key = get("key")
+    if key is not None:
+        key = v.name("key", key)
+    conflict = get("conflict", "reuse")
     if conflict not in CONFLICTS:
         raise InvalidArgument(
             "conflict", f"must be one of {', '.join(CONFLICTS)}, got {conflict!r}"
         )
-    partition = v.opt_name("partition", req.get("partition"))
-    parent = req.get("parent")
-    if isinstance(parent, Task):
-        parent = parent.id
-    parent_id = v.opt_name("parent", parent)
-    correlation_id = v.opt_name("correlation_id", req.get("correlation_id"))
+    partition = get("partition")
+    if partition is not None:
+        partition = v.name("partition", partition)
+    parent = get("parent")
+    if parent is not None:
+        if isinstance(parent, Task):
+            parent = parent.id
+        parent = v.name("parent", parent)
+    correlation_id = get("correlation_id")
+    if correlation_id is not None:
+        correlation_id = v.name("correlation_id", correlation_id)
+    meta = get("metadata")
     return Request(
         id=v.new_task_id(),
         name=name,
@@ -110,13 +129,13 @@ def prepare(req: Mapping[str, Any], *, max_size: int | None = None) -> Request:
         delay_us=delay_us,
         run_at_us=run_at_us,
         max_attempts=max_attempts,
-        backoff=None if backoff is None else json.dumps(backoff.as_dict()),
+        backoff=backoff,
         key=key,
         conflict=conflict,
         partition=partition,
-        parent_id=parent_id,
+        parent_id=parent,
         correlation_id=correlation_id,
-        metadata=v.metadata(req.get("metadata"), max_size=max_size),
+        metadata="{}" if meta is None else v.metadata(meta, max_size=max_size),
     )
 
 
@@ -158,34 +177,63 @@ async def submit(st: Seam, reqs: list[Request]) -> list[Task]:
             "payloads": [r.payload for r in reqs],
             "metadatas": [r.metadata for r in reqs],
             "priorities": [r.priority for r in reqs],
-            "max_attempts": [r.max_attempts for r in reqs],
-            "backoffs": [r.backoff for r in reqs],
-            "delays": [r.delay_us for r in reqs],
-            "run_ats": [r.run_at_us for r in reqs],
-            "correlation_ids": [r.correlation_id for r in reqs],
+            # Options nobody gave: no list at all (NULL stands for a list of NULLs).
+            "max_attempts": _given([r.max_attempts for r in reqs]),
+            "backoffs": _given([r.backoff for r in reqs]),
+            "delays": _given([r.delay_us for r in reqs]),
+            "run_ats": _given([r.run_at_us for r in reqs]),
+            "correlation_ids": _given([r.correlation_id for r in reqs]),
         }
-    stored = {row.id: row for row in await texts.alone(st, text, params)}
+    return _answers(reqs, await texts.alone(st, text, params))
+
+
+def _answers(reqs: list[Request], rows: list[Any]) -> list[Task]:
+    """The tasks of plain requests, from the rows the one-statement submit returned
+    (``id``, ``max_attempts``, ``created_at``, ``run_at``), in request order."""
+    stored = {row.id: row for row in rows}
+    if len(reqs) == 1:
+        payloads = [json.loads(reqs[0].payload)]
+    else:
+        # One decoder call for the batch: per call, the decoder's own overhead is
+        # most of what a small payload costs to read back.
+        payloads = json.loads("[" + ",".join([r.payload for r in reqs]) + "]")
+    # The statement's clock is one moment: the batch shares created_at (and run_at,
+    # unless delayed), so each distinct value becomes a datetime once.
+    moments: dict[int, datetime] = {}
     out = []
-    for r in reqs:
+    for r, payload in zip(reqs, payloads, strict=True):
         row = stored[r.id]
-        fields = {
-            "id": r.id,
-            "name": r.name,
-            "queue": r.queue,
-            "partition": None,
-            "priority": r.priority,
-            "max_attempts": row.max_attempts,
-            "run_at": int(row.run_at),
-            "created_at": int(row.created_at),
-            "key": None,
-            "parent_id": None,
-            "root_id": r.id,
-            "correlation_id": r.correlation_id,
-        }
+        created_at, run_at = int(row.created_at), int(row.run_at)
+        created = moments.get(created_at)
+        if created is None:
+            created = moments[created_at] = v.from_us(created_at)
+        due = moments.get(run_at)
+        if due is None:
+            due = moments[run_at] = v.from_us(run_at)
         out.append(
-            codec.new_task(fields, payload=json.loads(r.payload), metadata=json.loads(r.metadata))
+            codec.queued_task(
+                id=r.id,
+                name=r.name,
+                queue=r.queue,
+                partition=None,
+                payload=payload,
+                metadata={} if r.metadata == "{}" else json.loads(r.metadata),
+                priority=r.priority,
+                max_attempts=row.max_attempts,
+                run_at=due,
+                created_at=created,
+                key=None,
+                parent_id=None,
+                root_id=r.id,
+                correlation_id=r.correlation_id,
+            )
         )
     return out
+
+
+def _given(values: list[Any]) -> list[Any] | None:
+    """``values``, or ``None`` when every one is ``None``."""
+    return values if any(value is not None for value in values) else None
 
 
 async def submit_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> list[Task]:

@@ -242,7 +242,8 @@ class Seam(abc.ABC):
         ``ids``, ``names``, ``queues``, ``payloads``, ``metadatas`` (JSON text),
         ``priorities``, ``max_attempts``, ``backoffs`` (JSON text), ``delays`` and
         ``run_ats`` (microseconds), ``correlation_ids`` (``None`` entries: the
-        queue's setting or the default, or no value), and ``offset_us``. Returns one
+        queue's setting or the default, or no value; ``None`` instead of one of
+        these five lists: ``None`` for every task), and ``offset_us``. Returns one
         row per task: ``id``, ``max_attempts``, ``created_at``, ``run_at`` as stored.
         ``submit_one`` is the same for one task, from the singular names (``id``,
         ``name``, ``queue``, ``payload``, ``metadata``, ``priority``,
