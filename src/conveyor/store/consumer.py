@@ -593,14 +593,7 @@ async def ack_many(
     # A batch known to hold partitioned rows skips the statement that leaves them.
     text = None if partitioned else await texts.get(st, "ack_plain")
     if text is not None:
-        params = {
-            "ids": [item[1] for item in todo],
-            "workers": [item[2] for item in todo],
-            "grps": [item[3] for item in todo],
-            "attempts": [item[4] for item in todo],
-            "results": [item[5] for item in todo],
-        }
-        rows = await texts.alone(st, text, params)
+        rows = await texts.alone(st, text, {"items": _ack_items(todo)})
         missed = {row.idx for row in rows if row.idx is not None}
         left = [item for n, item in enumerate(todo, 1) if n in missed]
         if len(left) < len(todo):
@@ -630,17 +623,11 @@ async def _ack_streams(st: Seam, todo: list[AckItem]) -> list[AckItem]:
     ack = await texts.get(st, "ack_streams")
     if lock is None or ack is None:
         return todo
-    params = {
-        "ids": [item[1] for item in todo],
-        "workers": [item[2] for item in todo],
-        "grps": [item[3] for item in todo],
-        "attempts": [item[4] for item in todo],
-        "results": [item[5] for item in todo],
-    }
+    params = {"items": _ack_items(todo)}
 
     async def work(conn: AsyncConnection) -> list[Any]:
         assert lock is not None and ack is not None
-        await texts.execute(conn, st, lock, {"ids": params["ids"], "grps": params["grps"]})
+        await texts.execute(conn, st, lock, params)
         return list(await texts.execute(conn, st, ack, params))
 
     rows = await tx.run(st, work)
@@ -650,6 +637,12 @@ async def _ack_streams(st: Seam, todo: list[AckItem]) -> list[AckItem]:
         # Waiters of finished tasks; idle workers too when a stream's head is free now.
         wake.wake_local(st, work=bool(rows[0].freed))
     return left
+
+
+def _ack_items(todo: list[AckItem]) -> str:
+    """The ``items`` parameter of the batch acknowledgement texts: one JSON array of
+    ``[id, worker_id, grp, attempt, result]`` (the result as its JSON text)."""
+    return json.dumps([item[1:] for item in todo], ensure_ascii=False, separators=(",", ":"))
 
 
 async def explain_lost(conn: AsyncConnection, task_id: str, grp: str) -> None:

@@ -47,10 +47,12 @@ def ack_head(only_plain: bool, returning: str) -> str:
     plain = "\n      AND d.partition IS NULL" if only_plain else ""
     return f"""
 WITH items AS (
-    SELECT * FROM unnest(
-        %(ids)s::text[], %(workers)s::text[], %(grps)s::text[], %(attempts)s::int[],
-        %(results)s::text[]
-    ) WITH ORDINALITY AS i(id, worker_id, grp, attempt, result, idx)
+    -- The batch as one JSON array of [id, worker_id, grp, attempt, result] entries:
+    -- the driver dumps five arrays element by element in Python, several times
+    -- what encoding one JSON text costs.
+    SELECT e.v ->> 0 AS id, e.v ->> 1 AS worker_id, e.v ->> 2 AS grp,
+           (e.v ->> 3)::int AS attempt, e.v ->> 4 AS result, e.idx
+    FROM json_array_elements(%(items)s::json) WITH ORDINALITY AS e(v, idx)
 ),
 done AS (
     UPDATE conveyor_deliveries AS d SET
@@ -224,7 +226,9 @@ ACK_LOCK_TEXT = """
 SELECT 1 FROM conveyor_streams AS s
 JOIN (
     SELECT DISTINCT t.queue, i.grp, t.partition
-    FROM unnest(%(ids)s::text[], %(grps)s::text[]) AS i(id, grp)
+    FROM (
+        SELECT e.v ->> 0 AS id, e.v ->> 2 AS grp FROM json_array_elements(%(items)s::json) AS e(v)
+    ) AS i
     JOIN conveyor_tasks AS t ON t.id = i.id
     WHERE t.partition IS NOT NULL
 ) AS k ON s.queue = k.queue AND s.grp = k.grp AND s.partition = k.partition
@@ -234,8 +238,8 @@ FOR UPDATE OF s
 
 
 def ack_streams_text(done_channel: str, work_channel: str) -> str:
-    """The second statement (see above). Bind parameters: ``ids``, ``workers``,
-    ``grps``, ``attempts``, ``results`` (arrays, one entry per item) and
+    """The second statement (see above). Bind parameters: ``items`` (a JSON array
+    of ``[id, worker_id, grp, attempt, result]``, one entry per item) and
     ``offset_us``. Rows: ``idx`` (1-based) of each item that failed its fence (one
     NULL row when none did) and ``freed``, how many streams have a claimable head
     now. Announces each finished task someone waits for (registered in

@@ -257,16 +257,17 @@ class Seam(abc.ABC):
 
         ``ack_plain``: finish a batch of unpartitioned leased rows as ``succeeded``
         in one statement, each fenced on its own, and announce the finished tasks
-        to whoever waits for them. Bind parameters: equal-length lists ``ids``,
-        ``workers``, ``grps``, ``attempts`` (``None`` entries: any attempt) and
-        ``results`` (JSON text), and ``offset_us``. Returns at least one row;
+        to whoever waits for them. Bind parameters: ``items``, one JSON text
+        holding an array of ``[id, worker_id, grp, attempt, result]`` per item
+        (``attempt`` ``null``: any attempt; ``result`` the result's JSON text), and
+        ``offset_us``. Returns at least one row;
         column ``idx`` is the 1-based position of each item it did not finish (fence
         failed, or a partitioned row), ``NULL`` in a single row when it finished
         them all.
 
         ``ack_streams_lock`` and ``ack_streams``: finish a batch that may hold
         partitioned rows, in one transaction of two statements. The first locks the
-        stream rows of the items' partitions (``ids``, ``grps``) in the lock order
+        stream rows of the items' partitions (``items``, as below) in the lock order
         (:mod:`conveyor.store.streams`); the second, whose snapshot then sees every
         change to those streams, finishes the rows as ``ack_plain`` does (any row,
         partitioned or not) and recomputes each touched stream as
