@@ -112,18 +112,18 @@ async def test_single_statements_run_on_kept_autocommit_connections(pg_url: str)
         direct = st._direct
         assert direct is not None and direct._made == 1 and len(direct._idle) == 1
         first = direct._idle[0]
-        assert first.autocommit
+        assert first.driver.autocommit
         [row] = await st._run_direct("SELECT current_setting('statement_timeout') AS s", {})
         assert row.s == "700ms" and direct._idle == [first]
         await asyncio.gather(*(st.submit("t", queue="kept") for _ in range(12)))
         assert direct._made == len(direct._idle) == pg_direct.KEEP
         # A kept connection the server ended is dropped; the retry takes another.
-        pids = [conn.info.backend_pid for conn in direct._idle]
+        pids = [kept.driver.info.backend_pid for kept in direct._idle]
         async with conveyor.connect(pg_url, listen=False) as other:
             await other._run_direct("SELECT pg_terminate_backend(%(pid)s)", {"pid": pids[-1]})
         task = await st.submit("t", queue="kept")
         assert (await st.get(task.id)) is not None
         assert direct._made == len(direct._idle) <= pg_direct.KEEP
-        assert pids[-1] not in [conn.info.backend_pid for conn in direct._idle]
-        kept = list(direct._idle)
+        assert pids[-1] not in [kept.driver.info.backend_pid for kept in direct._idle]
+        kept = [k.driver for k in direct._idle]
     assert st._direct is None and direct._made == 0 and all(conn.closed for conn in kept)

@@ -205,16 +205,25 @@ class TaskStore(LeaseOps, InspectReads):
         if isinstance(requests, Mapping):
             raise InvalidArgument("requests", "must be a list of request dicts, not one dict")
         prepared = []
+        max_size = self.max_payload_size
         for i, req in enumerate(requests):
-            if not isinstance(req, Mapping):
+            # (a dict first: the Mapping check goes through the ABC machinery)
+            if req.__class__ is not dict and not isinstance(req, Mapping):
                 raise InvalidArgument(f"requests[{i}]", "must be a dict of submit() arguments")
-            prepared.append(producer.prepare(req, max_size=self.max_payload_size))
+            prepared.append(producer.prepare(req, max_size=max_size))
         if not prepared:
             return []
+        if not tracing.recording():  # no span to make: no context manager either
+            return await self._submit(prepared, connection)
         with tracing.producer_span(prepared):
-            if connection is not None:
-                return await producer.submit_in(self, connection, prepared)
-            tasks = await producer.submit(self, prepared)
+            return await self._submit(prepared, connection)
+
+    async def _submit(
+        self, prepared: builtins.list[producer.Request], connection: Any
+    ) -> builtins.list[Task]:
+        if connection is not None:
+            return await producer.submit_in(self, connection, prepared)
+        tasks = await producer.submit(self, prepared)
         wake.wake_local(self, work=True)
         return tasks
 

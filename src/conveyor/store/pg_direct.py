@@ -93,12 +93,33 @@ def native(sql: str) -> tuple[str, tuple[str, ...]]:
     return _NAMED.sub(number, sql), tuple(names)
 
 
-async def _execute(driver: Conn, sql: str, params: Mapping[str, Any]) -> list[Any]:
+async def _execute(
+    cur: psycopg.AsyncRawCursor[Any], sql: str, params: Mapping[str, Any]
+) -> list[Any]:
     text, names = native(sql)
-    cur = psycopg.AsyncRawCursor(driver, row_factory=row_factory(sql))
     await cur.execute(text, [params[name] for name in names])
     result = cur.pgresult
     return await cur.fetchall() if result is not None and result.nfields else []
+
+
+class _Kept:
+    """A kept connection and a cursor per statement text run on it (reused: a
+    cursor's adaptation context keeps the dumpers it looked up, and its row
+    factory is the text's)."""
+
+    __slots__ = ("cursors", "driver")
+
+    def __init__(self, driver: Conn) -> None:
+        self.driver = driver
+        self.cursors: dict[str, psycopg.AsyncRawCursor[Any]] = {}
+
+    def cursor(self, sql: str) -> psycopg.AsyncRawCursor[Any]:
+        cur = self.cursors.get(sql)
+        if cur is None:
+            cur = psycopg.AsyncRawCursor(self.driver, row_factory=row_factory(sql))
+            if len(self.cursors) < 64:
+                self.cursors[sql] = cur
+        return cur
 
 
 def _error(sql: str, params: Mapping[str, Any], exc: psycopg.Error, dead: bool) -> Exception:
@@ -107,45 +128,51 @@ def _error(sql: str, params: Mapping[str, Any], exc: psycopg.Error, dead: bool) 
     return DBAPIError.instance(sql, params, exc, psycopg.Error, connection_invalidated=dead)
 
 
+_IDLE = pq.TransactionStatus.IDLE
+
+
 class Direct:
     """The single-statement runner of one store (one engine)."""
 
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
-        self._idle: list[Conn] = []
+        self._idle: list[_Kept] = []
         self._made = 0  # kept connections in existence (idle or in use)
         self._closed = False
 
     async def run(self, sql: str, params: Mapping[str, Any]) -> list[Any]:
         """Run ``sql`` by itself in autocommit; its rows."""
         if self._idle:
-            driver = self._idle.pop()
+            kept = self._idle.pop()
         elif self._made < KEEP and not self._closed:
-            driver = await self._connect(sql, params)
+            kept = await self._connect(sql, params)
         else:
             return await self._pooled(sql, params)
         try:
-            rows = await _execute(driver, sql, params)
+            rows = await _execute(kept.cursor(sql), sql, params)
         except psycopg.Error as exc:
-            dead = driver.closed
-            await self._put_back(driver, dead)
+            dead = kept.driver.closed
+            await self._put_back(kept, dead)
             raise _error(sql, params, exc, dead) from exc
         except BaseException:
             # Cancelled mid-statement: a result may still be on its way.
-            await self._put_back(driver, True)
+            await self._put_back(kept, True)
             raise
-        await self._put_back(driver, False)
+        if self._closed or kept.driver.pgconn.transaction_status != _IDLE:
+            await self._put_back(kept, True)
+        else:
+            self._idle.append(kept)
         return rows
 
     async def close(self) -> None:
         """Close the kept connections (those in use are closed when they return)."""
         self._closed = True
         idle, self._idle = self._idle, []
-        for driver in idle:
+        for kept in idle:
             self._made -= 1
-            await driver.close()
+            await kept.driver.close()
 
-    async def _connect(self, sql: str, params: Mapping[str, Any]) -> Conn:
+    async def _connect(self, sql: str, params: Mapping[str, Any]) -> _Kept:
         self._made += 1  # before the await: concurrent callers must not overshoot
         try:
             raw = await self._engine.raw_connection()
@@ -169,21 +196,17 @@ class Direct:
             self._made -= 1
             await driver.close()
             raise
-        return driver
+        return _Kept(driver)
 
-    async def _put_back(self, driver: Conn, broken: bool) -> None:
-        if (
-            broken
-            or self._closed
-            or driver.closed
-            or driver.info.transaction_status != pq.TransactionStatus.IDLE
-        ):
+    async def _put_back(self, kept: _Kept, broken: bool) -> None:
+        driver = kept.driver
+        if broken or self._closed or driver.closed or driver.pgconn.transaction_status != _IDLE:
             self._made -= 1
             # psycopg's close() never suspends (it finishes the libpq connection), so
             # it completes even in a cancelled task.
             await driver.close()
             return
-        self._idle.append(driver)
+        self._idle.append(kept)
 
     async def _pooled(self, sql: str, params: Mapping[str, Any]) -> list[Any]:
         # Every kept connection is busy: a pooled one, switched to autocommit for the
@@ -198,7 +221,8 @@ class Direct:
             driver: Conn = raw.driver_connection  # type: ignore[assignment]
             await driver.set_autocommit(True)
             try:
-                return await _execute(driver, sql, params)
+                cur = psycopg.AsyncRawCursor(driver, row_factory=row_factory(sql))
+                return await _execute(cur, sql, params)
             finally:
                 if not driver.closed:
                     await driver.set_autocommit(False)

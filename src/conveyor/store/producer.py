@@ -144,11 +144,12 @@ async def submit(st: Seam, reqs: list[Request]) -> list[Task]:
     Plain requests (no key, partition or parent) go through the dialect's
     one-statement submit where there is one."""
     single = len(reqs) == 1
-    text = await texts.get(st, "submit_one" if single else "submit_plain")
+    built = st._texts or await texts.of(st)
+    text = built.get("submit_one" if single else "submit_plain")
     plain = not any(
         r.key is not None or r.partition is not None or r.parent_id is not None for r in reqs
     )
-    if text is None and single and plain and "step_submit_insert" in await texts.of(st):
+    if text is None and single and plain and "step_submit_insert" in built:
         # The same steps, each statement built once (dialects without a
         # one-statement submit).
         return [await tx.run(st, lambda conn: submit_one_tx(st, conn, reqs[0]))]

@@ -284,7 +284,9 @@ class Seam(abc.ABC):
         without SQLAlchemy's execution layer
         (the statement's per-call cost is then the driver's); or ``None`` (run
         through ``exec_driver_sql``). The store's timeouts must hold, a connection
-        found dead must be invalidated, and driver errors must be raised as
+        found dead must be invalidated, its statements run outside
+        :meth:`_transaction_gate` (a dialect with a direct runner has the server
+        order its transactions), and driver errors must be raised as
         SQLAlchemy ``DBAPIError`` (``connection_invalidated`` set for a dead
         connection), so that :func:`conveyor.store.transactions.run` retries and
         translates them as it does its own."""

@@ -242,9 +242,9 @@ async def run(
         committing = False
         try:
             if alone is not None and autocommit and st.autocommit_single:
+                # (outside the transaction gate: see Seam._direct_runner)
                 committing = True
-                async with st._transaction_gate(write):
-                    return await alone()
+                return await alone()
             if runner is not None:
                 # The whole transaction as one function on the dialect's connection
                 # thread: one hop from the event loop, none per statement.
