@@ -180,8 +180,14 @@ async def get(st: Seam, name: str) -> Text | None:
 
 
 async def execute(conn: AsyncConnection, st: Seam, text: Text, params: Mapping[str, Any]) -> Any:
-    """Run ``text`` on ``conn`` inside the caller's transaction; the SQLAlchemy result
-    (iterate it for rows)."""
+    """Run ``text`` on ``conn`` inside the caller's transaction; its result (iterate
+    it for rows; ``first()``, ``one()``, ``scalar_one()``, ``all()`` as SQLAlchemy's).
+    On a connection that can run it on the driver's cursor itself (SQLite's
+    connection thread, :meth:`~conveyor.store.transactions.InlineConnection.run_text`)
+    it does, skipping SQLAlchemy's per-statement execution layer."""
+    direct = getattr(conn, "run_text", None)
+    if direct is not None:
+        return direct(text.sql, text.bind(st, params))
     return await conn.exec_driver_sql(text.sql, text.bind(st, params))
 
 

@@ -9,6 +9,8 @@ into :class:`~conveyor.errors.StoreUnavailable`.
 from __future__ import annotations
 
 import asyncio
+import collections
+import functools
 import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
@@ -22,7 +24,13 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import ColumnElement, select
 from sqlalchemy.engine import Connection, make_url
-from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import (
+    DBAPIError,
+    MultipleResultsFound,
+    NoResultFound,
+    OperationalError,
+    SQLAlchemyError,
+)
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -141,6 +149,25 @@ class InlineConnection:
         """Run one statement text as it is."""
         return self.sync_connection.exec_driver_sql(statement, parameters, execution_options)
 
+    def run_text(self, sql: str, parameters: dict[str, Any]) -> Rows:
+        """Run one built-once text on the driver's own cursor, inside the open
+        transaction: SQLAlchemy's execution context and result set-up cost several
+        times what SQLite spends on a step (see :func:`conveyor.store.texts.execute`).
+        Driver errors come out as SQLAlchemy's, as from ``exec_driver_sql``."""
+        driver = self.sync_connection.connection.driver_connection
+        assert driver is not None
+        try:
+            cursor = driver.execute(sql, parameters)
+            description = cursor.description
+            if description is None:
+                return Rows()
+            make = _row_maker(sql, tuple(col[0] for col in description))
+            return Rows(map(make, cursor.fetchall()))
+        except self.dialect.loaded_dbapi.Error as exc:
+            raise DBAPIError.instance(
+                sql, parameters, exc, self.dialect.loaded_dbapi.Error
+            ) from exc
+
     async def scalar(self, statement: Any, parameters: Any = None) -> Any:
         """The first column of the first row."""
         return self.sync_connection.scalar(statement, parameters)
@@ -166,6 +193,44 @@ class InlineConnection:
         """A savepoint: released on success, rolled back on an exception."""
         with self.sync_connection.begin_nested():
             yield
+
+
+class Rows(list[Any]):
+    """The rows of :meth:`InlineConnection.run_text`, with the few result methods
+    the protocol uses."""
+
+    def first(self) -> Any:
+        """The first row, or ``None``."""
+        return self[0] if self else None
+
+    def all(self) -> list[Any]:
+        """Every row."""
+        return list(self)
+
+    def one(self) -> Any:
+        """The only row; raises unless there is exactly one."""
+        if len(self) != 1:
+            raise (NoResultFound if not self else MultipleResultsFound)(
+                f"expected one row, got {len(self)}"
+            )
+        return self[0]
+
+    def scalar_one(self) -> Any:
+        """The first column of the only row."""
+        return self.one()[0]
+
+    def scalar(self) -> Any:
+        """The first column of the first row, or ``None``."""
+        return self[0][0] if self else None
+
+
+@functools.lru_cache(maxsize=512)
+def _row_maker(sql: str, names: tuple[str, ...]) -> Callable[[Any], Any]:
+    # Rows as SQLAlchemy's look to the protocol: attributes, positions and a mapping.
+    base = collections.namedtuple("Row", names, rename=True)  # type: ignore[misc]
+    row: Any = type("Row", (base,), {"__slots__": (), "_mapping": property(base._asdict)})
+    make: Callable[[Any], Any] = row._make
+    return make
 
 
 def drive(coro: Coroutine[Any, Any, T]) -> T:
