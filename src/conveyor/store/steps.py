@@ -459,12 +459,11 @@ async def ack_tx(
             if row.partition is not None:
                 touched.add((row.queue, grp, row.partition))
         if ok:
-            await conn.exec_driver_sql(
-                finish.sql,
-                [
-                    finish.bind(st, {"grp": grp, "b_seq": seq, "b_result": res})
-                    for seq, res in ok.items()
-                ],
+            await texts.execute_many(
+                conn,
+                st,
+                finish,
+                [{"grp": grp, "b_seq": seq, "b_result": res} for seq, res in ok.items()],
             )
     await streams.refresh(st, conn, touched)
     if finished:

@@ -191,6 +191,19 @@ async def execute(conn: AsyncConnection, st: Seam, text: Text, params: Mapping[s
     return await conn.exec_driver_sql(text.sql, text.bind(st, params))
 
 
+async def execute_many(
+    conn: AsyncConnection, st: Seam, text: Text, params: Iterable[Mapping[str, Any]]
+) -> None:
+    """Run ``text`` once per parameter set in ``params`` (``executemany``) inside the
+    caller's transaction; on the driver's cursor where :func:`execute` would be."""
+    bound = [text.bind(st, one) for one in params]
+    direct = getattr(conn, "run_text_many", None)
+    if direct is not None:
+        direct(text.sql, bound)
+        return
+    await conn.exec_driver_sql(text.sql, bound)
+
+
 async def alone(
     st: Seam, text: Text, params: Mapping[str, Any], *, write: bool = True
 ) -> list[Any]:

@@ -168,6 +168,17 @@ class InlineConnection:
                 sql, parameters, exc, self.dialect.loaded_dbapi.Error
             ) from exc
 
+    def run_text_many(self, sql: str, parameters: list[dict[str, Any]]) -> None:
+        """:meth:`run_text` once per parameter set (``executemany``), no rows."""
+        driver = self.sync_connection.connection.driver_connection
+        assert driver is not None
+        try:
+            driver.executemany(sql, parameters)
+        except self.dialect.loaded_dbapi.Error as exc:
+            raise DBAPIError.instance(
+                sql, parameters, exc, self.dialect.loaded_dbapi.Error
+            ) from exc
+
     async def scalar(self, statement: Any, parameters: Any = None) -> Any:
         """The first column of the first row."""
         return self.sync_connection.scalar(statement, parameters)
@@ -253,7 +264,9 @@ def _inline(
     sync: Connection,
 ) -> T:
     """One transaction attempt on the connection's own thread (see :func:`run`)."""
-    sync.execution_options(conveyor_write=write)
+    if sync.get_execution_options().get("conveyor_write") is not write:
+        # Set only on a change: setting options dispatches events every time.
+        sync.execution_options(conveyor_write=write)
     conn = cast(AsyncConnection, InlineConnection(sync))
     with sync.begin():
         result = drive(cast(Coroutine[Any, Any, T], work(conn)))
