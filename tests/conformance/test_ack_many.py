@@ -100,3 +100,28 @@ async def test_the_partitioned_hint_picks_a_path_not_an_outcome(
     # The stream moved on: its second task is claimable now.
     [second] = await store.claim("q", worker_id="w", limit=5)
     assert second.id == waiting.id and second.status is Status.RUNNING
+
+
+async def test_a_result_over_the_stores_limit_is_refused_and_writes_nothing(
+    store: TaskStore,
+) -> None:
+    """ack_many (the worker's acknowledgement) holds results to ``max_result_size``
+    as succeed() does: the item gets InvalidArgument naming ``result``, the task
+    stays leased, and the other items of the batch are acknowledged."""
+    store.max_result_size = 100
+    big, small = await store.submit_many([{"name": "t", "queue": "q"} for _ in range(2)])
+    claimed = await store.claim("q", worker_id="w", limit=2)
+    assert {t.id for t in claimed} == {big.id, small.id}
+    outcomes = await store.ack_many(
+        [
+            {"task_id": big.id, "worker_id": "w", "result": "x" * 1000},
+            {"task_id": small.id, "worker_id": "w", "result": "ok"},
+        ]
+    )
+    assert isinstance(outcomes[0], InvalidArgument) and outcomes[0].field == "result"
+    assert "over the limit" in str(outcomes[0])
+    assert outcomes[1] is None
+    after = await store.get(big.id)
+    assert after is not None and after.status is Status.RUNNING and after.result is None
+    done = await store.get(small.id)
+    assert done is not None and done.status is Status.SUCCEEDED and done.result == "ok"

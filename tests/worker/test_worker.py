@@ -218,6 +218,20 @@ async def test_result_that_is_not_json_fails_for_good(app: conveyor.App) -> None
     assert done.error is not None and done.error["code"] == "invalid_argument"
 
 
+async def test_result_over_the_stores_limit_fails_for_good(app: conveyor.App) -> None:
+    app.store.max_result_size = 100
+
+    @app.task(queue="q")
+    async def chatty(ctx: Context) -> str:
+        return "x" * 1000
+
+    async with running(app.worker("q", poll_interval=0.05)):
+        done = await app.store.wait((await chatty.submit()).id, timeout=10)
+    assert done.status is Status.FAILED and done.attempt == 1 and done.result is None
+    assert done.error is not None and done.error["code"] == "invalid_argument"
+    assert "over the limit of 100 bytes" in done.error["message"]
+
+
 async def test_partition_stream_runs_in_order(app: conveyor.App) -> None:
     order: list[int] = []
     running_now = 0

@@ -229,7 +229,7 @@ class LeaseOps(Seam):
         ``partitioned``: whether some item is a task of a partition, when the caller
         knows (the worker does); ``True`` goes straight to the path that also moves
         streams. It only picks the path: the outcome is the same either way."""
-        outcomes, todo = consumer.validate_acks(items)
+        outcomes, todo = consumer.validate_acks(items, max_size=self.max_result_size)
         if not todo:
             return [o if isinstance(o, ConveyorError) else None for o in outcomes]
         return await consumer.ack_many(self, outcomes, todo, partitioned=partitioned is True)
