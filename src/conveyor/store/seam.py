@@ -275,6 +275,26 @@ class Seam(abc.ABC):
         queues where a stream's head became claimable. Same parameters and ``idx``
         column as ``ack_plain``, plus ``freed`` (streams whose head is claimable
         now).
+
+        For a dialect without those, the claim of one queue as sets
+        (:func:`conveyor.store.steps.claim_tx`; lists bound as the dialect takes
+        them, JSON text on SQLite): ``step_candidates`` reads, for ``grp`` and
+        ``queue``, rows of three kinds (column ``kind``) — 1: up to ``streams`` free streams
+        (only ``partition``'s when not ``None``) fairest first, each with its first
+        ``per_stream`` active rows from its head (``priority``, ``at`` = its
+        ``available_at``, ``queue``, ``partition``, ``head_seq``, ``task_seq``,
+        ``status``, ``due``); 0: up to ``limit`` ready unpartitioned rows in claim
+        order (``priority``, ``at`` = ``run_at``, ``task_seq``; none when
+        ``partition`` is given); 2: a row when a lease of the queue has expired.
+        ``step_lease_seqs`` leases the rows ``seqs`` to ``w_id`` as
+        :func:`conveyor.statements.take` does (``lease`` or ``None``: the queue's
+        setting, else the default); ``step_view_seqs`` returns the columns of
+        :func:`conveyor.statements.view_columns` of the rows ``seqs`` leased to
+        ``w_id``; ``step_hold_streams`` marks the streams ``partitions`` of
+        ``queue`` held (``available_at`` NULL). ``refresh_streams`` recomputes the
+        streams ``keys`` ((queue, grp, partition) triples) as
+        :func:`conveyor.store.streams.refresh` does, creating missing rows; only
+        for a dialect where one writer holds the whole database (no lock order).
         """
 
     @abc.abstractmethod

@@ -64,13 +64,18 @@ _ACTIVE_FROM_HEAD = """
     {r}.grp = :grp AND {r}.queue = f.queue AND {r}."partition" = f."partition"
     AND {r}.status IN ('queued', 'running') AND {r}.task_seq >= f.head_seq"""
 
-#: Up to ``:streams`` free streams of ``:queue`` in group ``:grp`` (only
-#: ``:partition``'s when it is not NULL), fairest first, each with its first
-#: ``:per_stream`` active rows from the head the stream row names: ``status`` and
-#: ``due`` (``run_at`` reached at ``:now_us``) per row, in submit order. Without
-#: LATERAL, a stream's rows are bounded by its ``per_stream``-th active row, one
-#: correlated index probe.
-STREAM_RUNS = f"""
+#: Everything a claim of ``:queue`` in group ``:grp`` chooses from, in one read
+#: (``kind`` tells the rows apart):
+#:
+#: * 1 — up to ``:streams`` free streams (only ``:partition``'s when it is not
+#:   NULL), fairest first, each with its first ``:per_stream`` active rows from
+#:   the head the stream row names: ``status`` and ``due`` (``run_at`` reached at
+#:   ``:now_us``) per row, in submit order. Without LATERAL, a stream's rows are
+#:   bounded by its ``per_stream``-th active row, one correlated index probe;
+#: * 0 — up to ``:limit`` ready unpartitioned rows in claim order (none when
+#:   ``:partition`` is given);
+#: * 2 — one row if a lease of these queues has expired (to be recovered first).
+CANDIDATES = f"""
 WITH free AS (
     SELECT s.queue AS queue, s."partition" AS "partition", s.priority AS priority,
            s.available_at AS available_at, s.head_seq AS head_seq
@@ -81,8 +86,8 @@ WITH free AS (
     ORDER BY s.priority DESC, s.available_at, s.queue, s."partition"
     LIMIT :streams
 )
-SELECT f.queue AS queue, f."partition" AS "partition", f.priority AS priority,
-       f.available_at AS available_at, f.head_seq AS head_seq, y.task_seq AS task_seq,
+SELECT 1 AS kind, f.priority AS priority, f.available_at AS at, f.queue AS queue,
+       f."partition" AS "partition", f.head_seq AS head_seq, y.task_seq AS task_seq,
        y.status AS status, y.run_at <= :now_us AS due
 FROM free AS f JOIN conveyor_deliveries AS y ON {_ACTIVE_FROM_HEAD.format(r="y")}
     AND y.task_seq <= coalesce((
@@ -90,7 +95,28 @@ FROM free AS f JOIN conveyor_deliveries AS y ON {_ACTIVE_FROM_HEAD.format(r="y")
         WHERE {_ACTIVE_FROM_HEAD.format(r="z")}
         ORDER BY z.task_seq LIMIT 1 OFFSET :per_stream - 1
     ), 9223372036854775807)
-ORDER BY f.priority DESC, f.available_at, f.queue, f."partition", y.task_seq
+UNION ALL
+SELECT 0, p.priority, p.run_at, p.queue, NULL, NULL, p.task_seq, 'queued', 1
+FROM (
+    -- The ready index; its partial WHERE matched by the literal status.
+    SELECT r.task_seq AS task_seq, r.priority AS priority, r.run_at AS run_at,
+           r.queue AS queue
+    FROM conveyor_deliveries AS r
+    WHERE r.grp = :grp AND r.queue = :queue AND r.status = 'queued'
+      AND r."partition" IS NULL AND r.run_at <= :now_us AND :partition IS NULL
+    ORDER BY r.priority DESC, r.run_at, r.task_seq
+    LIMIT :limit
+) AS p
+UNION ALL
+SELECT 2, NULL, NULL, NULL, NULL, NULL, e.task_seq, NULL, NULL
+FROM (
+    -- The leased index; its partial WHERE matched by the literal status.
+    SELECT x.task_seq AS task_seq FROM conveyor_deliveries AS x
+    WHERE x.grp = :grp AND x.queue = :queue AND x.status = 'running'
+      AND x.lease_expires_at < :now_us
+    LIMIT 1
+) AS e
+ORDER BY 1, 2 DESC, 3, 4, 5, 7
 """
 
 #: The streams ``:partitions`` (a JSON array) of ``:queue`` in ``:grp`` are held
@@ -151,7 +177,9 @@ ON CONFLICT (queue, grp, "partition") DO UPDATE SET
 def lease_seqs() -> ClauseElement:
     """Lease the rows ``:seqs`` (a JSON array of task_seq) of ``:queue`` in ``:grp``
     to ``:w_id``, as :func:`conveyor.statements.take` does, for ``:lease`` seconds
-    (NULL: the queue's setting, else the default), returning the task view."""
+    (NULL: the queue's setting, else the default). No RETURNING: its correlated
+    lookups of the task columns cost twice the update; :data:`VIEW_SEQS` reads
+    the rows back with one join."""
     # Bind parameters stand where take() has Python values (typed Any for that).
     grp: Any = bindparam("grp")
     queue: Any = bindparam("queue")
@@ -160,8 +188,26 @@ def lease_seqs() -> ClauseElement:
     length = func.coalesce(bindparam("lease", type_=Float), q.lease_seconds(None))
     # ``now_us``: the process clock, read each time the statement runs (texts.now).
     now = bindparam("now_us", type_=BigInteger)
-    stmt = q.take(grp, seqs, now, worker_id=worker_id, lease=length, queues=[queue])
-    return stmt.returning(*returned_view())
+    return q.take(grp, seqs, now, worker_id=worker_id, lease=length, queues=[queue])
+
+
+def _view(delivery: str, task: str) -> str:
+    names = {col.name for col in q.view_columns() if col.table is t}
+    return ", ".join(
+        f'{task if col.name in names else delivery}."{col.name}"' for col in q.view_columns()
+    )
+
+
+#: The task view of the rows ``:seqs`` (a JSON array of task_seq) of ``:grp``
+#: leased to ``:w_id``: what a claim returns. CROSS JOIN keeps SQLite's join order:
+#: from the list, one primary-key probe of each table.
+VIEW_SEQS = f"""
+SELECT {_view("d", "t")}
+FROM json_each(:seqs) AS j
+CROSS JOIN conveyor_tasks AS t ON t.seq = j.value
+CROSS JOIN conveyor_deliveries AS d ON d.task_seq = t.seq AND d.grp = :grp
+WHERE d.status = 'running' AND d.worker_id = :w_id
+"""
 
 
 def texts() -> dict[str, ClauseElement | str]:
@@ -169,11 +215,21 @@ def texts() -> dict[str, ClauseElement | str]:
     :meth:`conveyor.store.seam.Seam._statement_texts`)."""
     return {
         "ack_held": ACK_HELD,
-        "step_stream_runs": STREAM_RUNS,
+        "step_candidates": CANDIDATES,
         "step_hold_streams": HOLD_STREAMS,
         "step_lease_seqs": lease_seqs(),
+        "step_view_seqs": VIEW_SEQS,
         "refresh_streams": REFRESH_STREAMS,
     }
 
 
-__all__ = ["ACK_HELD", "REFRESH_STREAMS", "STREAM_RUNS", "lease_seqs", "returned_view", "texts"]
+__all__ = [
+    "ACK_HELD",
+    "CANDIDATES",
+    "HOLD_STREAMS",
+    "REFRESH_STREAMS",
+    "VIEW_SEQS",
+    "lease_seqs",
+    "returned_view",
+    "texts",
+]

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import Float, and_, bindparam, or_, select
+from sqlalchemy import bindparam, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import statements as q
@@ -32,7 +32,6 @@ from conveyor.models import Task
 from conveyor.schema import deliveries as d
 from conveyor.schema import tasks as t
 from conveyor.store import codec, streams, texts, upkeep
-from conveyor.store import transactions as tx
 from conveyor.store.seam import Seam
 
 #: Bind parameters of the built-once steps (typed ``Any``: they stand where the
@@ -56,76 +55,6 @@ def _expired(st: Seam) -> Any:
     if not _steps(st):
         return None
     return select(d.c.task_seq).where(*q.expired(texts.now(st), _GRP, [_QUEUE])).limit(1)
-
-
-@texts.shared("step_stream")
-def _stream(st: Seam) -> Any:
-    if not _steps(st):
-        return None
-    return st._lock_candidates(q.ready_streams(_GRP, [_QUEUE], texts.now(st), None))
-
-
-@texts.shared("step_stream_of")
-def _stream_of(st: Seam) -> Any:
-    if not _steps(st):
-        return None
-    return st._lock_candidates(q.ready_streams(_GRP, [_QUEUE], texts.now(st), _PARTITION))
-
-
-@texts.shared("step_plain_first")
-def _plain_first(st: Seam) -> Any:
-    if not _steps(st):
-        return None
-    return q.ready_plain(_GRP, [_QUEUE], texts.now(st)).limit(1)
-
-
-def _take_plain(st: Seam, *, lease: bool, mix: bool) -> Any:
-    """Lease up to ``limit`` ready unpartitioned rows (in claim order); with ``mix``
-    only those ahead of a stream (``s_priority``, ``s_available``) in claim order."""
-    if not _steps(st):
-        return None
-    now = texts.now(st)
-    ready = q.ready_plain(_GRP, [_QUEUE], now)
-    if mix:
-        priority: Any = bindparam("s_priority")
-        available: Any = bindparam("s_available")
-        ready = ready.where(
-            or_(
-                d.c.priority > priority,
-                and_(d.c.priority == priority, d.c.run_at <= available),
-            )
-        )
-    pick = st._lock_candidates(ready.limit(bindparam("limit"))).cte("pick")
-    # ``w_id``: a bind parameter may not share a SET column's name.
-    stmt = q.take(
-        _GRP,
-        select(pick.c.task_seq).scalar_subquery(),
-        now,
-        worker_id=cast(str, bindparam("w_id")),
-        lease=bindparam("lease", type_=Float) if lease else None,
-        queues=[_QUEUE],
-    )
-    return st._returning_view(stmt)
-
-
-@texts.shared("step_take")
-def _take(st: Seam) -> Any:
-    return _take_plain(st, lease=False, mix=False)
-
-
-@texts.shared("step_take_lease")
-def _take_lease(st: Seam) -> Any:
-    return _take_plain(st, lease=True, mix=False)
-
-
-@texts.shared("step_take_mix")
-def _take_mix(st: Seam) -> Any:
-    return _take_plain(st, lease=False, mix=True)
-
-
-@texts.shared("step_take_lease_mix")
-def _take_lease_mix(st: Seam) -> Any:
-    return _take_plain(st, lease=True, mix=True)
 
 
 #: The task columns a submit writes (the rest take their defaults).
@@ -186,7 +115,7 @@ def _finish(st: Seam) -> Any:
 async def ready(st: Seam, names: Sequence[str]) -> bool:
     """Whether a claim of ``names`` can take the built-once steps."""
     built = await texts.of(st)
-    return len(names) == 1 and "step_take" in built
+    return len(names) == 1 and "step_candidates" in built
 
 
 async def claim_rounds(
@@ -223,75 +152,12 @@ async def claim_tx(
     per_stream: int | None,
 ) -> list[Task]:
     """:func:`.consumer.claim_tx` for one queue, on the built-once steps (see
-    :func:`ready`); the same choices in the same order."""
-    built = st._texts
-    assert built is not None
-    step = built.get
-    base = {"grp": grp, "queue": queue}
-    expired = step("step_expired")
-    assert expired is not None
-    if (await texts.execute(conn, st, expired, base)).first() is not None:
-        await upkeep.recover_tx(st, conn, grp, [queue])
-    if "step_stream_runs" in built:
-        return await _claim_set(st, conn, base, worker_id, lease, limit, partition, per_stream)
-
-    async def once(left: int, cap: int) -> tuple[list[Task], bool]:
-        return await _claim_once(
-            st, conn, base, worker_id, lease, left, cap, partition, per_stream is not None
-        )
-
-    return await claim_rounds(once, limit, partition, per_stream)
-
-
-@texts.shared("step_plain")
-def _plain(st: Seam) -> Any:
-    if not _steps(st):
-        return None
-    return q.ready_plain(_GRP, [_QUEUE], texts.now(st)).limit(bindparam("limit"))
-
-
-#: A unit of a claim: its place in claim order, and the rows it would lease.
-_Unit = tuple[tuple[Any, ...], list[int]]
-
-
-def choose(units: list[_Unit], limit: int, mix: bool) -> list[int]:
-    """The rows a claim leases from its candidate ``units`` (each a stream's run, or
-    one unplanned row, keyed by claim order): with ``mix``, units in claim order
-    while ``limit`` allows (the last stream's run cut short); without, the first
-    unit if it is a stream, else every unpartitioned row (a claim without
-    ``per_stream`` takes one stream or plain work, never both)."""
-    units.sort(key=lambda unit: unit[0])
-    if not units:
-        return []
-    if not mix:
-        first_key, first_rows = units[0]
-        if first_key[2] == 1:  # a stream leads
-            return first_rows[:limit]
-        return [rows[0] for key, rows in units if key[2] == 0][:limit]
-    picked: list[int] = []
-    for _, rows in units:
-        picked += rows[: limit - len(picked)]
-        if len(picked) >= limit:
-            break
-    return picked
-
-
-async def _claim_set(
-    st: Seam,
-    conn: AsyncConnection,
-    base: dict[str, Any],
-    worker_id: str,
-    lease: float | None,
-    limit: int,
-    partition: str | None,
-    per_stream: int | None,
-) -> list[Task]:
-    """The claim as sets, a fixed number of statements however many streams it
-    takes: the free streams with their runs, the unpartitioned candidates, one
-    lease of every row chosen, one update marking the streams taken as held. The
-    same choice as :func:`.consumer.claim_tx` (and Postgres's one statement):
-    streams and plain work compete in one claim order — priority, then who waited
-    longest, plain first on a tie, then submit order."""
+    :func:`ready`): the same choice, as sets — a fixed number of statements
+    however many streams the claim takes. One read of the candidates (free
+    streams with their runs, ready unpartitioned rows, an expired lease), the
+    choice (:func:`choose`), one lease of every row chosen, one read of them back,
+    and one update marking the streams taken as held (what recomputing them would
+    write: their heads are leased now)."""
     built = st._texts
     assert built is not None
 
@@ -300,48 +166,30 @@ async def _claim_set(
         assert text is not None
         return text
 
-    run_cap = limit if per_stream is None else min(per_stream, limit)
+    base = {"grp": grp, "queue": queue}
     mix = per_stream is not None and partition is None
     params = {
         **base,
         "partition": partition,
+        "limit": limit,
+        # Without per_stream a claim is one unit: one stream (up to ``limit`` of its
+        # tasks) or plain work; with it, several streams, each capped.
         "streams": limit if mix else 1,
-        "per_stream": run_cap,
+        "per_stream": limit if per_stream is None else min(per_stream, limit),
     }
-    units: list[_Unit] = []
-    found: dict[str, list[Any]] = {}
-    for row in await texts.execute(conn, st, step("step_stream_runs"), params):
-        found.setdefault(row.partition, []).append(row)
-    for rows in found.values():
-        first = rows[0]
-        if first.task_seq != first.head_seq:
-            continue  # the stream row names another head: not a run to take
-        # The run lasts while its rows are queued and due (a leased or waiting row
-        # holds the rest back).
-        run: list[int] = []
-        for row in rows:
-            if row.status != q.QUEUED or not row.due:
-                break
-            run.append(row.task_seq)
-        if run:
-            key = (-first.priority, first.available_at, 1, 0, first.queue, first.partition)
-            units.append((key, run))
-    if partition is None:
-        plain = {**base, "limit": limit}
-        for row in await texts.execute(conn, st, step("step_plain"), plain):
-            units.append(((-row.priority, row.run_at, 0, row.task_seq, "", ""), [row.task_seq]))
-    picked = choose(units, limit, mix)
+    rows = list(await texts.execute(conn, st, step("step_candidates"), params))
+    if any(row.kind == _EXPIRED for row in rows):
+        # Recovery changes streams and ready rows: choose from what it leaves.
+        await upkeep.recover_tx(st, conn, grp, [queue])
+        rows = list(await texts.execute(conn, st, step("step_candidates"), params))
+    picked = choose(_units(rows), limit, mix)
     if not picked:
         return []
-    lease_params = {
-        **base,
-        "seqs": json.dumps(picked),
-        "w_id": worker_id,
-        "lease": lease,
-    }
-    taken = {
-        row.seq: row for row in await texts.execute(conn, st, step("step_lease_seqs"), lease_params)
-    }
+    seqs = json.dumps(picked)
+    lease_params = {**base, "seqs": seqs, "w_id": worker_id, "lease": lease}
+    await texts.execute(conn, st, step("step_lease_seqs"), lease_params)
+    view = {"grp": grp, "seqs": seqs, "w_id": worker_id}
+    taken = {row.seq: row for row in await texts.execute(conn, st, step("step_view_seqs"), view)}
     held = sorted({row.partition for row in taken.values() if row.partition is not None})
     if held:
         hold = {**base, "partitions": json.dumps(held)}
@@ -349,66 +197,58 @@ async def _claim_set(
     return [codec.row_to_task(taken[seq]) for seq in picked if seq in taken]
 
 
-async def _claim_once(
-    st: Seam,
-    conn: AsyncConnection,
-    base: dict[str, Any],
-    worker_id: str,
-    lease: float | None,
-    limit: int,
-    stream_limit: int,
-    partition: str | None,
-    mix: bool,
-) -> tuple[list[Task], bool]:
-    """:func:`.consumer._claim_once` on the built-once steps."""
-    built = st._texts
-    assert built is not None
+#: ``kind`` of the candidate rows (see the dialect's ``step_candidates``).
+_PLAIN, _STREAM, _EXPIRED = 0, 1, 2
 
-    def step(name: str) -> texts.Text:
-        text = built.get(name)
-        assert text is not None
-        return text
+#: A unit of a claim: its place in claim order, and the rows it would lease.
+_Unit = tuple[tuple[Any, ...], list[int]]
 
-    if partition is None:
-        found = await texts.execute(conn, st, step("step_stream"), base)
-    else:
-        of = {**base, "partition": partition}
-        found = await texts.execute(conn, st, step("step_stream_of"), of)
-    stream = found.first()
-    if stream is None and partition is not None:
-        return [], False
-    use_stream = stream is not None
-    if stream is not None and partition is None:
-        # Streams and unpartitioned work compete: priority, then who waited longest.
-        plain = (await texts.execute(conn, st, step("step_plain_first"), base)).first()
-        use_stream = plain is None or (stream.priority, -stream.available_at) > (
-            plain.priority,
-            -plain.run_at,
-        )
-    grp, queue = base["grp"], base["queue"]
-    if use_stream:
-        assert stream is not None
-        # A stream's run: its rows are a list (no arrays on SQLite), leased through
-        # Core as .consumer does.
-        seqs = await streams.next_run(st, conn, queue, grp, stream.partition, stream_limit)
-        if not seqs:
-            return [], False
-        stmt = q.take(grp, seqs, tx.now(st), worker_id=worker_id, lease=lease, queues=[queue])
-        taken = sorted(await conn.execute(st._returning_view(stmt)), key=lambda row: row.seq)
-        await streams.refresh(st, conn, [(queue, grp, stream.partition)])
-        return [codec.row_to_task(row) for row in taken], True
-    params: dict[str, Any] = {**base, "w_id": worker_id, "limit": limit}
-    name = "step_take"
-    if lease is not None:
-        name += "_lease"
-        params["lease"] = lease
-    if mix and stream is not None:
-        name += "_mix"
-        params["s_priority"] = stream.priority
-        params["s_available"] = stream.available_at
-    rows = list(await texts.execute(conn, st, step(name), params))
-    rows.sort(key=lambda row: (-row.priority, row.run_at, row.seq))
-    return [codec.row_to_task(row) for row in rows], stream is not None
+
+def _units(rows: Sequence[Any]) -> list[_Unit]:
+    """The claim's candidate units: each free stream's run (its rows from the head,
+    while queued and due), and each ready unpartitioned row, keyed by claim order
+    (priority, then who waited longest, plain first on a tie)."""
+    units: list[_Unit] = []
+    found: dict[tuple[str, str], list[Any]] = {}
+    for row in rows:
+        if row.kind == _PLAIN:
+            units.append(((-row.priority, row.at, 0, row.task_seq, "", ""), [row.task_seq]))
+        elif row.kind == _STREAM:
+            found.setdefault((row.queue, row.partition), []).append(row)
+    for stream in found.values():
+        first = stream[0]
+        if first.task_seq != first.head_seq:
+            continue  # the stream row names another head: not a run to take
+        # A leased or waiting row holds the rest of the stream back.
+        run: list[int] = []
+        for row in stream:
+            if row.status != q.QUEUED or not row.due:
+                break
+            run.append(row.task_seq)
+        if run:
+            units.append(((-first.priority, first.at, 1, 0, first.queue, first.partition), run))
+    return units
+
+
+def choose(units: list[_Unit], limit: int, mix: bool) -> list[int]:
+    """The rows a claim leases from its candidate ``units``, in claim order: with
+    ``mix``, units in order while ``limit`` allows (the last stream's run cut
+    short); without, the first unit if it is a stream, else every unpartitioned
+    row (a claim without ``per_stream`` takes one stream or plain work)."""
+    units.sort(key=lambda unit: unit[0])
+    if not units:
+        return []
+    if not mix:
+        first_key, first_rows = units[0]
+        if first_key[2] == _STREAM:
+            return first_rows[:limit]
+        return [rows[0] for key, rows in units if key[2] == _PLAIN][:limit]
+    picked: list[int] = []
+    for _, rows in units:
+        picked += rows[: limit - len(picked)]
+        if len(picked) >= limit:
+            break
+    return picked
 
 
 async def ack_ready(st: Seam) -> bool:

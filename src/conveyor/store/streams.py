@@ -47,6 +47,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from conveyor import statements as q
 from conveyor.schema import streams as s
 from conveyor.schema import tasks as t
+from conveyor.store import texts
 from conveyor.store import transactions as tx
 from conveyor.store.seam import Seam
 
@@ -134,7 +135,7 @@ async def refresh(st: Seam, conn: AsyncConnection, keys: Iterable[tuple[Any, ...
         ordered = sorted(set(keys), key=lock_order)
         if ordered:
             params = {"keys": json.dumps([list(key) for key in ordered])}
-            await conn.exec_driver_sql(built.sql, built.bind(st, params))
+            await texts.execute(conn, st, built, params)
         return
     for queue, grp, partition in sorted(set(keys), key=lock_order):
         # Lock the stream row before reading its head: a transition committed by

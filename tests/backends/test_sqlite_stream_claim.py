@@ -1,0 +1,120 @@
+"""SQLite: the claim of streams and their acknowledgement run a fixed number of
+statements however many streams they touch, each served by an index (never a
+walk through the finished history)."""
+
+from __future__ import annotations
+
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import event
+
+import conveyor
+from conveyor.store.base import TaskStore
+from conveyor.store.transactions import InlineConnection
+
+HISTORY_WALKS = {"y", "z", "r", "x", "d", "t", "s", "conveyor_deliveries", "conveyor_streams"}
+
+
+def _count_statements(store: TaskStore, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every statement the store runs from now on: through SQLAlchemy, or on the
+    driver's cursor (the built-once texts)."""
+    seen: list[str] = []
+    thread: Any = store._connection_runner()
+    assert thread is not None
+
+    @event.listens_for(thread._engine, "before_cursor_execute")
+    def _seen(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        seen.append(statement)
+
+    for name in ("run_text", "run_text_many"):
+        run = getattr(InlineConnection, name)
+
+        def counted(self: InlineConnection, sql: str, *args: Any, _run: Any = run) -> Any:
+            seen.append(sql)
+            return _run(self, sql, *args)
+
+        monkeypatch.setattr(InlineConnection, name, counted)
+    return seen
+
+
+async def _statements_for(
+    path: Path, streams: int, monkeypatch: pytest.MonkeyPatch
+) -> tuple[int, int, int]:
+    async with conveyor.connect(f"sqlite:///{path}") as store:
+        await store.submit_many(
+            [
+                {"name": "t", "queue": "q", "partition": f"p{i % streams}"}
+                for i in range(2 * streams)
+            ]
+        )
+        seen = _count_statements(store, monkeypatch)
+        claimed = await store.claim("q", worker_id="w", limit=streams, per_stream=1)
+        assert sorted(task.partition or "" for task in claimed) == sorted(
+            f"p{i}" for i in range(streams)
+        )
+        claim_statements = len(seen)
+        seen.clear()
+        errors = await store.ack_many(
+            [{"task_id": task.id, "worker_id": "w", "attempt": task.attempt} for task in claimed],
+            partitioned=True,
+        )
+        assert errors == [None] * streams
+        ack_statements = len(seen)
+        # Each stream's next task is claimable now.
+        again = await store.claim("q", worker_id="w", limit=streams, per_stream=1)
+        return claim_statements, ack_statements, len(again)
+
+
+async def test_statements_do_not_grow_with_the_streams_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    few = await _statements_for(tmp_path / "few.db", 2, monkeypatch)
+    with monkeypatch.context() as again:
+        many = await _statements_for(tmp_path / "many.db", 20, again)
+    assert few[:2] == many[:2], (few, many)
+    assert few[2] == 2 and many[2] == 20
+
+
+async def test_the_claim_statements_probe_indexes(tmp_path: Path) -> None:
+    path = tmp_path / "plan.db"
+    async with conveyor.connect(f"sqlite:///{path}") as store:
+        await store.open()
+        assert store._texts is not None
+        params: dict[str, Any] = {
+            "grp": "",
+            "queue": "q",
+            "partition": None,
+            "limit": 10,
+            "streams": 10,
+            "per_stream": 2,
+            "now_us": 0,
+            "seqs": "[1, 2]",
+            "w_id": "w",
+            "lease": None,
+            "partitions": '["p"]',
+            "keys": '[["q", "", "p"]]',
+        }
+        names = [
+            "step_candidates",
+            "step_lease_seqs",
+            "step_view_seqs",
+            "step_hold_streams",
+            "refresh_streams",
+        ]
+        with closing(sqlite3.connect(path)) as db:
+            for name in names:
+                text = store._texts.get(name)
+                assert text is not None, name
+                bound = {**text.fixed, **params}
+                plan = [row[3] for row in db.execute("EXPLAIN QUERY PLAN " + text.sql, bound)]
+                walks = [
+                    step
+                    for step in plan
+                    if step.startswith("SCAN ") and step.split()[1] in HISTORY_WALKS
+                ]
+                assert walks == [], (name, plan)
+                assert not any("ix_conveyor_deliveries_status (grp=?)" in s for s in plan), plan
