@@ -114,10 +114,15 @@ class _Held:
     outcome: str = "lost"  # for metrics and traces: succeeded, failed, retry, snoozed, lost
     error: BaseException | None = None
 
-    log: TaskLogger = field(init=False)  # lines about this task name it
+    _log: TaskLogger | None = field(default=None, init=False, repr=False)
 
-    def __post_init__(self) -> None:
-        self.log = TaskLogger(log, self.task)
+    @property
+    def log(self) -> TaskLogger:
+        """Lines about this task name it (made on first use: most tasks log nothing
+        at the default level)."""
+        if self._log is None:
+            self._log = TaskLogger(log, self.task)
+        return self._log
 
     @property
     def extra(self) -> dict[str, Any]:
@@ -488,7 +493,8 @@ class Worker:
         )
         handler = start_handler(fn, ctx, args, kwargs)
         held.handler = handler
-        held.log.debug("running")
+        if log.isEnabledFor(logging.DEBUG):
+            held.log.debug("running")
         started = time.monotonic()
         try:
             async with asyncio.timeout(fn.timeout) as scope:
@@ -520,7 +526,8 @@ class Worker:
         if isinstance(result, Snooze):
             return await self._snooze(held, result.delay)
         took = time.monotonic() - started
-        held.log.info("succeeded in %.3f s", took)
+        if log.isEnabledFor(logging.INFO):
+            held.log.info("succeeded in %.3f s", took)
         self._feed.ran(took)
         if held.slot or (held.run is not None and held.run.holding):
             # The slot goes to other work now; the success is written meanwhile (the
