@@ -5,17 +5,20 @@ data-modifying CTEs, no arrays) runs them as several statements in one
 transaction. Built with SQLAlchemy Core on every call, those statements cost far
 more client time than the database spends on them; here each is built once per
 store (:mod:`conveyor.store.texts`), with the per-call values as named bind
-parameters, and the steps are the same as :func:`.consumer.claim_tx` and
-:func:`.consumer.succeed_many_tx` take.
+parameters. The claim makes the choice :func:`.consumer.claim_tx` makes, but as
+sets: a fixed number of statements however many streams it takes (the dialect
+supplies the texts that read candidates and take lists; the choice is
+:func:`choose`, here). The acknowledgement takes the steps of
+:func:`.consumer.succeed_many_tx`.
 
-Lease recovery is off the claim path: a claim asks one indexed question (is any
-lease of this queue expired?) and recovers only when the answer is yes, so an
-expired lease is still recovered by the next claim of its queue.
+Lease recovery is off the claim path: a claim's candidates read also asks
+whether any lease of this queue has expired, and recovers only when one has, so
+an expired lease is still recovered by the next claim of its queue.
 
-Covered: claims of one queue, plain work and stream choice (a stream's run still
-goes through :mod:`.streams`), batch acknowledgement, and the submit of one plain
-task (:func:`.producer.submit_one_tx`). The rest (several queues at once; fence
-failures, to learn why; keys, partitions, parents, batches) takes the Core path.
+Covered: claims of one queue (plain work and streams), batch acknowledgement,
+and the submit of one plain task (:func:`.producer.submit_one_tx`). The rest
+(several queues at once; fence failures, to learn why; keys, partitions,
+parents, batches) takes the Core path.
 """
 
 from __future__ import annotations
@@ -24,12 +27,11 @@ import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import bindparam
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import statements as q
 from conveyor.models import Task
-from conveyor.schema import deliveries as d
 from conveyor.schema import tasks as t
 from conveyor.store import codec, streams, texts, upkeep
 from conveyor.store.seam import Seam
@@ -38,7 +40,6 @@ from conveyor.store.seam import Seam
 #: Core builders of :mod:`conveyor.statements` take Python values).
 _GRP: Any = bindparam("grp")
 _QUEUE: Any = bindparam("queue")
-_PARTITION: Any = bindparam("partition")
 
 #: A validated acknowledgement: (index, task_id, worker_id, grp, attempt, result JSON).
 AckItem = tuple[int, str, str, str, int | None, str]
@@ -48,13 +49,6 @@ def _steps(st: Seam) -> bool:
     # Postgres claims in one statement and acknowledges in two (its own texts);
     # these steps serve the dialect without them.
     return not st.row_locks
-
-
-@texts.shared("step_expired")
-def _expired(st: Seam) -> Any:
-    if not _steps(st):
-        return None
-    return select(d.c.task_seq).where(*q.expired(texts.now(st), _GRP, [_QUEUE])).limit(1)
 
 
 #: The task columns a submit writes (the rest take their defaults).
