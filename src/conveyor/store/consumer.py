@@ -94,12 +94,14 @@ async def claim(
     if await steps.ready(st, names):
         # The same steps, each statement built once (dialects without a
         # one-statement claim).
-        claimed = await tx.run(
+        rows = await tx.run(
             st,
             lambda conn: steps.claim_tx(
                 st, conn, grp, names[0], worker_id, lease, limit, partition, per_stream
             ),
         )
+        # Built after the commit: the write lock is not held meanwhile.
+        claimed = [codec.row_to_task(row) for row in rows]
     else:
         claimed = await tx.run(
             st,

@@ -33,7 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from conveyor import statements as q
 from conveyor.models import Task
 from conveyor.schema import tasks as t
-from conveyor.store import codec, streams, texts, upkeep
+from conveyor.store import streams, texts, upkeep
 from conveyor.store.seam import Seam
 
 #: Bind parameters of the built-once steps (typed ``Any``: they stand where the
@@ -144,14 +144,20 @@ async def claim_tx(
     limit: int,
     partition: str | None,
     per_stream: int | None,
-) -> list[Task]:
+) -> list[Any]:
     """:func:`.consumer.claim_tx` for one queue, on the built-once steps (see
     :func:`ready`): the same choice, as sets — a fixed number of statements
     however many streams the claim takes. One read of the candidates (free
     streams with their runs, ready unpartitioned rows, an expired lease), the
     choice (:func:`choose`), one lease of every row chosen, one read of them back,
     and one update marking the streams taken as held (what recomputing them would
-    write: their heads are leased now)."""
+    write: their heads are leased now).
+
+    Returns the leased rows (the task view, in claim order), not Tasks: the caller
+    builds those after the commit, so JSON decoding and Task construction do not
+    run while this transaction holds SQLite's one write lock, which every other
+    process's claims and acknowledgements wait for (three consumer groups' workers
+    on one file queue there)."""
     built = st._texts
     assert built is not None
 
@@ -188,7 +194,7 @@ async def claim_tx(
     if held:
         hold = {**base, "partitions": json.dumps(held)}
         await texts.execute(conn, st, step("step_hold_streams"), hold)
-    return [codec.row_to_task(taken[seq]) for seq in picked if seq in taken]
+    return [taken[seq] for seq in picked if seq in taken]
 
 
 #: ``kind`` of the candidate rows (see the dialect's ``step_candidates``).
