@@ -168,3 +168,42 @@ async def test_postgres_no_connection_to_be_had_is_store_unavailable(pg_url: str
     finally:
         with psycopg.connect(dsn, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _waiter_steps(backend: str, token: str, then: str) -> list[tuple[texts.Text, dict[str, Any]]]:
+    mark = "%(token)s" if backend == "postgres" else ":token"
+    add = texts.Text(
+        "add",
+        f"INSERT INTO conveyor_waiters (task_id, token, expires_at) VALUES ('t', {mark}, 0)",
+    )
+    return [(add, {"token": token}), (texts.Text("then", then), {})]
+
+
+async def test_steps_run_together_in_one_transaction(store: TaskStore, backend: str) -> None:
+    """texts.together: the statements run in order in one transaction, the later
+    ones seeing what the earlier wrote; the last one's rows come back. On Postgres
+    they go to the server pipelined on a kept connection (the seam's steps runner),
+    on SQLite as an ordinary transaction."""
+    assert (store._steps_runner() is not None) is (backend == "postgres")
+    count = "SELECT count(*) AS n FROM conveyor_waiters WHERE task_id = 't'"
+    rows = await texts.together(store, _waiter_steps(backend, "a", count))
+    assert [row.n for row in rows] == [1]
+    rows = await texts.together(store, _waiter_steps(backend, "b", count))
+    assert [row.n for row in rows] == [2]
+
+
+async def test_a_failing_step_rolls_back_the_steps_before_it(
+    store: TaskStore, backend: str
+) -> None:
+    # the second step inserts the first one's row again: a unique violation
+    steps = _waiter_steps(backend, "c", "SELECT 1 AS x")
+    with pytest.raises(ConveyorError):
+        await texts.together(store, [steps[0], steps[0]])
+    count = texts.Text("count", "SELECT count(*) AS n FROM conveyor_waiters")
+    assert (await texts.alone(store, count, {}))[0].n == 0
+    # and the store goes on working (a kept connection left mid-transaction is
+    # closed, never reused)
+    rows = await texts.together(
+        store, _waiter_steps(backend, "d", "SELECT count(*) AS n FROM conveyor_waiters")
+    )
+    assert rows[0].n == 1

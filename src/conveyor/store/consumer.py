@@ -626,13 +626,7 @@ async def _ack_streams(st: Seam, todo: list[AckItem]) -> list[AckItem]:
     if lock is None or ack is None:
         return todo
     params = {"items": _ack_items(todo)}
-
-    async def work(conn: AsyncConnection) -> list[Any]:
-        assert lock is not None and ack is not None
-        await texts.execute(conn, st, lock, params)
-        return list(await texts.execute(conn, st, ack, params))
-
-    rows = await tx.run(st, work)
+    rows = await texts.together(st, [(lock, params), (ack, params)])
     missed = {row.idx for row in rows if row.idx is not None}
     left = [item for n, item in enumerate(todo, 1) if n in missed]
     if len(left) < len(todo):

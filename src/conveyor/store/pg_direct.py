@@ -164,6 +164,42 @@ class Direct:
             self._idle.append(kept)
         return rows
 
+    async def run_steps(self, steps: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Any] | None:
+        """Run ``steps`` (statement, parameters) in order in one transaction on a kept
+        connection, pipelined with its BEGIN and COMMIT (one round trip; each
+        statement still starts after the one before it has finished, so it sees
+        what that one locked); the last statement's rows. ``None`` when no kept
+        connection is free: the caller runs an ordinary transaction instead."""
+        if self._idle:
+            kept = self._idle.pop()
+        elif self._made < KEEP and not self._closed:
+            kept = await self._connect(steps[0][0], steps[0][1])
+        else:
+            return None
+        driver = kept.driver
+        sql, params = steps[-1]
+        try:
+            async with driver.pipeline():
+                await kept.cursor("BEGIN").execute("BEGIN")
+                for sql, params in steps:
+                    text, names = native(sql)
+                    await kept.cursor(sql).execute(text, [params[name] for name in names])
+                await kept.cursor("COMMIT").execute("COMMIT")
+            last = kept.cursor(steps[-1][0])
+            result = last.pgresult
+            rows = await last.fetchall() if result is not None and result.nfields else []
+        except psycopg.Error as exc:
+            # A failed step aborts the transaction: the connection is left in it and
+            # closed below (never reused half-done).
+            dead = driver.closed
+            await self._put_back(kept, True)
+            raise _error(sql, params, exc, dead) from exc
+        except BaseException:
+            await self._put_back(kept, True)
+            raise
+        await self._put_back(kept, False)
+        return rows
+
     async def close(self) -> None:
         """Close the kept connections (those in use are closed when they return)."""
         self._closed = True

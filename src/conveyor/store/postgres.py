@@ -43,7 +43,7 @@ from conveyor.schema import deliveries as d
 from conveyor.schema import tasks as t
 from conveyor.store import pg_direct, pg_listen, pg_texts
 from conveyor.store.base import TaskStore
-from conveyor.store.seam import DirectRunner
+from conveyor.store.seam import DirectRunner, StepsRunner
 
 # Serialization failure and deadlock; and the server ending the session (admin
 # shutdown, crash shutdown, cannot connect now): the server sends these instead of
@@ -275,11 +275,21 @@ class PostgresStore(TaskStore):
     async def _run_direct(self, sql: str, params: Mapping[str, Any]) -> list[Any]:
         # On a psycopg connection kept in autocommit (pg_direct): no SQLAlchemy
         # Connection, execution context, result wrapping or pool round trip.
+        return await self._kept().run(sql, params)
+
+    def _steps_runner(self) -> StepsRunner | None:
+        # The same kept connections, the statements pipelined between BEGIN and COMMIT.
+        return self._run_steps if self.autocommit_single else None
+
+    async def _run_steps(self, steps: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Any] | None:
+        return await self._kept().run_steps(steps)
+
+    def _kept(self) -> pg_direct.Direct:
         direct = self._direct
         if direct is None:
             assert self._engine is not None
             direct = self._direct = pg_direct.Direct(self._engine)
-        return await direct.run(sql, params)
+        return direct
 
     async def close(self) -> None:
         """Release every connection. The store can be opened again afterwards."""

@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 
 #: Runs one driver statement by itself (autocommit) and returns its rows.
 DirectRunner = Callable[[str, Mapping[str, Any]], Awaitable[list[Any]]]
+#: Runs statements in order in one transaction on a driver connection of the
+#: dialect's own; the last one's rows, or ``None`` when no such connection is free.
+StepsRunner = Callable[[Sequence[tuple[str, Mapping[str, Any]]]], Awaitable[list[Any] | None]]
 
 T = TypeVar("T")
 
@@ -310,6 +313,15 @@ class Seam(abc.ABC):
         SQLAlchemy ``DBAPIError`` (``connection_invalidated`` set for a dead
         connection), so that :func:`conveyor.store.transactions.run` retries and
         translates them as it does its own."""
+
+    @abc.abstractmethod
+    def _steps_runner(self) -> StepsRunner | None:
+        """Like :meth:`_direct_runner`, for a short transaction of several driver
+        statements run in order (each statement sees what the ones before it
+        locked and wrote): sent together where the driver can (one round trip),
+        the last statement's rows returned. It may answer ``None`` when it has no
+        connection of its own free; the caller then runs the same statements in an
+        ordinary transaction. ``None`` for a dialect without one."""
 
     # ------------------------------------------------------- wake channel
     @abc.abstractmethod

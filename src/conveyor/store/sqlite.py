@@ -69,7 +69,7 @@ from conveyor import statements as q
 from conveyor.errors import ConfigurationError, InvalidArgument
 from conveyor.store import sqlite_texts
 from conveyor.store.base import TaskStore
-from conveyor.store.seam import ConnectionRunner, DirectRunner
+from conveyor.store.seam import ConnectionRunner, DirectRunner, StepsRunner
 from conveyor.store.sqlite_thread import ConnectionThread
 
 SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
@@ -344,6 +344,11 @@ class SQLiteStore(TaskStore):
         return sqlite_texts.texts()
 
     def _direct_runner(self) -> DirectRunner | None:
+        return None
+
+    def _steps_runner(self) -> StepsRunner | None:
+        # Statements cost microseconds on the connection thread: no round trips to
+        # save.
         return None
 
     async def _start_wake(self) -> None:

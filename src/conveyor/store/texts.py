@@ -31,7 +31,7 @@ attribute access by column name.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -202,6 +202,27 @@ async def execute_many(
         direct(text.sql, bound)
         return
     await conn.exec_driver_sql(text.sql, bound)
+
+
+async def together(
+    st: Seam, steps: Sequence[tuple[Text, Mapping[str, Any]]], *, write: bool = True
+) -> list[Any]:
+    """Run ``steps`` in order in one transaction, with the store's retries; the last
+    one's rows. Where the dialect has a :meth:`~conveyor.store.seam.Seam._steps_runner`
+    they go to the server together (one round trip); else, or when it has no
+    connection free, as an ordinary transaction."""
+    bound = [(text.sql, text.bind(st, params)) for text, params in steps]
+    runner = st._steps_runner()
+
+    async def work(conn: AsyncConnection) -> list[Any]:
+        rows: list[Any] = []
+        for text, params in steps:
+            rows = list(await execute(conn, st, text, params))
+        return rows
+
+    if runner is None:
+        return await tx.run(st, work, write=write)
+    return await tx.run(st, work, write=write, together=lambda: runner(bound))
 
 
 async def alone(

@@ -294,6 +294,7 @@ async def run(
     write: bool = True,
     autocommit: bool = False,
     alone: Callable[[], Awaitable[T]] | None = None,
+    together: Callable[[], Awaitable[T | None]] | None = None,
 ) -> T:
     """Run ``work`` in one transaction, retrying transient failures with backoff.
 
@@ -308,6 +309,10 @@ async def run(
     (:meth:`~conveyor.store.seam.Seam._direct_runner`), used instead of ``work``
     when autocommit is allowed; it raises driver errors as SQLAlchemy's
     ``DBAPIError`` so they are retried and translated alike.
+    ``together``: the same transaction's statements sent together on such a
+    connection (:meth:`~conveyor.store.seam.Seam._steps_runner`), tried first
+    where the dialect allows; ``None`` from it (no connection of its own free)
+    means ``work`` runs as usual.
     """
     if st._engine is None:
         await st.open()
@@ -323,6 +328,14 @@ async def run(
                 # (outside the transaction gate: see Seam._direct_runner)
                 committing = True
                 return await alone()
+            if together is not None and st.autocommit_single:
+                # Sent with its COMMIT: once sent, its outcome is unknown if the
+                # connection dies, so it is never re-sent.
+                committing = True
+                sent = await together()
+                if sent is not None:
+                    return sent
+                committing = False
             if runner is not None:
                 # The whole transaction as one function on the dialect's connection
                 # thread: one hop from the event loop, none per statement.
