@@ -78,6 +78,10 @@ SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 WAKE_POLL = 0.002
 #: The same while nobody in this process waits to be woken.
 WAKE_IDLE_POLL = 0.1
+#: Seconds between a write transaction's first two asks for the write lock while
+#: another connection holds it; the pause doubles up to LAST_PAUSE.
+FIRST_PAUSE = 0.0001
+LAST_PAUSE = 0.001
 #: Pool settings that mean nothing to the one blocking connection.
 _POOL_OPTIONS = (
     "poolclass",
@@ -103,15 +107,21 @@ def is_memory(url: str) -> bool:
 
 
 def _begin_fairly(conn: Connection, sql: str, timeout: float) -> None:
-    """Run ``sql`` (a BEGIN that takes the write lock), asking again about every
-    millisecond (the connection's busy handler sleeps that long) for up to
-    ``timeout`` seconds while another connection holds the lock.
+    """Run ``sql`` (a BEGIN that takes the write lock), asking again while another
+    connection holds the lock — after 0.1 ms, then twice as long each time up to a
+    millisecond — for up to ``timeout`` seconds.
 
     A waiter that asks this often finds the lock in the short gaps between another
-    process's transactions, so two busy processes on one file take turns.
+    process's transactions, so two busy processes on one file take turns. The first
+    pauses are short because most transactions are: several processes writing one
+    file (a worker per consumer group) hand the lock over within a fraction of a
+    millisecond instead of leaving it free for up to one (SQLite's busy handler
+    sleeps in whole milliseconds, so the connection asks with none, see
+    ``SQLiteStore._configure``).
     """
     raw: Any = conn.connection.driver_connection
     deadline = time.monotonic() + timeout
+    pause = FIRST_PAUSE
     while time.monotonic() < deadline:
         try:
             raw.execute(sql)
@@ -120,6 +130,8 @@ def _begin_fairly(conn: Connection, sql: str, timeout: float) -> None:
             message = str(exc).lower()
             if "locked" not in message and "busy" not in message:
                 break  # reported below, the way SQLAlchemy reports it
+        time.sleep(pause)
+        pause = min(pause * 2, LAST_PAUSE)
     # Last try through SQLAlchemy, which raises its own error if it fails too.
     conn.exec_driver_sql(sql)
 
@@ -185,14 +197,16 @@ class SQLiteStore(TaskStore):
     def _configure(self, engine: Engine, *, fair: bool = False) -> None:
         """Attach the connection set-up and the choice of BEGIN to ``engine``.
 
-        ``fair``: wait for the write lock by asking again every millisecond (see
+        ``fair``: wait for the write lock by asking again after short pauses (see
         :func:`_begin_fairly`) instead of in SQLite's busy handler.
         """
         busy_timeout = self.busy_timeout
         # SQLite's own busy handler backs off to 100 ms sleeps, so a process waiting
         # in it almost never finds the lock free between the transactions of a
-        # process that writes back to back, and starves. The fair engine's handler
-        # sleeps once (1 ms) and the BEGIN is asked again until busy_timeout.
+        # process that writes back to back, and starves. The fair engine has no
+        # handler: a busy BEGIN fails at once and is asked again after a pause
+        # (0.1 ms, doubling to 1 ms) until busy_timeout; anything else that meets a
+        # busy lock fails the transaction, which the store retries as transient.
         busy_ms = int(busy_timeout * 1000)
         synchronous = self.synchronous
 
@@ -207,7 +221,7 @@ class SQLiteStore(TaskStore):
             cur.execute("PRAGMA foreign_keys = ON")
             if fair:
                 # After the set-up, which may wait long (journal_mode on a new file).
-                cur.execute("PRAGMA busy_timeout = 1")
+                cur.execute("PRAGMA busy_timeout = 0")
             cur.close()
 
         @event.listens_for(engine, "begin")
