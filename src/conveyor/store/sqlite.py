@@ -70,7 +70,7 @@ from conveyor.errors import ConfigurationError, InvalidArgument
 from conveyor.store import sqlite_texts
 from conveyor.store.base import TaskStore
 from conveyor.store.seam import ConnectionRunner, DirectRunner, StepsRunner
-from conveyor.store.sqlite_thread import ConnectionThread
+from conveyor.store.sqlite_thread import CHECKPOINT_EVERY, ConnectionThread
 
 SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 #: Seconds between two looks at ``PRAGMA data_version`` while the store is idle:
@@ -185,6 +185,8 @@ class SQLiteStore(TaskStore):
             on_change=None if self.in_memory else self._changed_elsewhere,
             listening=self._listening,
             idle_poll=WAKE_IDLE_POLL,
+            # (a private in-memory database has no WAL)
+            checkpoint_every=None if self.in_memory else CHECKPOINT_EVERY,
         )
         thread = self._thread
 
@@ -220,6 +222,9 @@ class SQLiteStore(TaskStore):
             cur.execute(f"PRAGMA synchronous = {synchronous}")
             cur.execute("PRAGMA foreign_keys = ON")
             if fair:
+                # The store's own connection checkpoints on a timer instead of in
+                # whichever commit finds the WAL long (see sqlite_thread._checkpoint).
+                cur.execute("PRAGMA wal_autocheckpoint = 0")
                 # After the set-up, which may wait long (journal_mode on a new file).
                 cur.execute("PRAGMA busy_timeout = 0")
             cur.close()
