@@ -123,6 +123,8 @@ def to_json(field: str, value: Any, *, max_size: int | None = None) -> str:
     than :data:`MAX_DEPTH`, and an encoding longer than ``max_size`` bytes. What
     passes reads back equal, except that tuples come back as lists.
     """
+    if value is None and (max_size is None or max_size >= 4):
+        return "null"  # what most handlers return
     try:
         encoded = _encode(value)
         raw = encoded.encode("utf-8")  # lone surrogates serialise but no database stores them

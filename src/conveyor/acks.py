@@ -53,20 +53,14 @@ class Acks:
     async def _flush(
         self, batch: list[tuple[Task, Any, asyncio.Future[ConveyorError | None]]]
     ) -> None:
-        items = [
-            {
-                "task_id": task.id,
-                "worker_id": self.worker_id,
-                "result": result,
-                "group": self.group,
-                "attempt": task.attempt,
-            }
-            for task, result, _ in batch
-        ]
-        self.observe(len(items))
+        self.observe(len(batch))
         try:
-            outcomes = await self.store.ack_many(
-                items, partitioned=any(task.partition is not None for task, _, _ in batch)
+            # The store's claim gave us these tasks: only their results need checking.
+            outcomes = await self.store._ack_claimed(
+                [(task, result) for task, result, _ in batch],
+                self.worker_id,
+                self.group,
+                partitioned=any(task.partition is not None for task, _, _ in batch),
             )
         except Exception as exc:
             # Every waiter, the leader included, gets the error from its own future:
