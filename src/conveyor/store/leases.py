@@ -14,7 +14,7 @@ from typing import Any
 from conveyor import _values as v
 from conveyor.errors import ConveyorError, InvalidArgument
 from conveyor.models import Task
-from conveyor.store import codec, consumer, groups, wake
+from conveyor.store import batch_ack, codec, consumer, groups, wake
 from conveyor.store import transactions as tx
 from conveyor.store.seam import Seam
 
@@ -208,12 +208,12 @@ class LeaseOps(Seam):
         :class:`InvalidArgument` for a result that is not JSON) — one item's
         failure does not hold back the others.
         """
-        outcomes, todo = consumer.validate_acks(items, max_size=self.max_result_size)
+        outcomes, todo = batch_ack.validate_acks(items, max_size=self.max_result_size)
         if not todo:
             return [o for o in outcomes if o is not None]
 
         out, partitioned = await tx.run(
-            self, lambda conn: consumer.succeed_many_tx(self, conn, outcomes, todo)
+            self, lambda conn: batch_ack.succeed_many_tx(self, conn, outcomes, todo)
         )
         wake.wake_local(self, work=partitioned)
         return [o for o in out if o is not None]
@@ -233,7 +233,7 @@ class LeaseOps(Seam):
         :meth:`ack_many` gives)."""
         grp = codec.group_key(group)
         outcomes: builtins.list[Task | ConveyorError | None] = []
-        todo: builtins.list[consumer.AckItem] = []
+        todo: builtins.list[batch_ack.AckItem] = []
         for i, (task, result) in enumerate(done):
             try:
                 encoded = v.to_json("result", result, max_size=self.max_result_size)
@@ -244,7 +244,7 @@ class LeaseOps(Seam):
             todo.append((i, task.id, worker_id, grp, task.attempt, encoded))
         if not todo:
             return [o if isinstance(o, ConveyorError) else None for o in outcomes]
-        return await consumer.ack_many(self, outcomes, todo, partitioned=partitioned)
+        return await batch_ack.ack_many(self, outcomes, todo, partitioned=partitioned)
 
     async def ack_many(
         self, items: Iterable[Mapping[str, Any]], *, partitioned: bool | None = None
@@ -257,7 +257,7 @@ class LeaseOps(Seam):
         ``partitioned``: whether some item is a task of a partition, when the caller
         knows (the worker does); ``True`` goes straight to the path that also moves
         streams. It only picks the path: the outcome is the same either way."""
-        outcomes, todo = consumer.validate_acks(items, max_size=self.max_result_size)
+        outcomes, todo = batch_ack.validate_acks(items, max_size=self.max_result_size)
         if not todo:
             return [o if isinstance(o, ConveyorError) else None for o in outcomes]
-        return await consumer.ack_many(self, outcomes, todo, partitioned=partitioned is True)
+        return await batch_ack.ack_many(self, outcomes, todo, partitioned=partitioned is True)

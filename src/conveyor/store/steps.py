@@ -9,7 +9,7 @@ parameters. The claim makes the choice :func:`.consumer.claim_tx` makes, but as
 sets: a fixed number of statements however many streams it takes (the dialect
 supplies the texts that read candidates and take lists; the choice is
 :func:`choose`, here). The acknowledgement takes the steps of
-:func:`.consumer.succeed_many_tx`.
+:func:`.batch_ack.succeed_many_tx`.
 
 Lease recovery is off the claim path: a claim's candidates read also asks
 whether any lease of this queue has expired, and recovers only when one has, so
@@ -264,7 +264,7 @@ async def ack_tx(
     :func:`ack_ready`): per (worker, group), one lookup of the batch's rows leased
     to the worker, then one statement per row passing the fence. Returns the items
     that failed the fence (the caller learns why through
-    :func:`.consumer.succeed_many_tx`), the finished task ids, and whether a
+    :func:`.batch_ack.succeed_many_tx`), the finished task ids, and whether a
     partitioned task finished (its stream may have work for the next claimer)."""
     built = st._texts
     assert built is not None
