@@ -47,26 +47,23 @@ import socket
 import time
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Coroutine, Sequence
+from typing import Any
 
 from conveyor import _values as v
 from conveyor.acks import Acks
 from conveyor.context import Context, start_handler
 from conveyor.errors import (
     ConveyorError,
-    InvalidArgument,
     LostLease,
-    StoreUnavailable,
     TaskCancelled,
 )
 from conveyor.feed import Feed
 from conveyor.heartbeats import Heartbeats
 from conveyor.instrument import Instruments
-from conveyor.logs import TaskLogger
-from conveyor.models import Status, Task
+from conveyor.models import Task
 from conveyor.outcomes import Snooze, TaskTimeout, UnknownTask, is_retryable
+from conveyor.recording import Held, Recorder, Run
 from conveyor.registry import TaskHost, payload_arguments
 from conveyor.schedule import scheduler_for
 from conveyor.startup import open_when_ready
@@ -74,60 +71,11 @@ from conveyor.store.base import TaskStore
 
 log = logging.getLogger("conveyor.worker")
 
-T = TypeVar("T")
-
-# A final write that meets a database outage is retried for the lease's length
-# (at least this many seconds): giving up sooner lets the lease run out and the
-# task run again elsewhere, while a late write is harmless (it is fenced).
-WRITE_RETRY_MIN = 6.0
+HANDOFF_TURNS = 3  # loop turns from a runner's creation to its handler's first line
 # A claim that fails waits 0.5 s, then twice as long each time up to 5 s, or less
 # when the wake channel reconnects (the database is back).
-HANDOFF_TURNS = 3  # loop turns from a runner's creation to its handler's first line
 CLAIM_RETRY_FIRST = 0.5
 CLAIM_RETRY_MAX = 5.0
-
-
-@dataclass(eq=False)
-class _Run:
-    """A stream run's hold on a slot. The run gives its slot up while the success
-    of one of its tasks is written (the next task must wait for that write, but
-    other work need not), and takes a slot again for its next task."""
-
-    holding: bool = True
-
-
-@dataclass(eq=False)
-class _Held:
-    """A task this worker holds a lease on."""
-
-    task: Task
-    interval: float  # seconds between heartbeats
-    next_beat: float  # monotonic time of the next heartbeat
-    handler: asyncio.Future[Any] | None = None
-    lost: bool = False
-    cancelled: bool = False
-    finishing: bool = False  # the outcome is being written; a LostLease then is ours
-    beating: bool = False  # a heartbeat is in flight
-    slot: bool = False  # runs alone in a slot, freed when its handler returns
-    run: _Run | None = None  # the stream run it belongs to
-    acking: bool = False  # its handler returned; its success is being written
-    outcome: str = "lost"  # for metrics and traces: succeeded, failed, retry, snoozed, lost
-    error: BaseException | None = None
-
-    _log: TaskLogger | None = field(default=None, init=False, repr=False)
-
-    @property
-    def log(self) -> TaskLogger:
-        """Lines about this task name it (made on first use: most tasks log nothing
-        at the default level)."""
-        if self._log is None:
-            self._log = TaskLogger(log, self.task)
-        return self._log
-
-    @property
-    def extra(self) -> dict[str, Any]:
-        """The task's log fields (``task_id``, ``task_name``, ``attempt``, ``queue``)."""
-        return dict(self.log.extra or {})
 
 
 class Worker:
@@ -169,8 +117,8 @@ class Worker:
             "worker_id",
             worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}",
         )
-        self._held: dict[str, _Held] = {}
-        self._feed: Feed[_Held] = Feed(self.concurrency)
+        self._held: dict[str, Held] = {}
+        self._feed: Feed[Held] = Feed(self.concurrency)
         self._acks = Acks(self.store, self.worker_id, self.group)
         self._runners: set[asyncio.Task[None]] = set()
         self._heartbeats = Heartbeats(
@@ -181,13 +129,16 @@ class Worker:
             lease=self.lease,
             held=self._held,
         )
+        self._record = Recorder(
+            self.store, self.worker_id, self.group, self._acks, self._heartbeats, self._let_go
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._forced: asyncio.Event | None = None
         self._slot_freed: asyncio.Event | None = None
         # Stream runs waiting to take a slot back for their next task, first come
         # first served, ahead of buffered units.
-        self._resume: deque[tuple[asyncio.Future[None], _Run]] = deque()
+        self._resume: deque[tuple[asyncio.Future[None], Run]] = deque()
         self._stop_calls = 0
         self._running = False
         #: Drain mode (``conveyor.testing.run_tasks``): return once a claim finds
@@ -318,7 +269,7 @@ class Worker:
                     self._slot_freed.wait(),
                 )
         # Stopped: what was claimed but never started goes back at once.
-        await asyncio.gather(*(self._release(held) for held in self._feed.drain()))
+        await asyncio.gather(*(self._record.release(held) for held in self._feed.drain()))
 
     async def _claim_round(self, room: int) -> int:
         """Claim up to ``room`` units (several claims when streams are capped);
@@ -356,11 +307,11 @@ class Worker:
                 job.cancel()
             await asyncio.gather(*jobs, return_exceptions=True)
 
-    def _hold(self, task: Task) -> _Held:
+    def _hold(self, task: Task) -> Held:
         # Every third of the lease this claim was granted (the queue's setting may
         # have changed since this worker last read it).
         interval = (task.lease or self._heartbeats.lease_for(task.queue)) / 3
-        held = _Held(task=task, interval=interval, next_beat=time.monotonic() + interval)
+        held = Held(task=task, interval=interval, next_beat=time.monotonic() + interval)
         self._held[task.id] = held
         return held
 
@@ -373,12 +324,12 @@ class Worker:
                 first.slot = True
                 self._start(self._run_one(first), first.task.id)
             else:
-                run = _Run()
+                run = Run()
                 for held in unit:
                     held.run = run
                 self._start(self._run_stream(unit, run), f"{first.task.partition}:{first.task.id}")
 
-    def _free_slot(self, held: _Held | None = None, run: _Run | None = None) -> None:
+    def _free_slot(self, held: Held | None = None, run: Run | None = None) -> None:
         """The slot of ``held`` (or of the stream ``run``) is free again: it goes to a
         stream run waiting to go on, else to a buffered unit."""
         if held is not None:
@@ -400,7 +351,7 @@ class Worker:
                 waiter.set_result(None)
         self._fill()
 
-    async def _slot_back(self, run: _Run) -> bool:
+    async def _slot_back(self, run: Run) -> bool:
         """Take a slot for the stream ``run``'s next task; False if stopped first."""
         if self._feed.busy < self.concurrency and not self._resume:
             self._feed.busy += 1
@@ -416,7 +367,7 @@ class Worker:
         self._runners.add(runner)
         runner.add_done_callback(self._runners.discard)
 
-    def _let_go(self, held: _Held) -> None:
+    def _let_go(self, held: Held) -> None:
         held_back = self._feed.acking > 2 * self._feed.concurrency
         if held.acking:
             held.acking = False
@@ -436,25 +387,25 @@ class Worker:
                 self._slot_freed.set()
 
     # ------------------------------------------------------------- running
-    async def _run_one(self, held: _Held) -> None:
+    async def _run_one(self, held: Held) -> None:
         try:
             await self.instruments.attempt(held, self._execute(held))
         finally:
             self._free_slot(held)
             self._let_go(held)
 
-    async def _run_stream(self, helds: list[_Held], run: _Run) -> None:
+    async def _run_stream(self, helds: list[Held], run: Run) -> None:
         try:
             await self._run_in_order(helds, run)
         finally:
             self._free_slot(run=run)
 
-    async def _run_in_order(self, helds: list[_Held], run: _Run) -> None:
+    async def _run_in_order(self, helds: list[Held], run: Run) -> None:
         assert self._stopping is not None
         for i, held in enumerate(helds):
             if not run.holding and not await self._slot_back(run):
                 for later in helds[i:]:  # stopped while waiting for a slot
-                    await self._release(later)
+                    await self._record.release(later)
                     self._let_go(later)
                 return
             try:
@@ -466,11 +417,11 @@ class Worker:
                 # A later task must not overtake one that will run again, and after
                 # stop() nothing new starts: hand the rest back, in order.
                 for later in rest:
-                    await self._release(later)
+                    await self._record.release(later)
                     self._let_go(later)
                 return
 
-    async def _execute(self, held: _Held) -> bool:
+    async def _execute(self, held: Held) -> bool:
         """Run one task and record its outcome. True when the task reached a
         terminal status (so the next task of its stream may run)."""
         task = held.task
@@ -481,7 +432,7 @@ class Worker:
                 f"no task named {task.name!r} is registered in this worker's app (known: {known})"
             )
             held.log.error("no handler is registered under this name")
-            return await self._fail(held, error, retryable=False)
+            return await self._record.fail(held, error, retryable=False)
         args, kwargs = payload_arguments(task.payload)
         ctx = Context(
             task,
@@ -509,7 +460,7 @@ class Worker:
                 return held.cancelled
             raise
         except Snooze as snooze:
-            return await self._snooze(held, snooze.delay)
+            return await self._record.snooze(held, snooze.delay)
         except Exception as exc:
             if isinstance(exc, TimeoutError) and scope.expired():
                 if not fn.is_async:
@@ -520,11 +471,11 @@ class Worker:
                 exc = TaskTimeout(f"{task.name} ran past its timeout of {fn.timeout:g} s")
             retryable = is_retryable(exc, retry_on=fn.retry_on, no_retry_on=fn.no_retry_on)
             held.log.info("attempt failed%s: %r", "" if retryable else " for good", exc)
-            return await self._fail(held, exc, retryable=retryable)
+            return await self._record.fail(held, exc, retryable=retryable)
         finally:
             held.handler = None
         if isinstance(result, Snooze):
-            return await self._snooze(held, result.delay)
+            return await self._record.snooze(held, result.delay)
         took = time.monotonic() - started
         if log.isEnabledFor(logging.INFO):
             held.log.info("succeeded in %.3f s", took)
@@ -539,112 +490,7 @@ class Worker:
                 self._free_slot(held)
             else:
                 self._free_slot(run=held.run)
-        return await self._succeed(held, result)
-
-    # -------------------------------------------------------------- writes
-    async def _succeed(self, held: _Held, result: Any) -> bool:
-        task = held.task
-        try:
-            await self._write(held, lambda: self._acks.succeed(task, result))
-        except InvalidArgument as exc:  # the result is not JSON
-            return await self._fail(held, exc, retryable=False)
-        except LostLease as exc:
-            held.log.info("dropped at completion: %s", exc)
-            return isinstance(exc, TaskCancelled)
-        except (ConveyorError, OSError) as exc:
-            held.log.error("could not record success (%s); the lease will run out", exc)
-            return False
-        held.outcome = "succeeded"
-        return True
-
-    async def _fail(self, held: _Held, error: BaseException, *, retryable: bool) -> bool:
-        task = held.task
-        try:
-            after = await self._write(
-                held,
-                lambda: self.store.fail(
-                    task.id,
-                    worker_id=self.worker_id,
-                    error=error,
-                    retryable=retryable,
-                    group=self.group,
-                    attempt=task.attempt,
-                ),
-            )
-        except LostLease as exc:
-            held.log.info("dropped at failure: %s", exc)
-            return isinstance(exc, TaskCancelled)
-        except (ConveyorError, OSError) as exc:
-            held.log.error("could not record failure (%s); the lease will run out", exc)
-            return False
-        held.outcome, held.error = ("retry" if after.status is Status.QUEUED else "failed"), error
-        if after.status is Status.QUEUED:
-            held.log.info("will retry at %s", after.run_at.isoformat())
-            return False
-        held.log.warning("failed for good: %s", after.error and after.error.get("message"))
-        return True
-
-    async def _snooze(self, held: _Held, delay: float) -> bool:
-        """The handler asked to run again in ``delay`` seconds (no attempt spent)."""
-        task = held.task
-        try:
-            after = await self._write(
-                held,
-                lambda: self.store.snooze(
-                    task.id,
-                    worker_id=self.worker_id,
-                    delay=delay,
-                    group=self.group,
-                    attempt=task.attempt,
-                ),
-            )
-        except LostLease as exc:
-            held.log.info("dropped at snooze: %s", exc)
-            return isinstance(exc, TaskCancelled)
-        except (ConveyorError, OSError) as exc:
-            held.log.error("could not snooze (%s); the lease will run out", exc)
-            return False
-        held.outcome = "snoozed"
-        held.log.info("snoozed: runs again at %s, no attempt spent", after.run_at.isoformat())
-        return False
-
-    async def _write(self, held: _Held, call: Callable[[], Awaitable[T]]) -> T:
-        """A final write, retried through a database outage for as long as the
-        lease may still be ours (the heartbeats keep renewing it once the database
-        is back; past it, recovery hands the task to others and the fence refuses
-        the late write)."""
-        held.finishing = True
-        pause = 0.1
-        give_up: float | None = None
-        while True:
-            try:
-                return await call()
-            except StoreUnavailable as exc:
-                now = time.monotonic()
-                if give_up is None:
-                    give_up = now + max(
-                        self._heartbeats.lease_for(held.task.queue), WRITE_RETRY_MIN
-                    )
-                if now >= give_up:
-                    raise
-                held.log.warning("write failed (%s); retrying", exc)
-                await asyncio.sleep(min(pause, give_up - now))
-                pause = min(pause * 2, 2.0)
-
-    async def _release(self, held: _Held) -> None:
-        task = held.task
-        held.finishing = True
-        try:
-            await self.store.release(
-                task.id, worker_id=self.worker_id, group=self.group, attempt=task.attempt
-            )
-            held.log.info("handed back")
-        except LostLease:
-            pass  # finished, recovered or cancelled meanwhile: nothing to hand back
-        except (ConveyorError, OSError) as exc:
-            held.log.warning("could not hand back (%s); the lease will run out", exc)
-        finally:
-            self._let_go(held)
+        return await self._record.succeed(held, result)
 
     # ---------------------------------------------------------- background
     async def _maintain_loop(self) -> None:
@@ -688,7 +534,7 @@ class Worker:
         await asyncio.gather(*pending, return_exceptions=True)
         if leftovers:
             log.info("handing back %d task(s)", len(leftovers))
-            await asyncio.gather(*(self._release(h) for h in leftovers))
+            await asyncio.gather(*(self._record.release(h) for h in leftovers))
 
 
 __all__ = ["Context", "TaskTimeout", "UnknownTask", "Worker"]
