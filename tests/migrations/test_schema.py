@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,13 +16,14 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, inspect, pool, text
 from sqlalchemy.engine import make_url
 
 import conveyor
 from _support import run_together, scratch_pg_database
 from conveyor import ProtocolVersionMismatch
-from conveyor.migrations import SCRIPT_LOCATION, VERSION_TABLE
+from conveyor.migrations import HEAD_REVISION, SCRIPT_LOCATION, VERSION_TABLE
 from conveyor.schema import metadata
 
 
@@ -213,3 +216,34 @@ async def test_a_schema_behind_this_version_is_refused_without_migrate(fresh_url
     await store.close()
     async with conveyor.connect(fresh_url) as store:  # migrate=True brings it up to date
         assert (await store.list()).items == []
+
+
+def test_the_head_revision_constant_is_alembics_head() -> None:
+    """A store at HEAD_REVISION opens without Alembic: a new migration must move it."""
+    assert ScriptDirectory(SCRIPT_LOCATION).get_heads() == [HEAD_REVISION]
+
+
+_OPEN_AT_HEAD = """
+import asyncio, sys
+import conveyor
+
+async def main() -> None:
+    async with conveyor.connect(sys.argv[1]) as st:
+        await st.submit("t", queue="q")
+
+asyncio.run(main())
+print("alembic" in sys.modules)
+"""
+
+
+async def test_a_store_at_head_opens_without_loading_alembic(fresh_url: str) -> None:
+    async with conveyor.connect(fresh_url):
+        pass  # migrates: Alembic is needed here
+    done = subprocess.run(
+        [sys.executable, "-c", _OPEN_AT_HEAD, fresh_url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert done.stdout.strip() == "False", done.stderr
