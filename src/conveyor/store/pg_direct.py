@@ -142,11 +142,8 @@ class Direct:
 
     async def run(self, sql: str, params: Mapping[str, Any]) -> list[Any]:
         """Run ``sql`` by itself in autocommit; its rows."""
-        if self._idle:
-            kept = self._idle.pop()
-        elif self._made < KEEP and not self._closed:
-            kept = await self._connect(sql, params)
-        else:
+        kept = await self._take(sql, params)
+        if kept is None:
             return await self._pooled(sql, params)
         try:
             rows = await _execute(kept.cursor(sql), sql, params)
@@ -158,10 +155,7 @@ class Direct:
             # Cancelled mid-statement: a result may still be on its way.
             await self._put_back(kept, True)
             raise
-        if self._closed or kept.driver.pgconn.transaction_status != _IDLE:
-            await self._put_back(kept, True)
-        else:
-            self._idle.append(kept)
+        await self._put_back(kept, False)
         return rows
 
     async def run_steps(self, steps: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Any] | None:
@@ -170,11 +164,8 @@ class Direct:
         statement still starts after the one before it has finished, so it sees
         what that one locked); the last statement's rows. ``None`` when no kept
         connection is free: the caller runs an ordinary transaction instead."""
-        if self._idle:
-            kept = self._idle.pop()
-        elif self._made < KEEP and not self._closed:
-            kept = await self._connect(steps[0][0], steps[0][1])
-        else:
+        kept = await self._take(*steps[0])
+        if kept is None:
             return None
         driver = kept.driver
         sql, params = steps[-1]
@@ -207,6 +198,15 @@ class Direct:
         for kept in idle:
             self._made -= 1
             await kept.driver.close()
+
+    async def _take(self, sql: str, params: Mapping[str, Any]) -> _Kept | None:
+        """An idle kept connection, or a new one while fewer than KEEP exist; ``None``
+        when all are busy (``sql`` and ``params`` name what failed to connect)."""
+        if self._idle:
+            return self._idle.pop()
+        if self._made < KEEP and not self._closed:
+            return await self._connect(sql, params)
+        return None
 
     async def _connect(self, sql: str, params: Mapping[str, Any]) -> _Kept:
         self._made += 1  # before the await: concurrent callers must not overshoot
