@@ -62,7 +62,10 @@ def connect(url: str | None = None, **options: Any) -> TaskStore:
     connection; ``"transaction"``: in every transaction, for a transaction-mode
     pooler such as PgBouncer) and ``durable_claims`` (default False: a claim's
     commit does not wait for the WAL flush, so a server crash may forget a lease
-    and the task runs again; True waits, like every other write).
+    and the task runs again; True waits, like every other write) and
+    ``direct_connections`` (default 10: the most connections, beyond the pool,
+    kept in autocommit for statements that run by themselves; two stay open, the
+    others only while that many such statements run at once).
     """
     dialect, async_url = resolve_url(url)
     if dialect == "sqlite":

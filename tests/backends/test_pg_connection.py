@@ -102,10 +102,13 @@ def test_durable_claims_is_checked(pg_url: str) -> None:
 
 
 async def test_single_statements_run_on_kept_autocommit_connections(pg_url: str) -> None:
-    """A statement run by itself takes one of at most ``pg_direct.KEEP`` connections
-    the store keeps in autocommit (with the store's timeouts), and gives it back;
-    more at once take pooled ones; one that died is replaced; close() closes them."""
-    async with conveyor.connect(pg_url, statement_timeout=0.7, listen=False) as st:
+    """A statement run by itself takes one of at most ``direct_connections``
+    connections the store keeps in autocommit (with the store's timeouts), and gives
+    it back; more at once take pooled ones; one that died is replaced; close()
+    closes them."""
+    async with conveyor.connect(
+        pg_url, statement_timeout=0.7, listen=False, direct_connections=pg_direct.KEEP
+    ) as st:
         assert isinstance(st, PostgresStore)
         for _ in range(3):
             await st.submit("t", queue="kept")
@@ -127,3 +130,38 @@ async def test_single_statements_run_on_kept_autocommit_connections(pg_url: str)
         assert pids[-1] not in [kept.driver.info.backend_pid for kept in direct._idle]
         kept = [k.driver for k in direct._idle]
     assert st._direct is None and direct._made == 0 and all(conn.closed for conn in kept)
+
+
+async def test_kept_connections_grow_with_concurrency_and_shrink_when_idle(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Concurrent single statements keep up to ``direct_connections`` connections,
+    never more; once idle for ``IDLE_CLOSE`` those beyond ``KEEP`` are closed (on
+    the server too), and the store goes on working on the rest."""
+    monkeypatch.setattr(pg_direct, "IDLE_CLOSE", 0.3)
+    async with conveyor.connect(pg_url, listen=False, direct_connections=5) as st:
+        assert isinstance(st, PostgresStore)
+        await asyncio.gather(*(st.submit("t", queue="grow") for _ in range(20)))
+        direct = st._direct
+        assert direct is not None
+        assert pg_direct.KEEP < direct._made <= 5 and len(direct._idle) == direct._made
+        pids = {kept.driver.info.backend_pid for kept in direct._idle}
+        await asyncio.sleep(0.8)
+        assert direct._made == len(direct._idle) == pg_direct.KEEP
+        left = {kept.driver.info.backend_pid for kept in direct._idle}
+        [row] = await st._run_direct(
+            "SELECT count(*) AS n FROM pg_stat_activity WHERE pid = ANY(%(pids)s)",
+            {"pids": sorted(pids - left)},
+        )
+        assert row.n == 0  # the closed ones are gone from the server
+        assert len((await st.list(queue="grow", limit=100)).items) == 20
+        task = await st.submit("t", queue="grow")
+        assert (await st.get(task.id)) is not None
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, "4", True, None])
+def test_direct_connections_is_checked(pg_url: str, bad: object) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        conveyor.connect(pg_url, direct_connections=bad)
+    assert info.value.field == "direct_connections"
+    assert "1 or more" in str(info.value)

@@ -6,9 +6,12 @@ A statement that commits on its own runs in autocommit. Taking a connection out
 of SQLAlchemy's pool for it, switching the driver to autocommit and back, and
 handing it back (the pool's reset runs a rollback through the greenlet bridge)
 cost about as much client CPU as the statement itself (~80 of ~170 µs for a
-one-row ``SELECT``). So a store keeps up to :data:`KEEP` connections of its own
-for these statements, already in autocommit, and reuses them; a statement that
-finds all of them busy takes one from the pool as before.
+one-row ``SELECT``). So a store keeps connections of its own
+for these statements, already in autocommit, and reuses them: :data:`KEEP`
+always, and more while more statements run at once, up to the store's
+``direct_connections`` (default :data:`MOST`); those beyond :data:`KEEP` are
+closed once idle for :data:`IDLE_CLOSE` seconds. A statement that finds all of
+them busy takes one from the pool as before.
 
 The kept connections are made by the engine's pool (its creator, connect
 arguments and connect events, hence the store's timeouts in the startup options)
@@ -19,9 +22,11 @@ and another is made when needed; ``close()`` closes them all.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import functools
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -32,10 +37,18 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.util import greenlet_spawn
 
-#: Connections a store keeps for single statements (beyond its pool). Two: one
-#: producer or worker loop uses one at a time; a second covers an acknowledgement
-#: overlapping a claim. More concurrent statements use the pool.
+#: Connections a store keeps for single statements (beyond its pool) however idle.
+#: Two: one producer or worker loop uses one at a time; a second covers an
+#: acknowledgement overlapping a claim.
 KEEP = 2
+#: The default most a store keeps while statements run concurrently (the
+#: ``direct_connections`` option). Why more than KEEP: at ten concurrent callers, a
+#: pooled connection per statement (checkout through SQLAlchemy's greenlet bridge,
+#: autocommit on and off, the pool's reset) cost a quarter to a third more client
+#: CPU per claim + ack than a kept one. Why a cap: each is a server connection.
+MOST = 10
+#: Seconds a kept connection beyond KEEP may stay idle before it is closed.
+IDLE_CLOSE = 10.0
 
 Conn = psycopg.AsyncConnection[Any]
 
@@ -107,11 +120,12 @@ class _Kept:
     cursor's adaptation context keeps the dumpers it looked up, and its row
     factory is the text's)."""
 
-    __slots__ = ("cursors", "driver")
+    __slots__ = ("cursors", "driver", "idle_since")
 
     def __init__(self, driver: Conn) -> None:
         self.driver = driver
         self.cursors: dict[str, psycopg.AsyncRawCursor[Any]] = {}
+        self.idle_since = 0.0
 
     def cursor(self, sql: str) -> psycopg.AsyncRawCursor[Any]:
         cur = self.cursors.get(sql)
@@ -134,11 +148,17 @@ _IDLE = pq.TransactionStatus.IDLE
 class Direct:
     """The single-statement runner of one store (one engine)."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, most: int = MOST) -> None:
         self._engine = engine
+        # Most recently used last: taken from the end, so under a lighter load the
+        # ones at the front stay idle and are the ones closed.
         self._idle: list[_Kept] = []
         self._made = 0  # kept connections in existence (idle or in use)
+        self._most = most
+        self._keep = min(KEEP, most)  # never closed for being idle
         self._closed = False
+        self._trimmer: asyncio.TimerHandle | None = None
+        self._closing: set[asyncio.Task[None]] = set()
 
     async def run(self, sql: str, params: Mapping[str, Any]) -> list[Any]:
         """Run ``sql`` by itself in autocommit; its rows."""
@@ -194,17 +214,23 @@ class Direct:
     async def close(self) -> None:
         """Close the kept connections (those in use are closed when they return)."""
         self._closed = True
+        if self._trimmer is not None:
+            self._trimmer.cancel()
+            self._trimmer = None
         idle, self._idle = self._idle, []
         for kept in idle:
             self._made -= 1
             await kept.driver.close()
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
 
     async def _take(self, sql: str, params: Mapping[str, Any]) -> _Kept | None:
-        """An idle kept connection, or a new one while fewer than KEEP exist; ``None``
-        when all are busy (``sql`` and ``params`` name what failed to connect)."""
+        """An idle kept connection, or a new one while fewer than the most exist;
+        ``None`` when all are busy (``sql`` and ``params`` name what failed to
+        connect)."""
         if self._idle:
             return self._idle.pop()
-        if self._made < KEEP and not self._closed:
+        if self._made < self._most and not self._closed:
             return await self._connect(sql, params)
         return None
 
@@ -242,7 +268,31 @@ class Direct:
             # it completes even in a cancelled task.
             await driver.close()
             return
+        kept.idle_since = time.monotonic()
         self._idle.append(kept)
+        if self._made > self._keep and self._trimmer is None:
+            self._trimmer = asyncio.get_running_loop().call_later(IDLE_CLOSE, self._trim)
+
+    def _trim(self) -> None:
+        """Close the kept connections beyond KEEP that have been idle IDLE_CLOSE
+        seconds (oldest first), and look again later while more than KEEP exist."""
+        self._trimmer = None
+        if self._closed:
+            return
+        moment = time.monotonic()
+        while self._made > self._keep and self._idle:
+            if moment - self._idle[0].idle_since < IDLE_CLOSE:
+                break
+            stale = self._idle.pop(0)
+            self._made -= 1
+            closing = asyncio.ensure_future(stale.driver.close())
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
+        if self._made > self._keep:
+            wait = IDLE_CLOSE
+            if self._idle:
+                wait = max(IDLE_CLOSE - (moment - self._idle[0].idle_since), 0.01)
+            self._trimmer = asyncio.get_running_loop().call_later(wait, self._trim)
 
     async def _pooled(self, sql: str, params: Mapping[str, Any]) -> list[Any]:
         # Every kept connection is busy: a pooled one, switched to autocommit for the

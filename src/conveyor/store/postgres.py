@@ -89,6 +89,7 @@ class PostgresStore(TaskStore):
         listen: bool = True,
         timeouts: str = "connection",
         durable_claims: bool = False,
+        direct_connections: int = pg_direct.MOST,
         **options: Any,
     ):
         super().__init__(url, **options)
@@ -116,6 +117,20 @@ class PostgresStore(TaskStore):
         #: lost with a server crash only means the task runs again (at-least-once),
         #: and the claim's commit costs about half as much server time.
         self.durable_claims = durable_claims
+        if (
+            not isinstance(direct_connections, int)
+            or isinstance(direct_connections, bool)
+            or direct_connections < 1
+        ):
+            raise InvalidArgument(
+                "direct_connections",
+                f"must be a whole number of connections, 1 or more, got {direct_connections!r}",
+            )
+        #: The most connections, beyond the pool, the store keeps in autocommit for
+        #: statements that run by themselves (claims, acknowledgements, plain
+        #: submits): two always, more while that many such statements run at once,
+        #: each closed again after 10 s idle (pg_direct).
+        self.direct_connections = direct_connections
         self._listener: pg_listen.Listener | None = None
         self._direct: pg_direct.Direct | None = None
         self.isolation_level = _read_committed("isolation_level", isolation_level)
@@ -288,7 +303,7 @@ class PostgresStore(TaskStore):
         direct = self._direct
         if direct is None:
             assert self._engine is not None
-            direct = self._direct = pg_direct.Direct(self._engine)
+            direct = self._direct = pg_direct.Direct(self._engine, self.direct_connections)
         return direct
 
     async def close(self) -> None:
