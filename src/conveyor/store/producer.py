@@ -27,6 +27,12 @@ from conveyor.store import transactions as tx
 from conveyor.store.seam import Seam
 
 CONFLICTS = ("reuse", "reject", "replace")
+#: A submit of at most this many tasks is a short write transaction: where the
+#: dialect runs transactions on a connection thread of its own (SQLite), it may run
+#: on the caller's thread while that thread is idle (see
+#: :mod:`conveyor.store.sqlite_thread`). Larger batches always take the thread, so
+#: the event loop is never held for long.
+INLINE_MAX = 100
 DEFAULT_MAX_ATTEMPTS = 3
 SUBMIT_FIELDS = frozenset(
     {
@@ -152,9 +158,10 @@ async def submit(st: Seam, reqs: list[Request]) -> list[Task]:
     if text is None and single and plain and "step_submit_insert" in built:
         # The same steps, each statement built once (dialects without a
         # one-statement submit).
-        return [await tx.run(st, lambda conn: submit_one_tx(st, conn, reqs[0]))]
+        return [await tx.run(st, lambda conn: submit_one_tx(st, conn, reqs[0]), inline=True)]
     if text is None or not plain:
-        return await tx.run(st, lambda conn: submit_tx(st, conn, reqs))
+        short = len(reqs) <= INLINE_MAX
+        return await tx.run(st, lambda conn: submit_tx(st, conn, reqs), inline=short)
     if single:
         (r,) = reqs
         params: dict[str, Any] = {

@@ -42,9 +42,11 @@ class ConnectionRunner(Protocol):
     """Runs blocking functions on a dialect's own connection, one at a time, in
     arrival order (see :meth:`Seam._connection_runner`)."""
 
-    async def call(self, fn: Callable[[Connection], T]) -> T:
+    async def call(self, fn: Callable[[Connection], T], *, inline: bool = False) -> T:
         """Run ``fn(connection)`` and return its result (or raise its exception).
-        ``fn`` opens and ends its own transaction."""
+        ``fn`` opens and ends its own transaction. ``inline``: ``fn`` is a short
+        write transaction the runner may run on the caller's thread (see
+        :mod:`conveyor.store.sqlite_thread`)."""
         ...
 
 

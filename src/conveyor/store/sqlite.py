@@ -171,15 +171,27 @@ class SQLiteStore(TaskStore):
         # the async engine stays the store's handle (opened, disposed) and connects
         # only if asked to (a private in-memory database: to one of its own).
         engine = create_async_engine(self.url, poolclass=StaticPool if self.in_memory else None)
+        blocking_options = {k: val for k, val in options.items() if k not in _POOL_OPTIONS}
+        # The connection is the thread's, but a short write may run on the event
+        # loop's thread instead while the thread is idle (the inline fast path of
+        # ConnectionThread.call); its lock makes one user at a time, so the driver's
+        # same-thread check has nothing left to guard.
+        blocking_options["connect_args"] = {
+            "check_same_thread": False,
+            **blocking_options.get("connect_args", {}),
+        }
         blocking = create_engine(
             make_url(self.url).set(drivername="sqlite+pysqlite"),
             poolclass=StaticPool,
-            **{k: val for k, val in options.items() if k not in _POOL_OPTIONS},
+            **blocking_options,
         )
         self._configure(engine.sync_engine)
-        self._configure(blocking, fair=not self.in_memory)
+        self._configure(blocking, fair=not self.in_memory, inline=True)
         self._thread = ConnectionThread(
             blocking,
+            # Not with synchronous FULL or EXTRA: each commit then waits for the disk,
+            # which the event loop must not.
+            inline=self.synchronous in ("OFF", "NORMAL"),
             # A private in-memory database has nobody else to hear from.
             poll=None if self.in_memory else WAKE_POLL,
             on_change=None if self.in_memory else self._changed_elsewhere,
@@ -196,11 +208,13 @@ class SQLiteStore(TaskStore):
 
         return engine
 
-    def _configure(self, engine: Engine, *, fair: bool = False) -> None:
+    def _configure(self, engine: Engine, *, fair: bool = False, inline: bool = False) -> None:
         """Attach the connection set-up and the choice of BEGIN to ``engine``.
 
         ``fair``: wait for the write lock by asking again after short pauses (see
-        :func:`_begin_fairly`) instead of in SQLite's busy handler.
+        :func:`_begin_fairly`) instead of in SQLite's busy handler. ``inline``: the
+        engine of the store's connection thread, whose inline fast path sends its
+        own ``BEGIN IMMEDIATE`` (asked once) before the transaction begins.
         """
         busy_timeout = self.busy_timeout
         # SQLite's own busy handler backs off to 100 ms sleeps, so a process waiting
@@ -229,8 +243,12 @@ class SQLiteStore(TaskStore):
                 cur.execute("PRAGMA busy_timeout = 0")
             cur.close()
 
+        store = self
+
         @event.listens_for(engine, "begin")
         def _on_begin(conn: Connection) -> None:
+            if inline and store._thread is not None and store._thread.begun:
+                return  # begun already, by the inline path (ConnectionThread.call)
             write = conn.get_execution_options().get("conveyor_write", True)
             sql = "BEGIN IMMEDIATE" if write else "BEGIN"
             if fair and write:

@@ -314,6 +314,7 @@ async def run(
     autocommit: bool = False,
     alone: Callable[[], Awaitable[T]] | None = None,
     together: Callable[[], Awaitable[T | None]] | None = None,
+    inline: bool = False,
 ) -> T:
     """Run ``work`` in one transaction, retrying transient failures with backoff.
 
@@ -332,6 +333,9 @@ async def run(
     connection (:meth:`~conveyor.store.seam.Seam._steps_runner`), tried first
     where the dialect allows; ``None`` from it (no connection of its own free)
     means ``work`` runs as usual.
+    ``inline``: ``work`` is a short write the dialect's connection runner may run
+    on the caller's thread while the runner is idle (SQLite's inline fast path,
+    :mod:`conveyor.store.sqlite_thread`).
     """
     if st._engine is None:
         await st.open()
@@ -360,7 +364,9 @@ async def run(
                 # thread: one hop from the event loop, none per statement.
                 progress = [False]
                 try:
-                    return await runner.call(partial(_inline, work, write, progress))
+                    return await runner.call(
+                        partial(_inline, work, write, progress), inline=inline and write
+                    )
                 finally:
                     committing = progress[0]
             async with st._transaction_gate(write), st._engine.connect() as conn:
