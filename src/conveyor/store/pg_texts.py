@@ -26,7 +26,7 @@ _NOW = pg_claim.NOW
 # path (partitioned rows, whose stream must be refreshed in the same transaction).
 # ``note`` drives the final join, so it always runs.
 _ACK_TEXT = (
-    pg_claim.ack_head(True, "t.id, d.grp")
+    pg_claim.ack_head(True, "i.id, d.grp")
     + """
 note AS (
     SELECT count(pg_notify('{done}', done.id)) AS n FROM done
