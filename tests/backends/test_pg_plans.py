@@ -44,9 +44,8 @@ def _dsn(url: str) -> str:
 async def _fill(url: str) -> list[conveyor.Task]:
     async with conveyor.connect(url, listen=False) as st:
         for start in range(0, QUEUED + LEASED, 1000):
-            await st.submit_many(
-                [{"name": "t", "queue": "q", "payload": {"i": i}} for i in range(start, start + 1000)]
-            )
+            batch = range(start, start + 1000)
+            await st.submit_many([{"name": "t", "queue": "q", "payload": {"i": i}} for i in batch])
         leased: list[conveyor.Task] = []
         while len(leased) < LEASED:
             leased += await st.claim("q", worker_id="w", limit=100)
