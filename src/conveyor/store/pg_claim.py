@@ -54,7 +54,7 @@ WITH items AS (
     -- unknown id).
     SELECT e.v ->> 0 AS id, e.v ->> 1 AS worker_id, e.v ->> 2 AS grp,
            (e.v ->> 3)::int AS attempt, e.v ->> 4 AS result, e.idx,
-           t.seq, 'running'::text AS running
+           t.seq, t.queue, 'running'::text AS running
     FROM json_array_elements(%(items)s::json) WITH ORDINALITY AS e(v, idx)
     LEFT JOIN conveyor_tasks AS t ON t.id = e.v ->> 0
 ),
@@ -65,14 +65,16 @@ done AS (
         finished_at = {NOW},
         lease_expires_at = NULL
     FROM items AS i
-    -- The items must drive this plan through the primary key, so the only
-    -- condition on ``d`` alone is the array of their sequence numbers; the
-    -- status comes from ``items`` as a join condition. Joined to the tasks here
-    -- and with the status as a constant, the planner hash-joined every leased row
-    -- of the queue to every item, with or without table statistics: 22 ms for 10
-    -- items with 1,000 tasks running.
+    -- Each item's row must be found by an exact lookup, so the only condition on
+    -- ``d`` alone is the array of the items' sequence numbers; the group, queue
+    -- and status come from ``items`` as join conditions, naming every column of
+    -- the primary key and of the status index alike. Joined to the tasks here and
+    -- with the status as a constant, the planner hash-joined every leased row of
+    -- the queue to every item, with or without table statistics: 306-316 ms for
+    -- 100 items with 1,000 tasks running.
     WHERE d.task_seq = ANY(ARRAY(SELECT seq FROM items WHERE seq IS NOT NULL))
-      AND d.task_seq = i.seq AND d.grp = i.grp AND d.status = i.running
+      AND d.task_seq = i.seq AND d.grp = i.grp AND d.queue = i.queue
+      AND d.status = i.running
       AND d.worker_id = i.worker_id AND (i.attempt IS NULL OR d.attempt = i.attempt){plain}
     RETURNING {returning}
 ),"""
@@ -183,7 +185,7 @@ chosen AS (
     WHERE %(mix)s OR CASE WHEN e.lead = 1 THEN e.rank = 1 ELSE e.kind = 0 END
 ),
 picked AS MATERIALIZED (
-    SELECT k.task_seq, k.rank, %(grp)s::text AS grp, 'queued'::text AS status, coalesce(
+    SELECT k.task_seq, k.rank, k.queue, %(grp)s::text AS grp, 'queued'::text AS status, coalesce(
         %(lease)s::float8,
         (SELECT c.lease FROM conveyor_queues AS c WHERE c.queue = k.queue),
         {q.DEFAULT_LEASE}
@@ -208,16 +210,19 @@ taken AS (
         progress = NULL,
         progress_message = NULL
     FROM picked AS k
-    -- The primary key must drive this plan: the planner cannot know how few rows
-    -- ``picked`` holds. So the only condition on ``d`` alone is the array of
-    -- sequence numbers; the group and the status (re-checked on the latest row
-    -- version, as every condition of an UPDATE is) come from ``picked`` as join
-    -- conditions. Written as constants on ``d`` they matched the status index too,
-    -- and without table statistics (a fresh table, autovacuum not yet run) the
-    -- planner walked every queued row of the group there: 3-5 ms per claim at
-    -- 3,000 queued tasks instead of ~0.6 ms, and growing with the queue.
+    -- Each picked row must be found by an exact lookup, whatever the planner
+    -- guesses: the planner cannot know how few rows ``picked`` holds. So the only
+    -- condition on ``d`` alone is the array of sequence numbers, and the group,
+    -- queue and status (re-checked on the latest row version, as every condition
+    -- of an UPDATE is) come from ``picked`` as join conditions, naming every column
+    -- of the primary key and of the status index alike. Written as constants on
+    -- ``d`` they matched the status index's first columns, and without table
+    -- statistics (a fresh table, autovacuum not yet run) the planner walked every
+    -- queued row of the group there: 3-5 ms per claim at 3,000 queued tasks
+    -- instead of ~0.6 ms, and growing with the queue.
     WHERE d.task_seq = ANY(ARRAY(SELECT task_seq FROM picked))
-      AND d.task_seq = k.task_seq AND d.grp = k.grp AND d.status = k.status
+      AND d.task_seq = k.task_seq AND d.grp = k.grp AND d.queue = k.queue
+      AND d.status = k.status
     RETURNING d.*, k.rank
 ),
 held AS (
