@@ -150,9 +150,10 @@ def submit_context(queues: Sequence[str], now: Now) -> Select[Any]:
 
 
 @functools.cache
-def fan_out(one: bool = False) -> Insert:
+def fan_out(one: bool = False, after: bool = False) -> Insert:
     """Delivery rows for new tasks (bind ``seqs``, a list of task seqs; with ``one``,
-    ``seq``, one task's): queue mode plus every active group of the queue.
+    ``seq``, one task's; with ``after``, every task whose seq is above ``after``):
+    queue mode plus every active group of the queue.
 
     Written in the producer's transaction, so a group never depends on a cursor
     that a late-committing producer could slip behind. Built once: building it
@@ -166,34 +167,34 @@ def fan_out(one: bool = False) -> Insert:
         ),
         select(g.c.name, g.c.queue, g.c.start_at).where(g.c.active.is_(True)),
     ).subquery("targets")
-    source = (
-        select(
-            t.c.seq,
-            targets.c.grp,
-            t.c.queue,
-            t.c.partition,
-            t.c.priority,
-            t.c.max_attempts,
-            literal(QUEUED),
-            literal(0),
-            t.c.run_at,
-        )
-        .select_from(
-            t.join(
-                targets,
-                or_(
-                    targets.c.grp == QUEUE_MODE,
-                    and_(
-                        targets.c.queue == t.c.queue,
-                        or_(targets.c.start_at.is_(None), targets.c.start_at <= t.c.created_at),
-                    ),
+    source = select(
+        t.c.seq,
+        targets.c.grp,
+        t.c.queue,
+        t.c.partition,
+        t.c.priority,
+        t.c.max_attempts,
+        literal(QUEUED),
+        literal(0),
+        t.c.run_at,
+    ).select_from(
+        t.join(
+            targets,
+            or_(
+                targets.c.grp == QUEUE_MODE,
+                and_(
+                    targets.c.queue == t.c.queue,
+                    or_(targets.c.start_at.is_(None), targets.c.start_at <= t.c.created_at),
                 ),
-            )
-        )
-        .where(
-            t.c.seq == bindparam("seq") if one else t.c.seq.in_(bindparam("seqs", expanding=True))
+            ),
         )
     )
+    if one:
+        source = source.where(t.c.seq == bindparam("seq"))
+    elif after:
+        source = source.where(t.c.seq > bindparam("after"))
+    else:
+        source = source.where(t.c.seq.in_(bindparam("seqs", expanding=True)))
     return d.insert().from_select(SEEDED, source)
 
 

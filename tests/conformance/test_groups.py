@@ -48,6 +48,25 @@ async def test_each_group_and_queue_mode_get_every_task(store: TaskStore) -> Non
         assert await _claim_all(store, group, worker="w2") == []
 
 
+async def test_a_batch_fans_out_its_own_tasks_to_every_group(store: TaskStore) -> None:
+    """A batch of plain tasks, after tasks already stored: each group and queue
+    mode get each new task once, and the older ones are not written again (on
+    SQLite the batch's delivery rows are those of every task above the largest
+    seq before it)."""
+    await store.subscribe(Q, "a")
+    older = [(await store.submit("e", {"n": n}, queue=Q)).id for n in range(2)]
+    batch = await store.submit_many(
+        [{"name": "e", "queue": Q, "payload": {"n": n}} for n in range(2, 150)]
+        + [{"name": "e", "queue": "elsewhere", "payload": {}}]
+    )
+    ids = older + [t.id for t in batch[:-1]]
+    for group in ("a", None):
+        got = await store.claim(Q, worker_id="w", group=group, limit=1000)
+        assert [t.id for t in got] == ids, group
+    elsewhere = await store.claim("elsewhere", worker_id="w", limit=10)
+    assert [t.id for t in elsewhere] == [batch[-1].id]
+
+
 async def test_success_in_one_group_leaves_the_others_queued(store: TaskStore) -> None:
     await store.subscribe(Q, "a")
     await store.subscribe(Q, "b")

@@ -159,8 +159,10 @@ async def submit(st: Seam, reqs: list[Request]) -> list[Task]:
         # The same steps, each statement built once (dialects without a
         # one-statement submit).
         return [await tx.run(st, lambda conn: submit_one_tx(st, conn, reqs[0]), inline=True)]
+    short = len(reqs) <= INLINE_MAX
+    if text is None and plain and "step_submit_insert_many" in built:
+        return await tx.run(st, lambda conn: submit_plain_tx(st, conn, reqs), inline=short)
     if text is None or not plain:
-        short = len(reqs) <= INLINE_MAX
         return await tx.run(st, lambda conn: submit_tx(st, conn, reqs), inline=short)
     if single:
         (r,) = reqs
@@ -199,6 +201,15 @@ def _answers(reqs: list[Request], rows: list[Any]) -> list[Task]:
     """The tasks of plain requests, from the rows the one-statement submit returned
     (``id``, ``max_attempts``, ``created_at``, ``run_at``), in request order."""
     stored = {row.id: row for row in rows}
+    ordered = [stored[r.id] for r in reqs]
+    return _plain_tasks(
+        reqs, [(row.max_attempts, int(row.created_at), int(row.run_at)) for row in ordered]
+    )
+
+
+def _plain_tasks(reqs: list[Request], stored: list[tuple[int, int, int]]) -> list[Task]:
+    """The tasks of plain requests (no key, partition or parent), in request order,
+    from what the database chose for each: ``(max_attempts, created_at, run_at)``."""
     if len(reqs) == 1:
         payloads = [json.loads(reqs[0].payload)]
     else:
@@ -209,9 +220,7 @@ def _answers(reqs: list[Request], rows: list[Any]) -> list[Task]:
     # unless delayed), so each distinct value becomes a datetime once.
     moments: dict[int, datetime] = {}
     out = []
-    for r, payload in zip(reqs, payloads, strict=True):
-        row = stored[r.id]
-        created_at, run_at = int(row.created_at), int(row.run_at)
+    for r, payload, (max_attempts, created_at, run_at) in zip(reqs, payloads, stored, strict=True):
         created = moments.get(created_at)
         if created is None:
             created = moments[created_at] = v.from_us(created_at)
@@ -227,7 +236,7 @@ def _answers(reqs: list[Request], rows: list[Any]) -> list[Task]:
                 payload=payload,
                 metadata={} if r.metadata == "{}" else json.loads(r.metadata),
                 priority=r.priority,
-                max_attempts=row.max_attempts,
+                max_attempts=max_attempts,
                 run_at=due,
                 created_at=created,
                 key=None,
@@ -366,6 +375,65 @@ async def submit_one_tx(st: Seam, conn: AsyncConnection, r: Request) -> Task:
     await texts.execute(conn, st, fan, {"seq": seq})
     await st._notify(conn, {r.queue}, done=False)
     return codec.new_task(row, payload=json.loads(r.payload), metadata=json.loads(r.metadata))
+
+
+async def submit_plain_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> list[Task]:
+    """:func:`submit_tx` of plain requests (no key, partition or parent) on the
+    statements built once (:mod:`.steps`): each queue's settings and the clock,
+    the largest seq so far, the task rows (one statement run per row), and the
+    delivery rows of every task above that seq — the rows just inserted, since
+    this transaction holds the single writer lock. Its Tasks are built from the
+    values written, without reading them back."""
+    built = st._texts
+    assert built is not None
+    context, last, insert, fan = (
+        built.get("step_submit_context"),
+        built.get("step_last_seq"),
+        built.get("step_submit_insert_many"),
+        built.get("step_fan_out_after"),
+    )
+    assert context is not None and last is not None and insert is not None and fan is not None
+    settings: dict[str, Any] = {}
+    now = 0
+    for queue in sorted({r.queue for r in reqs}):
+        found = (await texts.execute(conn, st, context, {"queue": queue})).first()
+        now = now or int(found.now)  # one moment for the batch, as one statement has
+        settings[queue] = found if found.queue is not None else None
+    after = (await texts.execute(conn, st, last, {})).scalar()
+    rows: list[dict[str, Any]] = []
+    stored: list[tuple[int, int, int]] = []
+    for r in reqs:
+        conf = settings[r.queue]
+        max_attempts = (
+            r.max_attempts
+            or (conf.max_attempts if conf is not None else None)
+            or DEFAULT_MAX_ATTEMPTS
+        )
+        run_at = r.run_at_us if r.run_at_us is not None else now + (r.delay_us or 0)
+        rows.append(
+            {
+                "v_id": r.id,
+                "v_name": r.name,
+                "v_queue": r.queue,
+                "v_partition": None,
+                "v_payload": r.payload,
+                "v_metadata": r.metadata,
+                "v_priority": r.priority,
+                "v_max_attempts": max_attempts,
+                "v_backoff": r.backoff or (conf.backoff if conf is not None else None),
+                "v_created_at": now,
+                "v_run_at": run_at,
+                "v_key": None,
+                "v_parent_id": None,
+                "v_root_id": r.id,
+                "v_correlation_id": r.correlation_id,
+            }
+        )
+        stored.append((max_attempts, now, run_at))
+    await texts.execute_many(conn, st, insert, rows)
+    await texts.execute(conn, st, fan, {"after": after})
+    await st._notify(conn, {r.queue for r in reqs}, done=False)
+    return _plain_tasks(reqs, stored)
 
 
 async def insert_tasks(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> dict[str, Task]:

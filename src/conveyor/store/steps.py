@@ -16,9 +16,9 @@ whether any lease of this queue has expired, and recovers only when one has, so
 an expired lease is still recovered by the next claim of its queue.
 
 Covered: claims of one queue (plain work and streams), batch acknowledgement,
-and the submit of one plain task (:func:`.producer.submit_one_tx`). The rest
-(several queues at once; fence failures, to learn why; keys, partitions,
-parents, batches) takes the Core path.
+and the submit of plain tasks, one (:func:`.producer.submit_one_tx`) or many
+(:func:`.producer.submit_plain_tx`). The rest (several queues at once; fence
+failures, to learn why; keys, partitions, parents) takes the Core path.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from sqlalchemy import bindparam
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import statements as q
@@ -97,6 +97,31 @@ def _fan_out(st: Seam) -> Any:
     if not _steps(st):
         return None
     return q.fan_out(one=True)
+
+
+@texts.shared("step_submit_insert_many")
+def _submit_insert_many(st: Seam) -> Any:
+    # Run once per row (executemany): no RETURNING, whose rows executemany drops.
+    if not _steps(st):
+        return None
+    values: dict[str, Any] = {name: bindparam(f"v_{name}") for name in _TASK_COLUMNS}
+    return t.insert().values(values)
+
+
+@texts.shared("step_last_seq")
+def _last_seq(st: Seam) -> Any:
+    # The largest seq so far; under the single writer lock, the rows a submit then
+    # inserts are exactly those above it.
+    if not _steps(st):
+        return None
+    return select(func.coalesce(func.max(t.c.seq), 0))
+
+
+@texts.shared("step_fan_out_after")
+def _fan_out_after(st: Seam) -> Any:
+    if not _steps(st):
+        return None
+    return q.fan_out(after=True)
 
 
 @texts.shared("step_finish")
