@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 
 import conveyor
 from conveyor import Status
@@ -238,3 +239,42 @@ async def test_a_pass_killed_midway_keeps_an_exact_history(
     history = await store.maintenance_history(limit=10)
     assert sum(h["deleted"] for h in history) == n
     assert history[0]["duration"] > 0
+
+
+async def _orphans(store: TaskStore) -> int:
+    """Delivery rows whose task row is gone (no foreign key deletes them: the
+    store must)."""
+
+    async def work(conn: Any) -> int:
+        found = await conn.execute(
+            text(
+                "SELECT count(*) FROM conveyor_deliveries AS d WHERE NOT EXISTS "
+                "(SELECT 1 FROM conveyor_tasks AS t WHERE t.seq = d.task_seq)"
+            )
+        )
+        return int(found.scalar())
+
+    return int(await store._run(work))
+
+
+async def test_retention_leaves_no_delivery_row_without_its_task(store: TaskStore) -> None:
+    await store.configure_queue("q", retention=10)
+    await store.configure_queue("bus", retention=10, queue_mode=False)
+    await store.subscribe("q", "g")
+    await store.subscribe("bus", "g")
+    await store.submit_many([{"name": "t", "queue": "q"} for _ in range(30)])
+    await store.submit_many(
+        [{"name": "t", "queue": "q", "partition": f"p{n % 3}"} for n in range(9)]
+    )
+    await store.submit_many([{"name": "e", "queue": "bus", "key": f"k{n}"} for n in range(10)])
+    await _finish(store, "q", 39)
+    await _finish(store, "q", 39, group="g")
+    await _finish(store, "bus", 10, group="g")
+    store.clock_offset = 100
+    assert (await store.maintain())["deleted"] == 49
+    assert await _orphans(store) == 0
+    assert (await store.list(queue="q")).items == []
+    # A group subscribed after the purge backfills nothing from deleted tasks.
+    await store.subscribe("q", "late")
+    assert await _orphans(store) == 0
+    assert await store.claim("q", worker_id="w", group="late") == []

@@ -67,6 +67,27 @@ def _assert_matches_metadata(engine: Engine) -> None:
     assert tables == set(metadata.tables) | {VERSION_TABLE}
     assert len(versions) == 1
     _assert_partial_indexes_match(engine)
+    if engine.dialect.name == "sqlite":
+        _assert_sqlite_index_ddl_matches(engine)
+
+
+def _index_ddl(engine: Engine) -> dict[str, str]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL")
+        ).all()
+    return {name: " ".join(sql.split()) for name, sql in rows}
+
+
+def _assert_sqlite_index_ddl_matches(engine: Engine) -> None:
+    """SQLite: every index is exactly what schema.py declares (the comparison above
+    misses a column's sort order, which a table rebuild in batch mode loses)."""
+    declared = create_engine("sqlite://", poolclass=pool.StaticPool)
+    try:
+        metadata.create_all(declared)
+        assert _index_ddl(engine) == _index_ddl(declared)
+    finally:
+        declared.dispose()
 
 
 NOISE = {"and", "in", "any", "array", "text", "character", "varying"}
@@ -247,3 +268,51 @@ async def test_a_store_at_head_opens_without_loading_alembic(fresh_url: str) -> 
         check=True,
     )
     assert done.stdout.strip() == "False", done.stderr
+
+
+def _foreign_keys(engine: Engine) -> list[object]:
+    with engine.connect() as conn:
+        return inspect(conn).get_foreign_keys("conveyor_deliveries")
+
+
+def _index_names(engine: Engine) -> set[str]:
+    with engine.connect() as conn:
+        return {ix["name"] for ix in inspect(conn).get_indexes("conveyor_tasks")}
+
+
+async def test_0005_keeps_the_data_and_downgrades_to_0004(fresh_url: str) -> None:
+    """0005 drops the deliveries' foreign key and the (queue, created_at) index and
+    makes the parent and correlation indexes partial; it keeps every row, and going
+    back to 0004 restores all three."""
+    engine = _sync_engine(fresh_url)
+    try:
+        _alembic(engine, "upgrade", "0004")
+        assert len(_foreign_keys(engine)) == 1
+    finally:
+        engine.dispose()
+    async with conveyor.connect(fresh_url) as store:  # migrates 0004 -> 0005 with rows in
+        root = await store.submit("root", queue="q", correlation_id="c")
+        child = await store.submit("child", queue="q", parent=root)
+        await store.subscribe("q", "g", start="all")
+        more = await store.submit_many([{"name": "x", "queue": "q"}] * 3)
+    engine = _sync_engine(fresh_url)
+    try:
+        _assert_matches_metadata(engine)
+        assert _foreign_keys(engine) == []
+        assert "ix_conveyor_tasks_queue_created" not in _index_names(engine)
+        _alembic(engine, "downgrade", "0004")
+        [fk] = _foreign_keys(engine)
+        assert fk["referred_table"] == "conveyor_tasks"  # type: ignore[index]
+        assert fk["options"].get("ondelete") == "CASCADE"  # type: ignore[index]
+        assert "ix_conveyor_tasks_queue_created" in _index_names(engine)
+        with engine.connect() as conn:
+            n = conn.execute(text("SELECT count(*) FROM conveyor_deliveries")).scalar()
+        assert n == 2 * 5  # queue mode and group g, for each of the five tasks
+        _alembic(engine, "upgrade", "head")
+        _assert_matches_metadata(engine)
+    finally:
+        engine.dispose()
+    async with conveyor.connect(fresh_url) as store:
+        assert [t.id for t in await store.children(root.id)] == [child.id]
+        assert [t.id for t in (await store.list(correlation_id="c")).items] == [root.id]
+        assert len((await store.list(queue="q", group="g")).items) == 2 + len(more)

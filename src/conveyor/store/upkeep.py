@@ -411,8 +411,13 @@ async def purge_batch(
         await inspect.fold_observed(st, conn, [tuple(r) for r in unrolled])
         ids = select(t.c.id).where(t.c.seq.in_(doomed))
         await conn.execute(delete(k).where(k.c.task_id.in_(ids)))
-        await conn.execute(delete(d).where(d.c.task_seq.in_(doomed)))
+        # No foreign key deletes delivery rows with their task (schema.py says why):
+        # this transaction deletes both, the tasks first. Deleting tasks waits for a
+        # subscribe in flight (its table lock on conveyor_tasks), so the delete of
+        # delivery rows after it also removes the rows that backfill just wrote for
+        # these tasks: no delivery row outlives its task.
         await conn.execute(delete(t).where(t.c.seq.in_(doomed)))
+        await conn.execute(delete(d).where(d.c.task_seq.in_(doomed)))
         await count_pass(conn, pass_id, deleted=len(doomed))
     last = candidates[-1]
     return len(doomed), (last.finished_at, last.task_seq)

@@ -1,0 +1,81 @@
+"""The task table's lookups by parent and by correlation id use their indexes, which
+hold only the tasks that have one (``WHERE parent_id IS NOT NULL``, ``WHERE
+correlation_id IS NOT NULL``, revision 0005): the planner must see that
+``col = :x`` implies ``col IS NOT NULL``. As in test_claim_cost, the plan is the
+one the database chooses for the bound parameters (Postgres after ANALYZE, SQLite
+without statistics); nothing is forced.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from conveyor import statements as q
+from conveyor.schema import tasks as t
+from conveyor.store import codec
+from conveyor.store.base import TaskStore
+
+PARENT = "ix_conveyor_tasks_parent"
+CORRELATION = "ix_conveyor_tasks_correlation_seq"
+
+
+async def _load(store: TaskStore, backend: str) -> str:
+    """3,000 tasks with neither, a few children and correlated tasks; a parent's id."""
+    for _ in range(3):
+        await store.submit_many([{"name": "plain", "queue": "q"} for _ in range(1_000)])
+    parents = await store.submit_many([{"name": "p", "queue": "q"} for _ in range(5)])
+    for p in parents:
+        await store.submit_many([{"name": "c", "queue": "q", "parent": p} for _ in range(4)])
+    await store.submit_many(
+        [{"name": "r", "queue": "q", "correlation_id": f"c{n % 4}"} for n in range(20)]
+    )
+    if backend == "postgres":
+
+        async def analyze(conn: AsyncConnection) -> None:
+            await conn.execute(text("ANALYZE"))
+
+        await store._run(analyze)
+    return parents[2].id
+
+
+async def plan(store: TaskStore, stmt: Any) -> str:
+    """The plan the database chooses for ``stmt`` with its parameters bound."""
+
+    async def work(conn: AsyncConnection) -> str:
+        compiled = stmt.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
+        if conn.dialect.name == "sqlite":
+            params: Any = tuple(compiled.params[name] for name in compiled.positiontup or [])
+            rows = await conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {compiled}", params)
+            return "\n".join(str(row[-1]) for row in rows)
+        rows = await conn.exec_driver_sql(f"EXPLAIN {compiled}", compiled.params)
+        return "\n".join(str(row[0]) for row in rows)
+
+    return await store._run(work)
+
+
+def _assert_index(backend: str, text_plan: str, index: str) -> None:
+    assert index in text_plan, f"{index} not used:\n{text_plan}"
+    if backend == "sqlite":
+        for line in text_plan.splitlines():
+            assert not (line.startswith("SCAN conveyor_tasks") and "INDEX" not in line), text_plan
+    else:
+        assert "Seq Scan on conveyor_tasks" not in text_plan, text_plan
+
+
+async def test_children_and_correlation_lookups_use_the_partial_indexes(
+    store: TaskStore, backend: str
+) -> None:
+    parent = await _load(store, backend)
+    children = q.task_view(q.QUEUE_MODE).where(t.c.parent_id == parent).order_by(t.c.seq)
+    _assert_index(backend, await plan(store, children.limit(100)), PARENT)
+    listed = codec.list_statement(
+        q.QUEUE_MODE, None, {"correlation_id": "c1", "queue": None}, None, 101
+    )
+    _assert_index(backend, await plan(store, listed), CORRELATION)
+    # And the answers are right.
+    assert len(await store.children(parent)) == 4
+    assert len((await store.list(correlation_id="c1")).items) == 5
+    assert (await store.list(correlation_id="nobody")).items == []
