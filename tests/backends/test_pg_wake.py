@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 import conveyor
+from _support import scratch_pg_database
 from conveyor import Status
 from conveyor.store import pg_listen, wake
 from conveyor.store.postgres import PostgresStore
@@ -219,3 +220,56 @@ async def test_an_unreachable_server_means_polling_not_failure(pg_url: str, queu
         [claimed] = await lonely.claim(queue, worker_id="w")
         await lonely.succeed(task.id, worker_id="w", attempt=claimed.attempt)
         assert (await lonely.wait(task.id, timeout=2)).status is Status.SUCCEEDED
+
+
+async def _heard(raw: psycopg.AsyncConnection[object], wait: float = 0.4) -> list[str]:
+    """The work announcements ``raw`` (a bare LISTEN connection) received."""
+    return [n.payload async for n in raw.notifies(timeout=wait)]
+
+
+async def test_a_submit_announces_its_queue_only_when_someone_listens(pg_url: str) -> None:
+    # A database of its own: nobody else's listener may hold the lock here.
+    with scratch_pg_database("conveyor_wake") as url:
+        async with (
+            conveyor.connect(url, listen=False) as producer,
+            await psycopg.AsyncConnection.connect(_dsn(url), autocommit=True) as raw,
+        ):
+            # A bare LISTEN (not a conveyor listener) observes what is sent.
+            await raw.execute(f"LISTEN {pg_listen.WORK_CHANNEL}")
+            await producer.submit("x", queue="alone")
+            await producer.submit_many([{"name": "x", "queue": "alone"}] * 3)
+            assert await _heard(raw) == []  # nobody could be woken: no NOTIFY
+            async with conveyor.connect(url) as waiter:
+                assert isinstance(waiter, PostgresStore)
+                await wake.listen(waiter)
+                await producer.submit("x", queue="heard")
+                await producer.submit_many([{"name": "x", "queue": "heard-too"}] * 3)
+                assert await _heard(raw) == ["heard", "heard-too"]
+            await producer.submit("x", queue="alone")
+            assert await _heard(raw) == []  # the listener closed with its store
+
+
+async def test_a_listener_starting_during_a_silent_submit_waits_for_its_commit(
+    pg_url: str,
+) -> None:
+    with scratch_pg_database("conveyor_wake") as url:
+        async with (
+            conveyor.connect(url) as waiter,
+            await psycopg.AsyncConnection.connect(_dsn(url)) as submitter,
+        ):
+            assert isinstance(waiter, PostgresStore)
+            # A submit in flight that found nobody listening (and so sends nothing).
+            async with submitter.transaction():
+                got = await submitter.execute(f"SELECT {pg_listen.NOBODY_LISTENS}")
+                assert (await got.fetchone()) == (True,)
+                starting = asyncio.create_task(wake.listen(waiter))
+                await asyncio.sleep(0.5)
+                # Not listening yet: its waiters' first look must come after the
+                # commit, so they see what the silent submit wrote.
+                assert waiter._listener is not None and not waiter._listener.listening
+            await starting
+            for _ in range(50):
+                if waiter._listener.listening:
+                    break
+                await asyncio.sleep(0.05)
+            assert waiter._listener.listening

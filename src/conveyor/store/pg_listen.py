@@ -12,6 +12,17 @@ Two channels, both scoped to the database (not the server):
 ``pg_notify`` runs inside the transaction that makes the change, so a listener
 hears it only after the change commits, and never for a rolled-back one.
 
+A submit announces its queues only when some listener can hear it. Every listener
+holds a shared advisory lock (:data:`LISTENING_LOCK`) on its connection while it
+listens; the one-statement submit tries that lock exclusively for its own
+transaction (:data:`NOBODY_LISTENS`), and sends no ``NOTIFY`` when it gets it
+(nobody holds it shared: nobody listens). A ``NOTIFY`` nobody hears still costs its
+commit a cluster-wide lock and a write to the notification queue (~10 % of a
+one-task submit). No wake-up is lost by it: a listener that starts meanwhile waits
+for that submit's commit before it takes the lock, and its waiters look at the
+database only after that. A submit that finds the lock held (a listener, or
+another submit holding it for a moment) announces as always.
+
 The listening side is a :class:`Listener`: its own psycopg ``AsyncConnection`` in
 autocommit mode, outside the SQLAlchemy pool (a pooled connection would carry the
 LISTEN to whoever borrowed it next). Notifications are an accelerator only: every
@@ -64,6 +75,14 @@ NOTIFY: TextClause = text(
     "OR EXISTS (SELECT 1 FROM conveyor_waiters AS w WHERE w.task_id = n.payload) "
     "OR (n.payload = '' AND EXISTS (SELECT 1 FROM conveyor_waiters))"
 )
+
+#: The advisory lock a listener holds shared while it listens, in its database
+#: (postgres.py's MIGRATION_LOCK + 2).
+LISTENING_LOCK = 0x636F6E76 + 2
+#: True when nobody listens: the exclusive try of :data:`LISTENING_LOCK`, held by
+#: the trying transaction until it ends (so a listener starting meanwhile waits for
+#: its commit). Read once per statement (a CTE of its own).
+NOBODY_LISTENS = f"pg_try_advisory_xact_lock({LISTENING_LOCK})"
 
 State = Literal["idle", "listening", "down", "off", "stopped"]
 
@@ -160,6 +179,12 @@ class Listener:
                 delay = min(delay * 2, RETRY_MAX)
                 continue
             try:
+                # Say that someone listens (see NOBODY_LISTENS), before listening:
+                # it waits for the submits that found nobody listening to commit,
+                # so what they wrote is there for the waiters' first look, which
+                # comes once this is listening. An error here is not a refusal of
+                # LISTEN: reconnect and try again.
+                await conn.execute(f"SELECT pg_advisory_lock_shared({LISTENING_LOCK})")
                 try:
                     for channel in self._channels:  # constants, never user input
                         await conn.execute(f"LISTEN {channel}")

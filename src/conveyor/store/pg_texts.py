@@ -43,7 +43,8 @@ FROM note LEFT JOIN (
 
 # Submit plain tasks (no key, partition or parent) in one statement: insert the
 # task rows, fan out their delivery rows (queue mode and every active group) and
-# announce the queues, all from arrays. Data-modifying CTEs, which SQLite lacks.
+# announce the queues when some listener can hear it (``gate``, see
+# pg_listen.NOBODY_LISTENS), all from arrays. Data-modifying CTEs, which SQLite lacks.
 _SUBMIT_MANY = """
     SELECT * FROM unnest(
         %(ids)s::text[], %(names)s::text[], %(queues)s::text[], %(payloads)s::text[],
@@ -89,9 +90,11 @@ fan AS (
     FROM ins AS i JOIN conveyor_groups AS g ON g.queue = i.queue AND g.active
         AND (g.start_at IS NULL OR g.start_at <= i.created_at)
 ),
+gate AS (SELECT {pg_listen.NOBODY_LISTENS} AS nobody),
 note AS (
     SELECT count(pg_notify('{{work}}', w.queue)) AS n
-    FROM (SELECT DISTINCT queue FROM ins) AS w
+    FROM (SELECT DISTINCT queue FROM ins) AS w, gate
+    WHERE NOT gate.nobody
 )
 SELECT ins.id, ins.max_attempts, ins.created_at, ins.run_at FROM note, ins
 """
