@@ -377,3 +377,58 @@ async def test_start_and_stop_wake_are_repeatable(store_url: str) -> None:
     for _ in range(2):
         await st.open()
         await st.close()
+
+
+# ----------------------------------------------------------- statistics
+async def test_refresh_statistics_has_nothing_to_do_on_sqlite(tmp_path: Any) -> None:
+    async with conveyor.connect(f"sqlite:///{tmp_path / 'stats.db'}") as st:
+        await st.submit_many([{"name": "t", "queue": "q"} for _ in range(200)])
+        conn = await _conn(st)
+        async with conn.begin():
+            assert await st._refresh_statistics(conn) == []
+        await conn.close()
+
+
+async def _analysed(conn: AsyncConnection) -> set[str]:
+    rows = await conn.execute(
+        text("SELECT DISTINCT tablename FROM pg_stats WHERE tablename LIKE 'conveyor%'")
+    )
+    found = {row.tablename for row in rows}
+    await conn.commit()
+    return found
+
+
+async def test_refresh_statistics_analyses_changed_tables_once(pg_url: str) -> None:
+    """Postgres: tables never analysed (or changed past autovacuum's threshold) get
+    planner statistics, and a second call finds nothing left to do."""
+    from tests._support import scratch_pg_database
+
+    with scratch_pg_database("conveyor_stats") as url:
+        async with conveyor.connect(url, listen=False) as st:
+            await st.submit_many([{"name": "t", "queue": "q"} for _ in range(1000)])
+        # Closing the store's connections reported their inserts to the statistics.
+        async with conveyor.connect(url, listen=False) as st:
+            conn = await _conn(st)
+            assert await _analysed(conn) == set()
+            async with conn.begin():
+                refreshed = await st._refresh_statistics(conn)
+            assert {"conveyor_deliveries", "conveyor_tasks"} <= set(refreshed)
+            assert {"conveyor_deliveries", "conveyor_tasks"} <= await _analysed(conn)
+            async with conn.begin():
+                assert await st._refresh_statistics(conn) == []
+            await conn.close()
+
+
+async def test_a_maintenance_pass_refreshes_statistics(pg_url: str) -> None:
+    """maintain() leaves the busy tables analysed on a server whose autovacuum has
+    not (failed before: no maintenance step gathered statistics)."""
+    from tests._support import scratch_pg_database
+
+    with scratch_pg_database("conveyor_stats") as url:
+        async with conveyor.connect(url, listen=False) as st:
+            await st.submit_many([{"name": "t", "queue": "q"} for _ in range(1000)])
+        async with conveyor.connect(url, listen=False) as st:
+            await st.maintain()
+            conn = await _conn(st, write=False)
+            assert {"conveyor_deliveries", "conveyor_tasks"} <= await _analysed(conn)
+            await conn.close()

@@ -62,6 +62,9 @@ TIMEOUT_MODES = ("connection", "transaction")
 #: psycopg prepares a statement server-side once it has run this many times on a
 #: connection; the hot statements are fixed texts, so they are parsed and planned once.
 PREPARE_THRESHOLD = 2
+#: The tables whose planner statistics a maintenance pass keeps fresh: those the hot
+#: statements filter and that grow with the work.
+STATISTICS_TABLES = ("conveyor_deliveries", "conveyor_streams", "conveyor_tasks")
 LISTEN_START_WAIT = 2.0  # seconds open() gives the listener before going on without it
 
 
@@ -232,6 +235,31 @@ class PostgresStore(TaskStore):
 
     def _lock_for_migration(self, conn: Connection) -> None:
         conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
+
+    async def _refresh_statistics(self, conn: AsyncConnection) -> list[str]:
+        # Without statistics (a young table that autovacuum has not analysed yet, or
+        # a server with autovacuum off) the planner guesses that an equality on any
+        # indexed column finds about one row, and may then walk the partial index
+        # of leased rows for a heartbeat or a fail, or the status index for a
+        # claim's expiry check: work that grows with the queue. So a maintenance
+        # pass analyses these tables when they changed by autovacuum's own
+        # threshold (50 rows + 10 %) since their last analysis, or were never
+        # analysed; where autovacuum keeps up, there is nothing left to do.
+        rows = await conn.execute(
+            text(
+                "SELECT relname FROM pg_stat_user_tables "
+                "WHERE schemaname = current_schema() AND relname = ANY(:tables) "
+                "AND n_mod_since_analyze > :base + :scale * n_live_tup "
+                "ORDER BY relname"
+            ),
+            {"tables": list(STATISTICS_TABLES), "base": 50, "scale": 0.1},
+        )
+        stale = [row.relname for row in rows]
+        if stale:
+            # SKIP_LOCKED: a table autovacuum (or another ANALYZE) holds is skipped,
+            # not waited for. The names come from the list above, never from input.
+            await conn.execute(text(f"ANALYZE (SKIP_LOCKED) {', '.join(stale)}"))
+        return stale
 
     @asynccontextmanager
     async def _maintenance_lock(self) -> AsyncIterator[bool]:

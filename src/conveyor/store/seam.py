@@ -199,6 +199,12 @@ class Seam(abc.ABC):
         caller at a time may get True where passes could collide; the others get
         False at once (they skip) rather than queueing."""
 
+    @abc.abstractmethod
+    async def _refresh_statistics(self, conn: AsyncConnection) -> list[str]:
+        """Bring the query planner's statistics of the store's busiest tables up to
+        date where the database has not (run by a maintenance pass, in ``conn``'s
+        transaction); the tables refreshed. Must not wait on locks others hold."""
+
     # -------------------------------------------------------- statements
     @abc.abstractmethod
     def _upsert(self, table: Any) -> Any:

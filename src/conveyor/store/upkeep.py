@@ -191,6 +191,7 @@ async def maintain(st: Seam) -> dict[str, int]:
                 deleted += await purge(st, row.queue, row.retention, row.queue_mode, pass_id)
         await rollup(st)
         await drop_idle_streams(st)
+        await tx.run(st, st._refresh_statistics)
         counts = {
             "recovered": requeued,
             "expired": failed,
