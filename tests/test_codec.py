@@ -1,0 +1,63 @@
+"""The row → Task path's shortcuts give exactly what the plain constructor gives."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conveyor import _values as v
+from conveyor.models import Status, Task
+from conveyor.store import codec
+
+
+def _values() -> dict[str, object]:
+    moment = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+    out: dict[str, object] = {}
+    for i, field in enumerate(dataclasses.fields(Task)):
+        out[field.name] = f"v{i}"
+    out.update(
+        payload={"args": [1]},
+        metadata={"m": 1},
+        priority=3,
+        status=Status.RUNNING,
+        attempt=2,
+        max_attempts=5,
+        run_at=moment,
+        created_at=moment,
+        started_at=moment,
+        finished_at=None,
+        lease_expires_at=moment,
+        progress=0.5,
+        result=[1, 2],
+        error=None,
+        lease=30.0,
+    )
+    return out
+
+
+def test_the_slot_maker_builds_the_same_frozen_task() -> None:
+    values = _values()
+    made = codec.make_task(**values)
+    plain = Task(**values)  # type: ignore[arg-type]
+    assert type(made) is Task
+    assert made == plain and repr(made) == repr(plain)
+    assert all(getattr(made, name) is value for name, value in values.items())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.attempt = 3  # type: ignore[misc]
+
+
+def test_the_slot_maker_wants_every_field() -> None:
+    values = _values()
+    del values["lease"]
+    with pytest.raises(TypeError):
+        codec.make_task(**values)
+
+
+@given(st.integers(min_value=0, max_value=253_402_300_799_999_999))  # up to 9999-12-31
+def test_remembered_datetimes_are_the_plain_ones(us: int) -> None:
+    assert codec._from_us(us) == v.from_us(us)
+    assert codec._from_us(us) == v.from_us(us)  # from the cache the second time
