@@ -67,7 +67,9 @@ def test_gives_up_at_once_or_after_the_limit(
     assert patient.count("waiting for the database") >= 3  # 0.5, 1, 2 s, ...
     assert "did not answer within 4 s" in patient and "--wait-for-db" in patient
     assert "Traceback" not in quick + patient
-    assert after_wait >= 4 and after_wait > at_once
+    # Not "after_wait > at_once": on a loaded machine starting the process alone has
+    # taken 8 s. That the first gave up without waiting is what its log shows above.
+    assert after_wait >= 4
     Figures(
         scenario="wait_for_db_gives_up",
         injected="worker started with the database down",
