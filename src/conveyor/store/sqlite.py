@@ -20,7 +20,11 @@ What differs from Postgres, and only that:
   busy handler for each other. A write transaction waiting for another
   process's lock asks again every millisecond (up to ``busy_timeout``) instead
   of in SQLite's busy handler, whose back-off to 100 ms sleeps lets a process
-  that writes back to back starve the other;
+  that writes back to back starve the other. A short write (a submit) that
+  finds the thread idle skips the hop and runs on the event loop's thread, on
+  the same connection (check_same_thread off; a lock makes one user at a time),
+  asking for the write lock once: the inline fast path of
+  :mod:`conveyor.store.sqlite_thread`;
 * wake-ups — while idle, the connection thread reads ``PRAGMA data_version``
   every few milliseconds (no lock; it changes when another connection commits)
   and wakes this process's idle workers and ``wait()`` calls when it moves.
