@@ -228,3 +228,20 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+
+
+async def plan(store: TaskStore, stmt: Any) -> str:
+    """The plan the database chooses for ``stmt`` with its parameters bound (SQLite's
+    ``EXPLAIN QUERY PLAN`` details, Postgres's ``EXPLAIN`` lines)."""
+    from sqlalchemy.ext.asyncio import AsyncConnection
+
+    async def work(conn: AsyncConnection) -> str:
+        compiled = stmt.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
+        if conn.dialect.name == "sqlite":
+            params: Any = tuple(compiled.params[name] for name in compiled.positiontup or [])
+            rows = await conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {compiled}", params)
+            return "\n".join(str(row[-1]) for row in rows)
+        rows = await conn.exec_driver_sql(f"EXPLAIN {compiled}", compiled.params)
+        return "\n".join(str(row[0]) for row in rows)
+
+    return await store._run(work)

@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
+from tests._support import plan
 
 from conveyor import statements as q
 from conveyor.schema import deliveries as d
@@ -92,21 +93,6 @@ async def load(store: TaskStore, backend: str) -> None:
             await conn.execute(text("ANALYZE"))
 
         await store._run(analyze)
-
-
-async def plan(store: TaskStore, stmt: Any) -> str:
-    """The plan the database chooses for ``stmt`` with its parameters bound."""
-
-    async def work(conn: AsyncConnection) -> str:
-        compiled = stmt.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
-        if conn.dialect.name == "sqlite":
-            params: Any = tuple(compiled.params[name] for name in compiled.positiontup or [])
-            rows = await conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {compiled}", params)
-            return "\n".join(str(row[-1]) for row in rows)
-        rows = await conn.exec_driver_sql(f"EXPLAIN {compiled}", compiled.params)
-        return "\n".join(str(row[0]) for row in rows)
-
-    return await store._run(work)
 
 
 def assert_uses(backend: str, text_plan: str, index: str, table: str) -> None:

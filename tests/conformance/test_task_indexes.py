@@ -8,10 +8,9 @@ without statistics); nothing is forced.
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
+from tests._support import plan
 
 from conveyor import statements as q
 from conveyor.schema import tasks as t
@@ -39,21 +38,6 @@ async def _load(store: TaskStore, backend: str) -> str:
 
         await store._run(analyze)
     return parents[2].id
-
-
-async def plan(store: TaskStore, stmt: Any) -> str:
-    """The plan the database chooses for ``stmt`` with its parameters bound."""
-
-    async def work(conn: AsyncConnection) -> str:
-        compiled = stmt.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
-        if conn.dialect.name == "sqlite":
-            params: Any = tuple(compiled.params[name] for name in compiled.positiontup or [])
-            rows = await conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {compiled}", params)
-            return "\n".join(str(row[-1]) for row in rows)
-        rows = await conn.exec_driver_sql(f"EXPLAIN {compiled}", compiled.params)
-        return "\n".join(str(row[0]) for row in rows)
-
-    return await store._run(work)
 
 
 def _assert_index(backend: str, text_plan: str, index: str) -> None:
