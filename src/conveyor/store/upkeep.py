@@ -191,7 +191,9 @@ async def maintain(st: Seam) -> dict[str, int]:
                 deleted += await purge(st, row.queue, row.retention, row.queue_mode, pass_id)
         await rollup(st)
         await drop_idle_streams(st)
-        await tx.run(st, st._refresh_statistics)
+        # Not a write of the protocol's: on SQLite (nothing to refresh) it must not
+        # take the write lock; Postgres's ANALYZE runs in any transaction.
+        await tx.run(st, st._refresh_statistics, write=False)
         counts = {
             "recovered": requeued,
             "expired": failed,
