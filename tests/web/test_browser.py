@@ -183,8 +183,12 @@ def test_the_throughput_plot_renders(page: Any, served: Served) -> None:
     plots = page.locator("svg.plot")
     playwright_api.expect(plots).to_have_count(4)
     emails = page.locator('tr[data-queue="emails"] svg.plot')
-    box = emails.bounding_box()
-    assert box is not None and box["width"] > 100 and box["height"] > 20
+    # Measured in the page in one go: the live refresh may swap the plot out
+    # between locating it and measuring it, and a swapped-out element has no box.
+    width, height = emails.evaluate(
+        "svg => { const r = svg.getBoundingClientRect(); return [r.width, r.height]; }"
+    )
+    assert width > 100 and height > 20
     # An hour of finished work, a few failures among it: both kinds of bar are drawn.
     assert emails.locator("rect.bar.succeeded").count() >= 50
     assert emails.locator("rect.bar.failed").count() >= 10
