@@ -30,9 +30,12 @@ async def test_timeouts_hold_in_both_modes(pg_url: str, mode: str) -> None:
         pg_url, statement_timeout=0.5, lock_timeout=0.3, timeouts=mode
     ) as st:
         assert await st._run(_show) == ("500ms", "300ms", "read committed")
-        # and the one-statement paths work either way
-        task = await st.submit("t", queue="q")
-        [got] = await st.claim("q", worker_id="w")
+        # and the one-statement paths work either way (a queue of its own: this
+        # database is shared with the other tests of this module, which leave
+        # tasks queued in theirs)
+        queue = f"timeouts-{mode}"
+        task = await st.submit("t", queue=queue)
+        [got] = await st.claim(queue, worker_id="w")
         assert got.id == task.id
         assert await st.ack_many([{"task_id": got.id, "worker_id": "w"}]) == [None]
 
