@@ -25,8 +25,9 @@ What it does, in order of a task's life:
   unknown task name is a terminal failure (``code="unknown_task"``), not a crash
   loop. Every write carries ``attempt=`` so a stale attempt can never complete a
   newer one; ``LostLease``/``TaskCancelled`` drop the task quietly;
-* **maintain**: ``store.maintain()`` every ``maintain_interval`` (the store makes
-  sure one caller at a time does the work);
+* **maintain**: ``store.maintain()`` once at start, then every
+  ``maintain_interval`` (the store makes sure one caller at a time does the
+  work);
 * **stop**: on :meth:`Worker.stop` (SIGINT/SIGTERM under
   :meth:`App.run_worker`) it stops claiming, lets running tasks finish within
   ``grace`` seconds, then hands the rest back with :meth:`TaskStore.release`
@@ -495,17 +496,28 @@ class Worker:
     # ---------------------------------------------------------- background
     async def _maintain_loop(self) -> None:
         assert self.maintain_interval is not None
-        # Spread the workers of a fleet started together over the interval.
+        # A pass at start, beside the first claims: a queue filled before its
+        # workers started gets its table statistics now (on Postgres, where
+        # autovacuum has not analysed the new rows yet or is off, the batch
+        # acknowledgement costs about twice the server time without them), and
+        # leases a crashed worker left behind are recovered once expired. The
+        # store lets one caller at a time do the work: in a fleet started together
+        # the first worker does it and the others skip.
+        await self._maintain_once()
+        # Then spread the fleet's passes over the interval.
         await asyncio.sleep(random.uniform(0.0, self.maintain_interval))
         while True:
-            try:
-                counts = await self.store.maintain()
-                if any(counts.get(k) for k in ("recovered", "expired", "evicted", "deleted")):
-                    log.info("maintenance: %s", counts)
-            except (ConveyorError, OSError) as exc:
-                log.warning("maintenance failed: %s", exc)
-            await self._heartbeats.refresh()
+            await self._maintain_once()
             await asyncio.sleep(self.maintain_interval)
+
+    async def _maintain_once(self) -> None:
+        try:
+            counts = await self.store.maintain()
+            if any(counts.get(k) for k in ("recovered", "expired", "evicted", "deleted")):
+                log.info("maintenance: %s", counts)
+        except (ConveyorError, OSError) as exc:
+            log.warning("maintenance failed: %s", exc)
+        await self._heartbeats.refresh()
 
     # ------------------------------------------------------------ stopping
     async def _wind_down(self) -> None:

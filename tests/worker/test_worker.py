@@ -492,3 +492,58 @@ def test_duplicate_task_names_are_refused() -> None:
 
         @app.task(name="same")
         async def two(ctx: Context) -> None: ...
+
+
+async def test_a_worker_maintains_once_when_it_starts(app: conveyor.App) -> None:
+    """The first maintenance pass runs at start, not somewhere in the first interval."""
+
+    @app.task(queue="m")
+    async def nothing(ctx: Context) -> None:
+        return None
+
+    await app.store.open()
+    assert await app.store.maintenance_history() == []
+    async with running(app.worker("m", poll_interval=0.2, maintain_interval=3600)):
+        deadline = time.monotonic() + 10
+        while not await app.store.maintenance_history():
+            assert time.monotonic() < deadline, "no maintenance pass at start"
+            await asyncio.sleep(0.05)
+    assert len(await app.store.maintenance_history()) == 1
+
+
+async def test_a_worker_started_on_a_filled_young_queue_analyses_it(pg_url: str) -> None:
+    """Postgres: tasks queued before any worker ran, on tables never analysed (a
+    server with autovacuum off, or not yet come round): the worker's first pass
+    gives the planner its statistics at once."""
+    import psycopg
+
+    from _support import scratch_pg_database
+
+    with scratch_pg_database("conveyor_young") as url:
+        app = conveyor.App(url)
+
+        @app.task(queue="bulk")
+        async def slow(ctx: Context) -> None:
+            await asyncio.sleep(60)
+
+        dsn = url.replace("postgresql+psycopg://", "postgresql://")
+
+        def analysed() -> int:
+            with psycopg.connect(dsn) as conn:
+                [(n,)] = conn.execute(
+                    "SELECT count(*) FROM pg_stats WHERE tablename = 'conveyor_deliveries'"
+                ).fetchall()
+            return int(n)
+
+        # Queued by a producer of its own, gone before the worker starts (the
+        # server counts a connection's changes when it ends, or within seconds).
+        async with conveyor.connect(url) as producer:
+            await producer.submit_many([{"name": slow.name, "queue": "bulk"}] * 2000)
+        assert analysed() == 0
+        async with app:
+            worker = app.worker("bulk", concurrency=2, poll_interval=0.2, grace=0.1)
+            async with running(worker):
+                deadline = time.monotonic() + 10
+                while not analysed():
+                    assert time.monotonic() < deadline, "the tables were never analysed"
+                    await asyncio.sleep(0.05)
