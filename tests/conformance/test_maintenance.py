@@ -282,3 +282,33 @@ async def test_retention_leaves_no_delivery_row_without_its_task(store: TaskStor
     await store.subscribe("q", "late")
     assert await _orphans(store) == 0
     assert await store.claim("q", worker_id="w", group="late") == []
+
+
+async def test_a_pass_ends_while_tasks_keep_finishing(store: TaskStore) -> None:
+    """The rollup folds what had finished when it began and leaves the rest to the
+    next pass. It used to fold until a batch came back empty, so under a steady
+    stream of completions a pass chased them for as long as the stream lasted
+    (holding the maintenance lock, and a worker's CPU, the whole time)."""
+    stop = asyncio.Event()
+    finished = 0
+
+    async def stream() -> None:
+        nonlocal finished
+        while not stop.is_set():
+            await store.submit("t", queue="busy")
+            for task in await store.claim("busy", worker_id="w"):
+                await store.succeed(task.id, worker_id="w")
+                finished += 1
+
+    job = asyncio.create_task(stream())
+    try:
+        while finished < 20:
+            await asyncio.sleep(0.01)
+        started = time.monotonic()
+        await asyncio.wait_for(store.maintain(), timeout=30)
+        took = time.monotonic() - started
+        assert not job.done(), "the stream stopped on its own"
+        assert took < 5, f"the pass took {took:.1f} s"
+    finally:
+        stop.set()
+        await job

@@ -447,9 +447,12 @@ async def rollup(st: Seam) -> int:
     await tx.run(st, lambda conn: inspect.prune_observed(st, conn))
     while True:
         rolled = await tx.run(st, lambda conn: rollup_batch(st, conn))
-        if not rolled:
-            return total
         total += rolled
+        # A short batch has caught up: what finished since is the next pass's.
+        # Folding until a batch came back empty chased a busy queue's completions
+        # for as long as they kept coming, and the pass never ended.
+        if rolled < ROLLUP_BATCH:
+            return total
 
 
 async def rollup_batch(st: Seam, conn: AsyncConnection) -> int:
