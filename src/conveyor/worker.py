@@ -500,7 +500,7 @@ class Worker:
         # workers started gets its table statistics now (on Postgres, where
         # autovacuum has not analysed the new rows yet or is off, the batch
         # acknowledgement costs about twice the server time without them), and
-        # leases a crashed worker left behind are recovered once expired. The
+        # expired leases (a crashed worker's) are recovered at once. The
         # store lets one caller at a time do the work: in a fleet started together
         # the first worker does it and the others skip.
         await self._maintain_once()
