@@ -448,9 +448,13 @@ class Worker:
         if log.isEnabledFor(logging.DEBUG):
             held.log.debug("running")
         started = time.monotonic()
+        scope: asyncio.Timeout | None = None
         try:
-            async with asyncio.timeout(fn.timeout) as scope:
+            if fn.timeout is None:  # no timeout: spare the context manager (per task)
                 result = await handler
+            else:
+                async with asyncio.timeout(fn.timeout) as scope:
+                    result = await handler
         except LostLease as exc:
             held.log.info("dropped: %s", exc)
             return isinstance(exc, TaskCancelled)
@@ -463,7 +467,7 @@ class Worker:
         except Snooze as snooze:
             return await self._record.snooze(held, snooze.delay)
         except Exception as exc:
-            if isinstance(exc, TimeoutError) and scope.expired():
+            if isinstance(exc, TimeoutError) and scope is not None and scope.expired():
                 if not fn.is_async:
                     held.log.warning(
                         "timed out; the handler's thread cannot be stopped and is left to "
