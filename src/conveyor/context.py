@@ -133,6 +133,16 @@ def start_handler(
     return in_thread(fn.func, ctx, *args, **kwargs)
 
 
+def call_async(
+    fn: TaskFunction[Any, Any], ctx: Context, args: list[Any], kwargs: dict[str, Any]
+) -> Coroutine[Any, Any, Any]:
+    """One run of the coroutine handler ``fn``, to await in the caller's own task
+    (no task of its own: the worker's runner of an unpartitioned task is that
+    task's alone). Like :func:`start_handler`, wrong arguments raise from the
+    await, not from this call."""
+    return _call_async(fn.func, ctx, args, kwargs)
+
+
 async def _call_async(
     func: Callable[..., Any], ctx: Context, args: list[Any], kwargs: dict[str, Any]
 ) -> Any:

@@ -342,6 +342,42 @@ async def test_cancel_while_running_stops_the_handler(app: conveyor.App) -> None
     assert final is not None and final.status is Status.CANCELLED
 
 
+async def test_a_handler_that_swallows_the_lost_lease_leaves_the_worker_sound(
+    app: conveyor.App,
+) -> None:
+    """The handler catches the cancel that a lost lease (here: a cancel of the
+    task) sends it and returns a result: the result is not written, the task
+    stays cancelled, and the worker goes on running other tasks."""
+    started = asyncio.Event()
+
+    @app.task(queue="q")
+    async def stubborn(ctx: Context) -> str:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            return "kept going"
+        return "slept"
+
+    @app.task(queue="q")
+    async def after(ctx: Context) -> str:
+        return "ran"
+
+    async with running(app.worker("q", lease=0.6, poll_interval=0.05)) as worker:
+        task = await stubborn.submit()
+        await asyncio.wait_for(started.wait(), 5)
+        await app.store.cancel(task.id)
+        for _ in range(250):
+            if worker.held == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert worker.held == 0
+        done = await app.store.wait((await after.submit()).id, timeout=10)
+        assert done.result == "ran"
+    final = await app.store.get(task.id)
+    assert final is not None and final.status is Status.CANCELLED and final.result is None
+
+
 async def test_heartbeats_keep_a_long_task_leased(app: conveyor.App) -> None:
     @app.task(queue="q")
     async def long(ctx: Context) -> int:
