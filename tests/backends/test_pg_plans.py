@@ -176,3 +176,27 @@ async def test_with_statistics_a_small_acknowledgement_reads_only_its_rows(
     plan = _explain(young_db, "ack_plain", {"items": items, "offset_us": 0})
     assert _rows_read(plan, "conveyor_tasks") <= 10
     assert _delivery_rows_read(plan) <= 30
+
+
+async def test_the_prepared_acknowledgement_keeps_its_generic_plan(young_db: str) -> None:
+    """A prepared statement is planned once (its generic plan) when that plan costs
+    no more than the ones made for each call. The acknowledgement's estimate of
+    its item count once differed between the two (a custom plan folded the
+    array's length into a constant), and the server re-planned it on every call
+    (~0.3 ms each): 25 % fewer claim + ack per second on an analysed store."""
+    leased = await _fill(young_db)
+    sql, names = pg_direct.native(pg_texts.texts()["ack_plain"])
+    with psycopg.connect(_dsn(young_db), autocommit=True) as conn:
+        conn.execute("ANALYZE")
+        conn.execute("PREPARE ack AS " + sql)
+        for task in leased[:12]:
+            items = json.dumps([[task.id, "w", "", task.attempt, "null"]])
+            params = {"items": items, "offset_us": 0}
+            psycopg.ClientCursor(conn).execute(
+                "EXECUTE ack(" + ", ".join(["%s"] * len(names)) + ")",
+                [params[n] for n in names],
+            ).fetchall()
+        [(generic, custom)] = conn.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = 'ack'"
+        ).fetchall()
+    assert generic >= 6 and custom <= 6, (generic, custom)

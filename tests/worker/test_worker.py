@@ -314,6 +314,13 @@ async def test_an_in_process_submit_wakes_an_idle_worker_at_once(app: conveyor.A
     assert done.result == "pong" and latency < poll / 6
 
 
+async def _until_nothing_held(worker: Any, seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while worker.held:
+        assert time.monotonic() < deadline, f"the worker still holds {worker.held} task(s)"
+        await asyncio.sleep(0.02)
+
+
 async def test_cancel_while_running_stops_the_handler(app: conveyor.App) -> None:
     started = asyncio.Event()
     stopped = asyncio.Event()
@@ -333,11 +340,7 @@ async def test_cancel_while_running_stops_the_handler(app: conveyor.App) -> None
         await asyncio.wait_for(started.wait(), 5)
         await app.store.cancel(task.id)
         await asyncio.wait_for(stopped.wait(), 5)
-        for _ in range(100):
-            if worker.held == 0:
-                break
-            await asyncio.sleep(0.02)
-        assert worker.held == 0
+        await _until_nothing_held(worker)
     final = await app.store.get(task.id)
     assert final is not None and final.status is Status.CANCELLED
 
@@ -367,11 +370,7 @@ async def test_a_handler_that_swallows_the_lost_lease_leaves_the_worker_sound(
         task = await stubborn.submit()
         await asyncio.wait_for(started.wait(), 5)
         await app.store.cancel(task.id)
-        for _ in range(250):
-            if worker.held == 0:
-                break
-            await asyncio.sleep(0.02)
-        assert worker.held == 0
+        await _until_nothing_held(worker)
         done = await app.store.wait((await after.submit()).id, timeout=10)
         assert done.result == "ran"
     final = await app.store.get(task.id)
