@@ -200,3 +200,24 @@ async def test_the_prepared_acknowledgement_keeps_its_generic_plan(young_db: str
             "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = 'ack'"
         ).fetchall()
     assert generic >= 6 and custom <= 6, (generic, custom)
+
+
+async def test_locking_the_streams_of_an_acknowledgement_looks_its_tasks_up_by_id(
+    young_db: str,
+) -> None:
+    """The first statement of a partitioned acknowledgement (locking the batch's
+    streams) finds each item's task by its id: 10 items with 5,000 partitioned
+    tasks read 10 task rows (before: all 5,000, 0.8 ms per batch)."""
+    async with conveyor.connect(young_db, listen=False) as st:
+        for start in range(0, 5000, 1000):
+            await st.submit_many(
+                [
+                    {"name": "t", "queue": "q", "partition": f"p{i % 100}"}
+                    for i in range(start, start + 1000)
+                ]
+            )
+        leased = await st.claim("q", worker_id="w", limit=10, per_stream=1)
+    assert len(leased) == 10
+    items = json.dumps([[t.id, "w", "", t.attempt, "null"] for t in leased])
+    plan = _explain(young_db, "ack_streams_lock", {"items": items})
+    assert _rows_read(plan, "conveyor_tasks") <= 10

@@ -260,14 +260,20 @@ FROM flags LEFT JOIN (taken AS x JOIN conveyor_tasks AS t ON t.seq = x.task_seq)
 # availability, as :func:`conveyor.store.streams.refresh` does — from that
 # snapshot minus the rows it just finished (a statement does not see its own
 # writes). One statement cannot do both: its snapshot would predate the locks.
+# Each item's task is looked up by id, with the item count estimated as in
+# ack_head: a join of the items to the tasks read every task row (0.8 ms for
+# 10 items at 5,000 tasks, with or without statistics).
 ACK_LOCK_TEXT = """
 SELECT 1 FROM conveyor_streams AS s
 JOIN (
     SELECT DISTINCT t.queue, i.grp, t.partition
     FROM (
         SELECT e.v ->> 0 AS id, e.v ->> 2 AS grp FROM json_array_elements(%(items)s::json) AS e(v)
+        LIMIT (SELECT json_array_length(%(items)s::json))
     ) AS i
-    JOIN conveyor_tasks AS t ON t.id = i.id
+    CROSS JOIN LATERAL (
+        SELECT t.queue, t.partition FROM conveyor_tasks AS t WHERE t.id = i.id
+    ) AS t
     WHERE t.partition IS NOT NULL
 ) AS k ON s.queue = k.queue AND s.grp = k.grp AND s.partition = k.partition
 ORDER BY s.grp, s.queue, s.partition
