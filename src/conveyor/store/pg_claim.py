@@ -39,6 +39,19 @@ from conveyor import statements as q
 NOW = "(floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + %(offset_us)s)"
 
 
+# A batch's items, read from its JSON array, with a LIMIT of the array's length:
+# it changes nothing but the estimate. The planner cannot read it, so it takes a
+# tenth of json_array_elements' assumed 100 rows and expects a handful of items,
+# as a worker's batch is, not a hundred, and finds each item's rows by index.
+# Without it, on a table of a few thousand tasks, an acknowledgement scanned all
+# of them (and the deliveries too): 1.0-1.5 ms for 10 items against 0.3-0.7 ms
+# (EXPLAIN ANALYZE, 5,000 tasks, with and without table statistics). A subquery,
+# not the bare call: a custom plan would fold the call on the bound text into a
+# constant, the generic plan could not, and with their estimates apart the server
+# re-planned the prepared statement on every call (0.3 ms per acknowledgement).
+_FEW_ITEMS = "LIMIT (SELECT json_array_length(%(items)s::json))"
+
+
 def ack_head(only_plain: bool, returning: str) -> str:
     """The head both batch-acknowledgement texts share: ``items`` (the batch's
     arrays, numbered) and ``done`` (each item finished if its fence holds: leased
@@ -52,23 +65,13 @@ WITH items AS (
     -- what encoding one JSON text costs.
     -- Each item's task sequence number is looked up here, once (NULL for an
     -- unknown id), by its unique id: a lateral lookup per item, never a join the
-    -- planner may turn into a scan of every task. The LIMIT (the array's length)
-    -- changes nothing but the estimate: the planner cannot read it, so it takes a
-    -- tenth of json_array_elements' assumed 100 rows and expects a handful of
-    -- items, as a worker's batch is, not a hundred, and finds their delivery rows
-    -- by index. Without it, on a table of a few thousand tasks it scanned all of
-    -- them, and the deliveries too: 1.0-1.5 ms for 10 items against 0.3-0.7 ms
-    -- (EXPLAIN ANALYZE, 5,000 tasks, with and without table statistics). A
-    -- subquery, not the bare call: a custom plan would fold the call on the bound
-    -- text into a constant, the generic plan could not, and with their estimates
-    -- apart the server kept re-planning the prepared statement on every call
-    -- (0.3 ms of planning per acknowledgement).
+    -- planner may turn into a scan of every task (see _FEW_ITEMS).
     SELECT e.v ->> 0 AS id, e.v ->> 1 AS worker_id, e.v ->> 2 AS grp,
            (e.v ->> 3)::int AS attempt, e.v ->> 4 AS result, e.idx,
            t.seq, t.queue, 'running'::text AS running
     FROM (
         SELECT * FROM json_array_elements(%(items)s::json) WITH ORDINALITY AS a(v, idx)
-        LIMIT (SELECT json_array_length(%(items)s::json))
+        {_FEW_ITEMS}
     ) AS e
     LEFT JOIN LATERAL (
         SELECT t.seq, t.queue FROM conveyor_tasks AS t WHERE t.id = e.v ->> 0
@@ -261,15 +264,15 @@ FROM flags LEFT JOIN (taken AS x JOIN conveyor_tasks AS t ON t.seq = x.task_seq)
 # snapshot minus the rows it just finished (a statement does not see its own
 # writes). One statement cannot do both: its snapshot would predate the locks.
 # Each item's task is looked up by id, with the item count estimated as in
-# ack_head: a join of the items to the tasks read every task row (0.8 ms for
-# 10 items at 5,000 tasks, with or without statistics).
-ACK_LOCK_TEXT = """
+# ack_head (_FEW_ITEMS): a join of the items to the tasks read every task row
+# (0.8 ms for 10 items at 5,000 tasks, with or without statistics).
+ACK_LOCK_TEXT = f"""
 SELECT 1 FROM conveyor_streams AS s
 JOIN (
     SELECT DISTINCT t.queue, i.grp, t.partition
     FROM (
         SELECT e.v ->> 0 AS id, e.v ->> 2 AS grp FROM json_array_elements(%(items)s::json) AS e(v)
-        LIMIT (SELECT json_array_length(%(items)s::json))
+        {_FEW_ITEMS}
     ) AS i
     CROSS JOIN LATERAL (
         SELECT t.queue, t.partition FROM conveyor_tasks AS t WHERE t.id = i.id
