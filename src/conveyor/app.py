@@ -259,6 +259,7 @@ class App:
         maintain_interval: v.Duration | None = 30.0,
         worker_id: str | None = None,
         store: TaskStore | None = None,
+        gc_freeze: bool = True,
     ) -> Worker:
         """A :class:`~conveyor.worker.Worker` running this app's tasks; ``await
         worker.run()`` until ``worker.stop()``. ``store`` defaults to :attr:`store`."""
@@ -273,6 +274,7 @@ class App:
             grace=grace,
             maintain_interval=maintain_interval,
             worker_id=worker_id,
+            gc_freeze=gc_freeze,
         )
 
     def run_worker(
@@ -288,6 +290,7 @@ class App:
         worker_id: str | None = None,
         url: str | None = None,
         wait_for_db: v.Duration = 60.0,
+        gc_freeze: bool = True,
     ) -> None:
         """Run a worker in this thread until SIGINT or SIGTERM, then return.
 
@@ -311,6 +314,7 @@ class App:
                 maintain_interval=maintain_interval,
                 worker_id=worker_id,
                 store=store,
+                gc_freeze=gc_freeze,
             )
             worker.wait_for_db = wait
             loop = asyncio.get_running_loop()

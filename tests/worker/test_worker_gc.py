@@ -1,0 +1,73 @@
+"""The worker settles the garbage collector at its first start in a process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conveyor import App, InvalidArgument
+
+SCRIPT = """
+import asyncio, gc, json, sys
+import conveyor
+
+app = conveyor.App(sys.argv[1])
+freeze = sys.argv[2] == "on"
+seen = []
+
+
+@app.task(name="probe", queue="gc")
+async def probe(ctx):
+    seen.append(gc.get_freeze_count())
+
+
+async def main():
+    async with app:
+        for _ in range(2):  # two workers, one after the other, in one process
+            await probe.submit()
+            worker = app.worker("gc", gc_freeze=freeze, maintain_interval=None)
+            worker.stop_when_idle = True
+            await worker.run()
+    print(json.dumps(seen))
+
+
+asyncio.run(main())
+"""
+
+
+def frozen_counts(tmp_path: Path, freeze: str) -> list[int]:
+    # A process of its own: the freeze is once per process, and this one's
+    # collector must not depend on which tests ran before.
+    url = f"sqlite:///{tmp_path / f'gc-{freeze}.sqlite'}"
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT, url, freeze],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    counts: list[int] = json.loads(out.stdout.strip().splitlines()[-1])
+    return counts
+
+
+def test_a_worker_freezes_what_is_alive_once_per_process(tmp_path: Path) -> None:
+    first, second = frozen_counts(tmp_path, "on")
+    # The modules, the app and the store: thousands of objects, frozen by the first start.
+    assert first > 1_000
+    # The second worker of the process froze nothing more, so its garbage stays
+    # collectable (frozen objects freed by their reference count leave the count).
+    assert second <= first
+
+
+def test_gc_freeze_false_leaves_the_collector_alone(tmp_path: Path) -> None:
+    assert frozen_counts(tmp_path, "off") == [0, 0]
+
+
+def test_gc_freeze_must_be_a_bool() -> None:
+    app = App("sqlite:///:memory:")
+    with pytest.raises(InvalidArgument, match="gc_freeze"):
+        app.worker("gc", gc_freeze="yes")  # type: ignore[arg-type]
