@@ -3,10 +3,14 @@
 A *unit* is what one slot runs: an unpartitioned task, or a run of tasks of one
 partition that must go one after another. The feed keeps
 
-* a small **prefetch buffer** of claimed units, so a freed slot starts its next
+* a **prefetch buffer** of claimed units, so a freed slot starts its next
   task at once instead of waiting for a claim's round trip. It is filled only
   while handlers are quick (the mean run time under :data:`PREFETCH_BELOW`): a
-  slow task's backlog is better left in the queue for idle workers;
+  slow task's backlog is better left in the queue for idle workers. Its depth
+  is what the slots get through during one claim's round trip (half the
+  concurrency at least, :data:`PREFETCH_MOST` times it at most): tasks that
+  take a millisecond or less would otherwise leave the slots idle while the
+  next claim is on its way;
 * **claims sized for batches**: a claim asks for every free slot plus the buffer,
   and waits until a quarter of that room is free unless a slot would sit idle,
   so a busy worker claims several tasks per round trip rather than one per
@@ -30,7 +34,8 @@ from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
 PREFETCH_BELOW = 0.1  # seconds: buffer ahead only while handlers average less than this
-RUN_TIME_WEIGHT = 0.2  # weight of the newest run time in the moving average
+PREFETCH_MOST = 4  # the deepest buffer, in units per slot
+RUN_TIME_WEIGHT = 0.2  # weight of the newest run time (and claim time) in the moving averages
 
 H = TypeVar("H")
 
@@ -46,13 +51,22 @@ class Feed(Generic[H]):
         self.acking = 0  # tasks whose handler returned and whose success is being written
         self.streams = False  # the last claim that found work returned a partition's tasks
         self.mean_run: float | None = None
+        self.mean_claim: float | None = None
 
     @property
     def prefetch(self) -> int:
-        """Units to hold beyond the slots: half the concurrency while tasks are quick."""
-        if self.mean_run is None or self.mean_run >= PREFETCH_BELOW:
+        """Units to hold beyond the slots while tasks are quick: what the slots run
+        during one claim's round trip, between half the concurrency and
+        :data:`PREFETCH_MOST` times it."""
+        mean_run = self.mean_run
+        if mean_run is None or mean_run >= PREFETCH_BELOW:
             return 0
-        return max(1, self.concurrency // 2)
+        least = max(1, self.concurrency // 2)
+        if self.mean_claim is None:
+            return least
+        # Every slot finishes round-trip / run-time tasks while a claim is out.
+        through = self.concurrency * self.mean_claim / max(mean_run, 1e-6)
+        return int(min(max(least, through), PREFETCH_MOST * self.concurrency))
 
     def room(self) -> int:
         """Units to claim now; 0 means wait for a slot (or for acknowledgements)."""
@@ -112,5 +126,12 @@ class Feed(Generic[H]):
         else:
             self.mean_run += RUN_TIME_WEIGHT * (seconds - self.mean_run)
 
+    def claimed(self, seconds: float) -> None:
+        """A claim that found work took ``seconds`` from asking to its answer."""
+        if self.mean_claim is None:
+            self.mean_claim = seconds
+        else:
+            self.mean_claim += RUN_TIME_WEIGHT * (seconds - self.mean_claim)
 
-__all__ = ["PREFETCH_BELOW", "Feed"]
+
+__all__ = ["PREFETCH_BELOW", "PREFETCH_MOST", "Feed"]

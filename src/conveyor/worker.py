@@ -326,9 +326,11 @@ class Worker:
                 group=self.group,
                 per_stream=self._feed.per_stream,
             )
-            self.instruments.claimed(tasks, time.monotonic() - claim_started)
+            took = time.monotonic() - claim_started
+            self.instruments.claimed(tasks, took)
             if not tasks:
                 break
+            self._feed.claimed(took)
             found += len(tasks)
             room -= self._feed.add([self._hold(t) for t in tasks], lambda h: h.task.partition)
             self._fill()
