@@ -22,8 +22,10 @@ partition that must go one after another. The feed keeps
 * **back-pressure** on acknowledgements: a slot is freed when its handler
   returns, before the success is written (group commit writes it with others) —
   a stream run's too: its next task waits for that write, then for a slot;
-  while more than twice ``concurrency`` acknowledgements are in flight, the
-  worker claims nothing new.
+  while acknowledgements in flight outnumber twice the slots and the buffer,
+  the worker claims nothing new (the buffer counts: a stream's tasks leave
+  their slot while their success is written, so a deep buffer of quick stream
+  tasks keeps that many more writes going).
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ class Feed(Generic[H]):
 
     def room(self) -> int:
         """Units to claim now; 0 means wait for a slot (or for acknowledgements)."""
-        if self.acking > 2 * self.concurrency:
+        if self.held_back:
             return 0
         capacity = self.concurrency + self.prefetch
         room = capacity - self.busy - len(self.units)
@@ -78,6 +80,13 @@ class Feed(Generic[H]):
             return 0
         idle = self.busy < self.concurrency and not self.units
         return room if idle or room >= max(1, capacity // 4) else 0
+
+    @property
+    def held_back(self) -> bool:
+        """Whether acknowledgements are too far behind to claim more: over twice
+        what the slots and the buffer hold are waiting for their success to be
+        written (twice the concurrency while nothing is buffered)."""
+        return self.acking > 2 * (self.concurrency + self.prefetch)
 
     @property
     def per_stream(self) -> int:

@@ -410,7 +410,7 @@ class Worker:
         runner.add_done_callback(self._runners.discard)
 
     def _let_go(self, held: Held) -> None:
-        held_back = self._feed.acking > 2 * self._feed.concurrency
+        held_back = self._feed.held_back
         if held.acking:
             held.acking = False
             self._feed.acking -= 1

@@ -216,6 +216,19 @@ def test_acknowledgements_far_behind_stop_the_claims() -> None:
     assert feed.room() == 2
 
 
+def test_the_buffer_raises_the_acknowledgement_limit() -> None:
+    feed: Feed[str] = Feed(10)
+    for _ in range(60):
+        feed.ran(0.001)
+    feed.claimed(0.002)
+    assert feed.prefetch == 20
+    # Twice the slots and the buffer: 60 successes being written, not 20.
+    feed.acking = 60
+    assert not feed.held_back and feed.room() == 30
+    feed.acking = 61
+    assert feed.held_back and feed.room() == 0
+
+
 async def test_a_stream_task_finishing_during_an_empty_claim_is_not_missed(
     app: conveyor.App,
 ) -> None:
