@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
 PREFETCH_BELOW = 0.1  # seconds: buffer ahead only while handlers average less than this
-PREFETCH_MOST = 4  # the deepest buffer, in units per slot
+PREFETCH_MOST = 8  # the deepest buffer, in units per slot
 RUN_TIME_WEIGHT = 0.2  # weight of the newest run time (and claim time) in the moving averages
 
 H = TypeVar("H")
