@@ -46,7 +46,6 @@ its id, name and attempt and carries them as ``extra`` fields (see
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import random
@@ -59,6 +58,7 @@ from typing import Any
 
 from conveyor import _values as v
 from conveyor.acks import Acks
+from conveyor.collector import settle_collector
 from conveyor.context import Context, call_async, start_handler
 from conveyor.errors import (
     ConveyorError,
@@ -86,30 +86,6 @@ CLAIM_RETRY_FIRST = 0.5
 CLAIM_RETRY_MAX = 5.0
 
 
-_collector_settled = False
-
-
-def settle_collector() -> None:
-    """Collect garbage once, then freeze every object still alive into the
-    collector's permanent generation; once per process (later calls do nothing).
-
-    What is alive when a worker starts (modules, the app, the store, the driver)
-    lives as long as the process. Left in the oldest generation, every full
-    collection walks it again: 30-60 ms of stalled event loop on a two-core
-    machine with SQLAlchemy and a driver loaded, every few thousand tasks, which
-    shows as tail latency. Frozen, a full collection walks only what came after.
-    Once per process: objects frozen are never collected, so freezing again at
-    every start (a process that starts many workers, as a test suite does) would
-    keep each one's garbage cycles forever.
-    """
-    global _collector_settled
-    if _collector_settled:
-        return
-    _collector_settled = True
-    gc.collect()
-    gc.freeze()
-
-
 class Worker:
     """Runs an app's tasks from ``queues`` until :meth:`stop`; see the module docs.
 
@@ -117,7 +93,7 @@ class Worker:
     queue's configured lease, else 30 s. ``group`` consumes as that consumer
     group (bus mode). ``maintain_interval=None`` leaves maintenance to others.
     ``gc_freeze=False`` leaves the garbage collector alone (see
-    :func:`settle_collector`).
+    :func:`conveyor.collector.settle_collector`).
     """
 
     def __init__(
