@@ -182,21 +182,29 @@ def test_the_throughput_plot_renders(page: Any, served: Served) -> None:
     page.goto(served.url + "/")
     plots = page.locator("svg.plot")
     playwright_api.expect(plots).to_have_count(4)
-    emails = page.locator('tr[data-queue="emails"] svg.plot')
-    # Measured in the page in one go: the live refresh may swap the plot out
-    # between locating it and measuring it, and a swapped-out element has no box.
-    width, height = emails.evaluate(
-        "svg => { const r = svg.getBoundingClientRect(); return [r.width, r.height]; }"
-    )
-    assert width > 100 and height > 20
+    # Everything is read in the page in one function: the live refresh swaps the
+    # plot out every second, and a plot found by one call and measured by the next
+    # may by then be a detached element with no box. Inside one function nothing
+    # is swapped, so the plot found is the one measured.
+    drawn = page.wait_for_function(
+        """() => {
+            const svg = document.querySelector('tr[data-queue="emails"] svg.plot');
+            if (!svg || !svg.isConnected) return null;
+            const r = svg.getBoundingClientRect();
+            return {
+                width: r.width,
+                height: r.height,
+                succeeded: svg.querySelectorAll('rect.bar.succeeded').length,
+                failed: svg.querySelectorAll('rect.bar.failed').length,
+                heights: [...svg.querySelectorAll('rect.bar')].map(b => b.height.baseVal.value),
+            };
+        }"""
+    ).json_value()
+    assert drawn["width"] > 100 and drawn["height"] > 20
     # An hour of finished work, a few failures among it: both kinds of bar are drawn.
-    assert emails.locator("rect.bar.succeeded").count() >= 50
-    assert emails.locator("rect.bar.failed").count() >= 10
-    # The drawn heights, read in one go (the live refresh may swap the plot out
-    # between two calls, and a swapped-out element has no layout).
-    heights = emails.evaluate(
-        "svg => [...svg.querySelectorAll('rect.bar')].map(r => r.height.baseVal.value)"
-    )
+    assert drawn["succeeded"] >= 50
+    assert drawn["failed"] >= 10
+    heights = drawn["heights"]
     assert heights and min(heights) >= 1 and max(heights) > 20
 
 
