@@ -40,6 +40,23 @@ async def test_partitioned_acks_free_the_stream(store: TaskStore) -> None:
     assert nxt.id == second.id
 
 
+async def test_a_stream_stays_held_while_a_later_task_of_it_is_leased(store: TaskStore) -> None:
+    # Its head queued again (handed back) while later tasks are still leased: an
+    # acknowledgement of one of those must not free the stream for anyone else.
+    a, b, c = await store.submit_many(
+        [{"name": "t", "queue": "q", "partition": "p"} for _ in range(3)]
+    )
+    held = await store.claim("q", worker_id="w", limit=3, partition="p")
+    assert [t.id for t in held] == [a.id, b.id, c.id]
+    await store.release(a.id, worker_id="w")
+    assert await store.claim("q", worker_id="other") == []
+    assert await store.ack_many([{"task_id": b.id, "worker_id": "w"}]) == [None]
+    assert await store.claim("q", worker_id="other") == []  # c is still leased
+    assert await store.ack_many([{"task_id": c.id, "worker_id": "w"}]) == [None]
+    [head] = await store.claim("q", worker_id="other")
+    assert head.id == a.id
+
+
 async def test_mixed_batch_and_groups(store: TaskStore) -> None:
     await store.subscribe("q", "g")
     await store.submit_many(

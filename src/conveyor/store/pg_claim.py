@@ -296,26 +296,37 @@ def ack_streams_text(done_channel: str, work_channel: str) -> str:
         ack_head(False, "i.id, d.task_seq, d.grp, d.queue, d.partition")
         + f"""
 touched AS MATERIALIZED (
-    SELECT DISTINCT queue, grp, partition FROM done WHERE partition IS NOT NULL
+    -- Each stream the batch finished rows of, with those rows' sequence numbers: the
+    -- statement still sees them as leased, so every look at the stream below leaves
+    -- them out, by this short array (one stream's share of the batch). Left out by
+    -- a NOT EXISTS over ``done`` instead, every row looked at scanned the whole
+    -- batch: 12 of 16 ms for a batch of 48 (auto_explain, 100 streams).
+    SELECT queue, grp, partition, array_agg(task_seq) AS seqs
+    FROM done WHERE partition IS NOT NULL
+    GROUP BY queue, grp, partition
+),
+busy AS MATERIALIZED (
+    -- The touched streams that still have a leased row: one pass over the leased
+    -- rows of the touched (group, queue)s, however many streams the batch touched
+    -- (a pass per stream cost ~0.05 ms each at a hundred leased rows). Only the
+    -- touched streams are kept, so the array each stream is looked up in below is
+    -- no longer than the batch.
+    SELECT coalesce(array_agg(DISTINCT ROW(r.grp, r.queue, r.partition)), '{{}}') AS keys
+    FROM conveyor_deliveries AS r
+    WHERE r.status = 'running'
+      AND (r.grp, r.queue) IN (SELECT DISTINCT grp, queue FROM touched)
+      AND r.partition = ANY(ARRAY(SELECT partition FROM touched))
+      AND NOT (ROW(r.task_seq, r.grp) = ANY(ARRAY(SELECT ROW(task_seq, grp) FROM done)))
 ),
 heads AS MATERIALIZED (
     SELECT k.queue, k.grp, k.partition, h.task_seq, h.status, h.run_at, h.priority,
-           EXISTS (
-               SELECT 1 FROM conveyor_deliveries AS r
-               WHERE r.grp = k.grp AND r.queue = k.queue AND r.partition = k.partition
-                 AND r.status IN ('queued', 'running') AND r.status = 'running'
-                 AND NOT EXISTS (
-                     SELECT 1 FROM done AS x WHERE x.task_seq = r.task_seq AND x.grp = r.grp
-                 )
-           ) AS leased
-    FROM touched AS k LEFT JOIN LATERAL (
+           ROW(k.grp, k.queue, k.partition) = ANY(b.keys) AS leased
+    FROM touched AS k CROSS JOIN busy AS b LEFT JOIN LATERAL (
         SELECT y.task_seq, y.status, y.run_at, y.priority
         FROM conveyor_deliveries AS y
         WHERE y.grp = k.grp AND y.queue = k.queue AND y.partition = k.partition
           AND y.status IN ('queued', 'running')
-          AND NOT EXISTS (
-              SELECT 1 FROM done AS x WHERE x.task_seq = y.task_seq AND x.grp = y.grp
-          )
+          AND NOT (y.task_seq = ANY(k.seqs))
         ORDER BY y.task_seq
         LIMIT 1
     ) AS h ON true
