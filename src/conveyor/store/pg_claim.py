@@ -39,17 +39,27 @@ from conveyor import statements as q
 NOW = "(floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + %(offset_us)s)"
 
 
-# A batch's items, read from its JSON array, with a LIMIT of the array's length:
-# it changes nothing but the estimate. The planner cannot read it, so it takes a
-# tenth of json_array_elements' assumed 100 rows and expects a handful of items,
-# as a worker's batch is, not a hundred, and finds each item's rows by index.
-# Without it, on a table of a few thousand tasks, an acknowledgement scanned all
-# of them (and the deliveries too): 1.0-1.5 ms for 10 items against 0.3-0.7 ms
-# (EXPLAIN ANALYZE, 5,000 tasks, with and without table statistics). A subquery,
+# A batch's items, read from its JSON array, through a LIMIT of the array's
+# length, twice: it changes nothing but the estimate. The planner cannot read the
+# length, so each LIMIT keeps a tenth of its input: json_array_elements' assumed
+# 100 rows become 10, then 1, and every item's rows are found by index, as a
+# worker's batch must be (a hundred index probes cost less than one scan of a
+# table of a million tasks). With one LIMIT (10 items estimated) and no table
+# statistics (a young table, autovacuum not yet run, or off), the planner chose
+# to scan both tables whole instead: 1.6 ms for one item at 3,000 tasks against
+# 0.7 ms (EXPLAIN ANALYZE, generic plan), 4.4 ms against 2.2 for 50. Subqueries,
 # not the bare call: a custom plan would fold the call on the bound text into a
 # constant, the generic plan could not, and with their estimates apart the server
 # re-planned the prepared statement on every call (0.3 ms per acknowledgement).
-_FEW_ITEMS = "LIMIT (SELECT json_array_length(%(items)s::json))"
+_ITEMS_LENGTH = "LIMIT (SELECT json_array_length(%(items)s::json))"
+
+
+def _few_items(alias: str) -> str:
+    """The batch's array as rows ``alias(v, idx)``, estimated as one row (see above)."""
+    return (
+        f"(SELECT * FROM (SELECT * FROM json_array_elements(%(items)s::json) WITH ORDINALITY"
+        f" AS {alias}(v, idx) {_ITEMS_LENGTH}) AS {alias} {_ITEMS_LENGTH})"
+    )
 
 
 def ack_head(only_plain: bool, returning: str) -> str:
@@ -65,16 +75,15 @@ WITH items AS (
     -- what encoding one JSON text costs.
     -- Each item's task sequence number is looked up here, once (NULL for an
     -- unknown id), by its unique id: a lateral lookup per item, never a join the
-    -- planner may turn into a scan of every task (see _FEW_ITEMS).
+    -- planner may turn into a scan of every task (see _few_items).
     SELECT e.v ->> 0 AS id, e.v ->> 1 AS worker_id, e.v ->> 2 AS grp,
            (e.v ->> 3)::int AS attempt, e.v ->> 4 AS result, e.idx,
            t.seq, t.queue, 'running'::text AS running
-    FROM (
-        SELECT * FROM json_array_elements(%(items)s::json) WITH ORDINALITY AS a(v, idx)
-        {_FEW_ITEMS}
-    ) AS e
+    FROM {_few_items("a")} AS e
     LEFT JOIN LATERAL (
-        SELECT t.seq, t.queue FROM conveyor_tasks AS t WHERE t.id = e.v ->> 0
+        -- LIMIT 1 (the id is unique): a subquery with a LIMIT stays a lookup per
+        -- item; without one the planner may flatten it into a join.
+        SELECT t.seq, t.queue FROM conveyor_tasks AS t WHERE t.id = e.v ->> 0 LIMIT 1
     ) AS t ON true
 ),
 done AS (
@@ -134,12 +143,14 @@ def claim_text(single_queue: bool, durable: bool = False) -> str:
     ``rank`` (the unit's place in claim order), then the task columns; one row of
     NULLs when nothing was leased."""
     queue = "queue = %(queue)s" if single_queue else "queue = ANY(%(queues)s::text[])"
+    expiry_order = "ORDER BY lease_expires_at LIMIT 1" if single_queue else ""
     return f"""
 WITH flags AS (
     SELECT {QUICK_COMMIT if not durable else "NULL"} AS quick, EXISTS (
         SELECT 1 FROM conveyor_deliveries
         WHERE status = 'running' AND grp = %(grp)s AND {queue}
           AND lease_expires_at < {NOW}
+        {expiry_order}
     ) AS busy
 ),
 free AS MATERIALIZED (
@@ -264,18 +275,15 @@ FROM flags LEFT JOIN (taken AS x JOIN conveyor_tasks AS t ON t.seq = x.task_seq)
 # snapshot minus the rows it just finished (a statement does not see its own
 # writes). One statement cannot do both: its snapshot would predate the locks.
 # Each item's task is looked up by id, with the item count estimated as in
-# ack_head (_FEW_ITEMS): a join of the items to the tasks read every task row
+# ack_head (_few_items): a join of the items to the tasks read every task row
 # (0.8 ms for 10 items at 5,000 tasks, with or without statistics).
 ACK_LOCK_TEXT = f"""
 SELECT 1 FROM conveyor_streams AS s
 JOIN (
     SELECT DISTINCT t.queue, i.grp, t.partition
-    FROM (
-        SELECT e.v ->> 0 AS id, e.v ->> 2 AS grp FROM json_array_elements(%(items)s::json) AS e(v)
-        {_FEW_ITEMS}
-    ) AS i
+    FROM (SELECT e.v ->> 0 AS id, e.v ->> 2 AS grp FROM {_few_items("e")} AS e) AS i
     CROSS JOIN LATERAL (
-        SELECT t.queue, t.partition FROM conveyor_tasks AS t WHERE t.id = i.id
+        SELECT t.queue, t.partition FROM conveyor_tasks AS t WHERE t.id = i.id LIMIT 1
     ) AS t
     WHERE t.partition IS NOT NULL
 ) AS k ON s.queue = k.queue AND s.grp = k.grp AND s.partition = k.partition
