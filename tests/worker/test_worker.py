@@ -545,6 +545,43 @@ async def test_a_worker_maintains_once_when_it_starts(app: conveyor.App) -> None
             await asyncio.sleep(0.05)
 
 
+async def test_a_workers_first_pass_recovers_and_leaves_bookkeeping_for_later(
+    app: conveyor.App,
+) -> None:
+    """The pass at start recovers expired leases at once, and leaves retention (and
+    the roll-up of finished rows) to the next full pass."""
+    ran: list[str] = []
+
+    @app.task(name="job", queue="m2")
+    async def job(ctx: Context) -> None:
+        ran.append(ctx.task.id)
+
+    store = app.store
+    await store.open()
+    await store.configure_queue("m2", retention=1)
+    old = await store.submit("job", queue="m2")
+    [got] = await store.claim("m2", worker_id="before")
+    await store.succeed(got.id, worker_id="before")
+    stuck = await store.submit("job", queue="m2")
+    await store.claim("m2", worker_id="crashed", lease=1)
+    store.clock_offset = 5  # the success is past retention, the lease expired
+    async with running(app.worker("m2", poll_interval=0.1, maintain_interval=3600)):
+        deadline = time.monotonic() + 10
+        while stuck.id not in ran:
+            assert time.monotonic() < deadline, "the expired lease was not recovered"
+            await asyncio.sleep(0.05)
+        history = await store.maintenance_history()
+        while not (history and history[0]["duration"]):  # the start pass has finished
+            assert time.monotonic() < deadline, "the pass at start did not finish"
+            await asyncio.sleep(0.05)
+            history = await store.maintenance_history()
+    [first] = history
+    assert first["deleted"] == 0  # (the lease: recovered by this pass or the first claim)
+    assert await store.get(old.id) is not None
+    assert (await store.maintain())["deleted"] == 1  # the next full pass
+    assert await store.get(old.id) is None
+
+
 async def test_a_worker_started_on_a_filled_young_queue_analyses_it(pg_url: str) -> None:
     """Postgres: tasks queued before any worker ran, on tables never analysed (a
     server with autovacuum off, or not yet come round): the worker's first pass

@@ -495,6 +495,13 @@ class TaskStore(LeaseOps, InspectReads):
             await self.open()
         return await upkeep.maintain(self)
 
+    async def _maintain_at_start(self) -> dict[str, int]:
+        """A worker's first pass: :meth:`maintain` without retention, roll-up and idle
+        streams (see :func:`conveyor.store.upkeep.maintain`)."""
+        if self._engine is None:
+            await self.open()
+        return await upkeep.maintain(self, housekeeping=False)
+
     async def maintenance_history(self, limit: int = 20) -> builtins.list[dict[str, Any]]:
         """The most recent :meth:`maintain` passes, newest first.
 

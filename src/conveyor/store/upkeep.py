@@ -156,8 +156,16 @@ async def configure_tx(st: Seam, conn: AsyncConnection, queue: str, values: dict
     )
 
 
-async def maintain(st: Seam) -> dict[str, int]:
+async def maintain(st: Seam, *, housekeeping: bool = True) -> dict[str, int]:
     """One maintenance pass (see :meth:`conveyor.store.base.TaskStore.maintain`).
+
+    Without ``housekeeping`` (a worker's pass at its start) the pass recovers
+    expired leases, evicts what waited past ``max_wait`` and refreshes the table
+    statistics, and leaves retention, the roll-up of finished rows into the counts
+    and idle streams to the next full pass: those are bookkeeping that can wait,
+    and at a start beside a backlog they were work done twice as fast as the
+    backlog drained (rolling up 15,000 rows cost the server 0.34 s while a
+    worker drained 20,000 tasks).
 
     The pass's history row is written first and each step adds its counts to it
     in the step's own transaction, so the history stays exact even when a pass
@@ -187,10 +195,11 @@ async def maintain(st: Seam) -> dict[str, int]:
         for row in settings:
             if row.max_wait is not None:
                 evicted += await tx.run(st, functools.partial(evict, row.queue, row.max_wait))
-            if row.retention is not None:
+            if housekeeping and row.retention is not None:
                 deleted += await purge(st, row.queue, row.retention, row.queue_mode, pass_id)
-        await rollup(st)
-        await drop_idle_streams(st)
+        if housekeeping:
+            await rollup(st)
+            await drop_idle_streams(st)
         # Not a write of the protocol's: on SQLite (nothing to refresh) it must not
         # take the write lock; Postgres's ANALYZE runs in any transaction.
         await tx.run(st, st._refresh_statistics, write=False)
