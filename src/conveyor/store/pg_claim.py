@@ -143,14 +143,12 @@ def claim_text(single_queue: bool, durable: bool = False) -> str:
     ``rank`` (the unit's place in claim order), then the task columns; one row of
     NULLs when nothing was leased."""
     queue = "queue = %(queue)s" if single_queue else "queue = ANY(%(queues)s::text[])"
-    expiry_order = "ORDER BY lease_expires_at LIMIT 1" if single_queue else ""
     return f"""
 WITH flags AS (
     SELECT {QUICK_COMMIT if not durable else "NULL"} AS quick, EXISTS (
         SELECT 1 FROM conveyor_deliveries
         WHERE status = 'running' AND grp = %(grp)s AND {queue}
           AND lease_expires_at < {NOW}
-        {expiry_order}
     ) AS busy
 ),
 free AS MATERIALIZED (
