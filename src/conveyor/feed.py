@@ -18,7 +18,9 @@ partition that must go one after another. The feed keeps
 * a **cap per stream** (``claim(per_stream=)``): one claim takes the heads of
   several streams, one task each (two while prefetching), so one long stream
   cannot fill every slot while others wait; a round claims again while streams
-  keep coming and slots are left;
+  keep coming and slots are left, and ends at a claim that took fewer tasks than
+  it asked for: it saw every claimable one, so the worker waits to be woken (a
+  slot freed, an acknowledged stream head, new work) instead of asking again;
 * **back-pressure** on acknowledgements: a slot is freed when its handler
   returns, before the success is written (group commit writes it with others) —
   a stream run's too: its next task waits for that write, then for a slot;

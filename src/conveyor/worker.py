@@ -60,12 +60,7 @@ from conveyor import _values as v
 from conveyor.acks import Acks
 from conveyor.collector import settle_collector
 from conveyor.context import Context, call_async, start_handler
-from conveyor.errors import (
-    ConveyorError,
-    InvalidArgument,
-    LostLease,
-    TaskCancelled,
-)
+from conveyor.errors import ConveyorError, InvalidArgument, LostLease, TaskCancelled
 from conveyor.feed import Feed
 from conveyor.heartbeats import Heartbeats
 from conveyor.instrument import Instruments
@@ -260,7 +255,7 @@ class Worker:
             # the wait below.
             self._slot_freed.clear()
             try:
-                found = await self._claim_round(room)
+                found, took_all = await self._claim_round(room)
             except (ConveyorError, OSError) as exc:
                 failures += 1
                 pause = min(CLAIM_RETRY_FIRST * 2 ** min(failures - 1, 6), CLAIM_RETRY_MAX)
@@ -274,6 +269,14 @@ class Worker:
                 # ahead of them (about 0.5 ms of enqueue-to-start latency).
                 for _ in range(HANDOFF_TURNS):
                     await asyncio.sleep(0)
+                if took_all:
+                    # The last claim took fewer tasks than it asked for: another now
+                    # would find nothing until new work comes or a slot frees (a
+                    # stream's next task becomes claimable once its head is done).
+                    await self._until(
+                        self.store.wait_for_work(self.queues, self.poll_interval),
+                        self._slot_freed.wait(),
+                    )
                 continue
             if not found:
                 if self.stop_when_idle and idle_before and not self._held:
@@ -287,11 +290,13 @@ class Worker:
         # Stopped: what was claimed but never started goes back at once.
         await asyncio.gather(*(self._record.release(held) for held in self._feed.drain()))
 
-    async def _claim_round(self, room: int) -> int:
+    async def _claim_round(self, room: int) -> tuple[int, bool]:
         """Claim up to ``room`` units (several claims when streams are capped);
-        start what slots allow and buffer the rest. How many tasks were found."""
+        start what slots allow and buffer the rest. How many tasks were found, and
+        whether the last claim took fewer than it asked for (it saw them all)."""
         assert self._stopping is not None
         found = 0
+        took_all = False
         while room > 0 and not self._stopping.is_set():
             claim_started = time.monotonic()
             tasks = await self.store.claim(
@@ -308,11 +313,12 @@ class Worker:
                 break
             self._feed.claimed(took)
             found += len(tasks)
+            took_all = len(tasks) < room
             room -= self._feed.add([self._hold(t) for t in tasks], lambda h: h.task.partition)
             self._fill()
-            if not self._feed.streams:
-                break  # no stream in this claim: there is no point in asking again
-        return found
+            if took_all or not self._feed.streams:
+                break  # it saw them all, or no stream in it: asking again finds nothing
+        return found, took_all
 
     async def _until(self, *waits: Awaitable[Any]) -> None:
         """Wait for the first of ``waits`` or for stop, whichever comes first."""

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -79,6 +80,54 @@ async def test_mixed_streams_drain_on_ack_not_on_poll(app: conveyor.App, group: 
         await asyncio.wait_for(job, 15)
     assert sorted(done) == list(range(200))
     assert took < POLL, f"the streams advanced by polling ({took:.1f} s)"
+
+
+async def test_a_claim_that_took_all_it_saw_waits_to_be_woken(app: conveyor.App) -> None:
+    # One stream of three: a claim takes its head alone (one task per stream until
+    # run times are known), fewer than the four slots it asked for. While the head
+    # runs, nothing else is claimable, so the worker must not claim again until a
+    # slot frees or new work is announced: claiming at once finds nothing.
+    started, release = asyncio.Event(), asyncio.Event()
+    order: list[int] = []
+
+    @app.task(queue="pt")
+    async def step(ctx: Context, n: int) -> None:
+        order.append(n)
+        if n == 0:
+            started.set()
+            await release.wait()
+
+    handles = await app.store.submit_many(
+        [
+            {"name": step.name, "payload": {"args": [n]}, "queue": "pt", "partition": "s"}
+            for n in range(3)
+        ]
+    )
+    # Consumed here: the wake-up the submit left for whoever waits next.
+    assert await app.store.wait_for_work(["pt"], 0)
+    claims: list[int] = []
+    claim = app.store.claim
+
+    async def counted(*args: Any, **kwargs: Any) -> list[conveyor.Task]:
+        found = await claim(*args, **kwargs)
+        claims.append(len(found))
+        return found
+
+    app.store.claim = counted  # type: ignore[method-assign]
+    worker = app.worker("pt", concurrency=4, poll_interval=POLL, maintain_interval=None)
+    job = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(started.wait(), 10)
+        await asyncio.sleep(0.3)
+        assert claims == [1]
+        release.set()
+        for h in handles:
+            assert (await app.store.wait(h.id, timeout=POLL)).status is Status.SUCCEEDED
+    finally:
+        release.set()
+        worker.stop()
+        await asyncio.wait_for(job, 15)
+    assert order == [0, 1, 2]
 
 
 APP_SOURCE = """
