@@ -221,3 +221,88 @@ async def test_locking_the_streams_of_an_acknowledgement_looks_its_tasks_up_by_i
     items = json.dumps([[t.id, "w", "", t.attempt, "null"] for t in leased])
     plan = _explain(young_db, "ack_streams_lock", {"items": items})
     assert _rows_read(plan, "conveyor_tasks") <= 10
+
+
+def _index_pages(url: str, names: list[str]) -> dict[str, int]:
+    with psycopg.connect(_dsn(url)) as conn:
+        return {
+            name: conn.execute("SELECT pg_relation_size(%s) / 8192", [name]).fetchall()[0][0]
+            for name in names
+        }
+
+
+async def test_a_claim_adds_nothing_to_the_status_and_roll_up_indexes(young_db: str) -> None:
+    """Leasing 4,000 rows leaves the status and roll-up indexes as they were: a
+    leased row's new version has no entry there (before: one in each, ~30 pages
+    more per index). The acknowledgement then adds the finished rows."""
+    names = ["ix_conveyor_deliveries_status", "ix_conveyor_deliveries_unrolled"]
+    async with conveyor.connect(young_db, listen=False) as st:
+        for start in range(0, QUEUED, 1000):
+            batch = range(start, start + 1000)
+            await st.submit_many([{"name": "t", "queue": "q", "payload": {"i": i}} for i in batch])
+        before = _index_pages(young_db, names)
+        leased: list[conveyor.Task] = []
+        while len(leased) < QUEUED:
+            leased += await st.claim("q", worker_id="w", limit=100)
+        assert _index_pages(young_db, names) == before
+        assert not any(
+            await st.ack_many(
+                [{"task_id": t.id, "worker_id": "w", "attempt": t.attempt} for t in leased]
+            )
+        )
+        after = _index_pages(young_db, names)
+        assert all(after[name] > before[name] for name in names)
+
+
+def _plan_of(url: str, stmt: Any) -> dict[str, Any]:
+    """The plan of a SQLAlchemy statement, its parameters written inline."""
+    from sqlalchemy.dialects import postgresql
+
+    sql = str(stmt.compile(dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True}))
+    with psycopg.connect(_dsn(url)) as conn:
+        row = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql).fetchone()
+        conn.rollback()
+    assert row is not None
+    plan: dict[str, Any] = row[0][0]
+    return plan
+
+
+def _scans(plan: dict[str, Any]) -> list[tuple[str, str | None, int]]:
+    """Every scan of conveyor_deliveries: node type, index, rows read (kept or not)."""
+    found: list[tuple[str, str | None, int]] = []
+
+    def walk(node: dict[str, Any]) -> None:
+        if node.get("Relation Name") == "conveyor_deliveries" and "Scan" in node["Node Type"]:
+            read = node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)
+            found.append((node["Node Type"], node.get("Index Name"), read))
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk(plan["Plan"])
+    return found
+
+
+@pytest.mark.parametrize("analysed", [False, True])
+async def test_listing_and_counting_by_status_read_only_their_rows(
+    young_db: str, analysed: bool
+) -> None:
+    """With 4,000 queued and 1,000 leased rows, now that the status index leaves the
+    leased rows out: listing them reads no more rows than there are leased (by
+    their own index, or the first pages in submit order), listing the queued ones
+    reads only queued rows, by index, and stats() still counts both: no plan walks
+    the table, with or without statistics."""
+    from conveyor.store import codec
+
+    await _fill(young_db)
+    if analysed:
+        with psycopg.connect(_dsn(young_db), autocommit=True) as conn:
+            conn.execute("ANALYZE")
+    running = _scans(_plan_of(young_db, codec.list_statement("", "running", {}, None, 101)))
+    assert running and all(kind != "Seq Scan" for kind, _, _ in running)
+    assert sum(read for _, _, read in running) <= LEASED
+    queued = _scans(_plan_of(young_db, codec.list_statement("", "queued", {}, None, 101)))
+    assert queued and all(kind != "Seq Scan" for kind, _, _ in queued)
+    assert sum(read for _, _, read in queued) <= QUEUED
+    async with conveyor.connect(young_db, listen=False) as st:
+        [stats] = await st.stats("q")
+    assert (stats.counts["queued"], stats.counts["running"]) == (QUEUED, LEASED)

@@ -316,3 +316,53 @@ async def test_0005_keeps_the_data_and_downgrades_to_0004(fresh_url: str) -> Non
         assert [t.id for t in await store.children(root.id)] == [child.id]
         assert [t.id for t in (await store.list(correlation_id="c")).items] == [root.id]
         assert len((await store.list(queue="q", group="g")).items) == 2 + len(more)
+
+
+def _delivery_index_where(engine: Engine) -> dict[str, str | None]:
+    """The WHERE of the status and roll-up indexes, as the server reflects it."""
+    dialect = engine.dialect.name
+    with engine.connect() as conn:
+        found = inspect(conn).get_indexes("conveyor_deliveries")
+    return {
+        ix["name"]: " ".join(
+            sorted(_where_words(ix.get("dialect_options", {}).get(f"{dialect}_where")))
+        )
+        or None
+        for ix in found
+        if ix["name"] in ("ix_conveyor_deliveries_status", "ix_conveyor_deliveries_unrolled")
+    }
+
+
+async def test_0006_keeps_the_data_and_downgrades_to_0005(fresh_url: str) -> None:
+    """0006 leaves leased rows out of the status and roll-up indexes on Postgres
+    (SQLite keeps both whole); every row stays, counts and listings agree, and going
+    back to 0005 restores both indexes."""
+    engine = _sync_engine(fresh_url)
+    try:
+        _alembic(engine, "upgrade", "0005")
+        at_0005 = _delivery_index_where(engine)
+    finally:
+        engine.dispose()
+    async with conveyor.connect(fresh_url) as store:  # migrates 0005 -> 0006 with rows in
+        tasks = await store.submit_many([{"name": "x", "queue": "q"}] * 3)
+        [held] = await store.claim("q", worker_id="w")
+    engine = _sync_engine(fresh_url)
+    try:
+        _assert_matches_metadata(engine)
+        at_head = _delivery_index_where(engine)
+        if engine.dialect.name == "postgresql":
+            assert at_0005 != at_head
+            assert all("running" in (where or "") for where in at_head.values())
+        else:
+            assert at_0005 == at_head
+        _alembic(engine, "downgrade", "0005")
+        assert _delivery_index_where(engine) == at_0005
+        _alembic(engine, "upgrade", "head")
+        _assert_matches_metadata(engine)
+    finally:
+        engine.dispose()
+    async with conveyor.connect(fresh_url) as store:
+        [stats] = await store.stats("q")
+        assert (stats.counts["queued"], stats.counts["running"]) == (2, 1)
+        assert [t.id for t in (await store.list(status="running")).items] == [held.id]
+        assert len((await store.list(status="queued")).items) == len(tasks) - 1

@@ -212,7 +212,9 @@ def list_statement(
     stmt = q.task_view(grp)
     if status is not None:
         try:
-            stmt = stmt.where(d.c.status == Status(status).value)
+            # Inline, not bound: Postgres matches it to the partial status index
+            # only when it can read the value (see schema.py).
+            stmt = stmt.where(q.is_status(Status(status).value))
         except ValueError:
             raise InvalidArgument(
                 "status", f"must be one of {', '.join(s.value for s in Status)}"

@@ -101,7 +101,7 @@ async def backfill(
             d.c.grp == group,
             d.c.queue == queue,
             d.c.partition.is_not(None),
-            d.c.status.in_(q.ACTIVE),
+            q.active(),
         )
         .distinct()
     )

@@ -69,7 +69,7 @@ class InspectReads(Seam):
             stmt = (
                 select(*q.view_columns(), d.c.lease)
                 .select_from(t.join(d, d.c.task_seq == t.c.seq))
-                .where(d.c.status == q.RUNNING)
+                .where(q.is_status(q.RUNNING))
                 .order_by(d.c.worker_id, d.c.task_seq)
                 .limit(limit)
             )

@@ -10,7 +10,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import delete, func, select, tuple_, update
+from sqlalchemy import delete, func, literal_column, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
@@ -264,7 +264,7 @@ async def evict_tx(st: Seam, conn: AsyncConnection, queue: str, max_wait: float)
         due = (
             d.c.grp == grp,
             d.c.queue == queue,
-            d.c.status == q.QUEUED,
+            q.is_status(q.QUEUED),
             d.c.attempt == 0,
             d.c.run_at < cutoff,
         )
@@ -499,11 +499,17 @@ async def rollup_batch(st: Seam, conn: AsyncConnection) -> int:
 async def stats_tx(st: Seam, conn: AsyncConnection, queue: str | None) -> list[QueueStats]:
     """Per-queue counts, lag and oldest claimable age (see TaskStore.stats)."""
     now = await tx.now_us(st, conn)
-    # Totals folded up by maintain(), plus the rows not folded yet (the active
-    # ones and the recently finished), read from their partial index.
+    # Totals folded up by maintain(), plus the rows not folded yet (the queued
+    # ones and the recently finished), read from their partial index, and the
+    # leased ones, from theirs.
     live_q = (
         select(d.c.queue, d.c.grp, d.c.status, func.count())
         .where(*q.unrolled())
+        .group_by(d.c.queue, d.c.grp, d.c.status)
+    )
+    leased_q = (
+        select(d.c.queue, d.c.grp, d.c.status, func.count())
+        .where(q.is_status(q.RUNNING), d.c.rolled == literal_column("0"))
         .group_by(d.c.queue, d.c.grp, d.c.status)
     )
     rolled_q = select(cn.c.queue, cn.c.grp, cn.c.status, cn.c.n)
@@ -514,10 +520,11 @@ async def stats_tx(st: Seam, conn: AsyncConnection, queue: str | None) -> list[Q
     )
     if queue is not None:
         live_q = live_q.where(d.c.queue == queue)
+        leased_q = leased_q.where(d.c.queue == queue)
         rolled_q = rolled_q.where(cn.c.queue == queue)
         oldest_q = oldest_q.where(d.c.queue == queue)
     counts: dict[tuple[str, str], dict[str, int]] = {}
-    for stmt in (live_q, rolled_q):
+    for stmt in (live_q, leased_q, rolled_q):
         for qn, grp, status, n in await conn.execute(stmt):
             per = counts.setdefault((qn, grp), {x.value: 0 for x in Status})
             per[status] += int(n)
