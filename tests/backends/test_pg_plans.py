@@ -82,9 +82,13 @@ def _delivery_rows_read(plan: dict[str, Any]) -> int:
     return max(total, pages // 3)
 
 
-def _explain(url: str, name: str, params: dict[str, Any]) -> dict[str, Any]:
+def _explain(
+    url: str, name: str, params: dict[str, Any], setup: str | None = None
+) -> dict[str, Any]:
     sql, names = pg_direct.native(pg_texts.texts()[name])
     with psycopg.connect(_dsn(url)) as conn:
+        if setup is not None:
+            conn.execute(setup)
         # Rolled back: the statement's changes are measured, not kept.
         cur = psycopg.RawCursor(conn)
         cur.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, [params[n] for n in names])
@@ -306,3 +310,47 @@ async def test_listing_and_counting_by_status_read_only_their_rows(
     async with conveyor.connect(young_db, listen=False) as st:
         [stats] = await st.stats("q")
     assert (stats.counts["queued"], stats.counts["running"]) == (QUEUED, LEASED)
+
+
+def _claim_params(worker: str) -> dict[str, Any]:
+    return {
+        "grp": "",
+        "partition": None,
+        "limit": 1,
+        "per_stream": 1,
+        "streams": 1,
+        "mix": False,
+        "worker_id": worker,
+        "lease": None,
+        "queue": "q",
+        "offset_us": 0,
+    }
+
+
+async def test_on_a_small_young_table_the_kept_connections_still_lease_by_index(
+    young_db: str,
+) -> None:
+    """300 tasks, 100 leased, no statistics: planned as the store's kept connections
+    plan them (pg_direct.NO_SEQSCAN), the claim's and the acknowledgement's UPDATEs
+    read a handful of delivery rows. Planned by default they read the table whole,
+    which is why those connections turn the whole-table scan off: a prepared
+    statement keeps the plan it got on a young table as the table grows."""
+    async with conveyor.connect(young_db, listen=False) as st:
+        await st.submit_many([{"name": "t", "queue": "q", "payload": {"i": i}} for i in range(300)])
+        leased = await st.claim("q", worker_id="w", limit=100)
+        run = st._direct_runner()
+        assert run is not None
+        [(seqscan, jit)] = await run(
+            "SELECT current_setting('enable_seqscan'), current_setting('jit')", {}
+        )
+    # JIT off too: priced-out scans made the waiters' upsert look costly enough to
+    # compile, ~100 ms per wait().
+    assert (seqscan, jit) == ("off", "off")
+    _no_statistics(young_db)
+    items = json.dumps([[t.id, "w", "", t.attempt, "null"] for t in leased[:1]])
+    kept = pg_direct.NO_SEQSCAN
+    assert _delivery_rows_read(_explain(young_db, "claim_one", _claim_params("w2"), kept)) <= 10
+    ack = _explain(young_db, "ack_plain", {"items": items, "offset_us": 0}, kept)
+    assert _delivery_rows_read(ack) <= 10
+    by_default = _explain(young_db, "claim_one", _claim_params("w2"))
+    assert _delivery_rows_read(by_default) >= 300  # what the setting is for
