@@ -431,13 +431,15 @@ def stream_head(queue: str, grp: str, partition: str, now: Now) -> Select[Any]:
 
 
 def stream_running(queue: str, grp: str, partition: str) -> Select[Any]:
-    """Whether any row of the stream is leased."""
+    """Whether any row of the stream is leased. Without the active statuses as a
+    condition, SQLite looks among the queue's leased rows (few) instead of walking
+    the stream's active rows, which with nothing leased read its whole backlog
+    (Postgres still proves the stream index's WHERE and may walk it)."""
     return select(
         exists().where(
             d.c.grp == grp,
             d.c.queue == queue,
             d.c.partition == partition,
-            active(),
             is_status(RUNNING),
         )
     )

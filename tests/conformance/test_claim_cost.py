@@ -95,8 +95,9 @@ async def load(store: TaskStore, backend: str) -> None:
         await store._run(analyze)
 
 
-def assert_uses(backend: str, text_plan: str, index: str, table: str) -> None:
-    assert index in text_plan, f"{index} not used:\n{text_plan}"
+def assert_uses(backend: str, text_plan: str, index: str | tuple[str, ...], table: str) -> None:
+    wanted = (index,) if isinstance(index, str) else index
+    assert any(i in text_plan for i in wanted), f"{' or '.join(wanted)} not used:\n{text_plan}"
     if backend == "sqlite":
         # "SCAN t" without an index reads the whole table.
         for line in text_plan.splitlines():
@@ -169,7 +170,18 @@ async def test_claim_statements_use_the_partial_indexes(store: TaskStore, backen
                 STREAM,
                 "conveyor_deliveries",
             ),
-            "stream_running": (q.stream_running(Q, grp, "live-1"), STREAM, "conveyor_deliveries"),
+            # SQLite: the queue's leased rows (few), never the stream's backlog (the
+            # leased index, or the status index's running rows of the queue).
+            # Postgres proves the stream index's WHERE from status = 'running' and
+            # takes it for its three equal columns (the hot acknowledgement has a
+            # text of its own that reads the leased rows).
+            "stream_running": (
+                q.stream_running(Q, grp, "live-1"),
+                STREAM
+                if backend == "postgres"
+                else (LEASED, "ix_conveyor_deliveries_status (grp=? AND queue=? AND status=?)"),
+                "conveyor_deliveries",
+            ),
         }
         for name, (stmt, index, table) in plans.items():
             text_plan = await plan(store, stmt)

@@ -152,9 +152,12 @@ h AS (
 INSERT INTO conveyor_streams (queue, grp, "partition", head_seq, priority, available_at)
 SELECT h.queue, h.grp, h.part, h.head, x.priority,
        CASE WHEN x.status = 'queued' AND NOT EXISTS (
+           -- Among the queue's leased rows (few), not the stream's active ones:
+           -- with nothing leased, that walked the stream's whole backlog (4.4 ms
+           -- per refresh for a stream of 20,000 queued tasks, against 0.03).
            SELECT 1 FROM conveyor_deliveries AS r
            WHERE r.grp = h.grp AND r.queue = h.queue AND r."partition" = h.part
-             AND r.status IN ('queued', 'running') AND r.status = 'running'
+             AND r.status = 'running'
        ) THEN max(:now_us, x.run_at) END
 FROM h LEFT JOIN conveyor_deliveries AS x ON x.task_seq = h.head AND x.grp = h.grp
 -- WHERE: SQLite's parser needs it to tell the join's ON from ON CONFLICT.
