@@ -107,25 +107,28 @@ def _no_statistics(url: str) -> None:
     assert analysed == 0, "the test needs a table without statistics"
 
 
-async def test_a_claim_leases_through_the_primary_key(young_db: str) -> None:
-    """claim(1) with 4,000 queued and 1,000 leased rows: the lease UPDATE reads a
-    handful of delivery rows, not the group's queued rows (before: ~4,000, through
-    the status index)."""
-    await _fill(young_db)
-    _no_statistics(young_db)
-    params = {
+def _claim_params(worker: str) -> dict[str, Any]:
+    return {
         "grp": "",
         "partition": None,
         "limit": 1,
         "per_stream": 1,
         "streams": 1,
         "mix": False,
-        "worker_id": "w2",
+        "worker_id": worker,
         "lease": None,
         "queue": "q",
         "offset_us": 0,
     }
-    plan = _explain(young_db, "claim_one", params)
+
+
+async def test_a_claim_leases_through_the_primary_key(young_db: str) -> None:
+    """claim(1) with 4,000 queued and 1,000 leased rows: the lease UPDATE reads a
+    handful of delivery rows, not the group's queued rows (before: ~4,000, through
+    the status index)."""
+    await _fill(young_db)
+    _no_statistics(young_db)
+    plan = _explain(young_db, "claim_one", _claim_params("w2"))
     assert _delivery_rows_read(plan) <= 10
 
 
@@ -310,21 +313,6 @@ async def test_listing_and_counting_by_status_read_only_their_rows(
     async with conveyor.connect(young_db, listen=False) as st:
         [stats] = await st.stats("q")
     assert (stats.counts["queued"], stats.counts["running"]) == (QUEUED, LEASED)
-
-
-def _claim_params(worker: str) -> dict[str, Any]:
-    return {
-        "grp": "",
-        "partition": None,
-        "limit": 1,
-        "per_stream": 1,
-        "streams": 1,
-        "mix": False,
-        "worker_id": worker,
-        "lease": None,
-        "queue": "q",
-        "offset_us": 0,
-    }
 
 
 async def test_on_a_small_young_table_the_kept_connections_still_lease_by_index(
