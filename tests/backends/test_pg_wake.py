@@ -227,6 +227,24 @@ async def _heard(raw: psycopg.AsyncConnection[object], wait: float = 0.4) -> lis
     return [n.payload async for n in raw.notifies(timeout=wait)]
 
 
+async def _until_nobody_holds_the_listening_lock(
+    conn: psycopg.AsyncConnection[object], timeout: float = 10.0
+) -> None:
+    key = pg_listen.LISTENING_LOCK
+    deadline = time.monotonic() + timeout
+    while True:
+        cur = await conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = %s "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            [key & 0xFFFFFFFF],
+        )
+        row = await cur.fetchone()
+        if row is not None and row[0] == 0:
+            return
+        assert time.monotonic() < deadline, "a closed store's listener still holds its lock"
+        await asyncio.sleep(0.05)
+
+
 async def test_a_submit_announces_its_queue_only_when_someone_listens(pg_url: str) -> None:
     # A database of its own: nobody else's listener may hold the lock here.
     with scratch_pg_database("conveyor_wake") as url:
@@ -245,8 +263,11 @@ async def test_a_submit_announces_its_queue_only_when_someone_listens(pg_url: st
                 await producer.submit("x", queue="heard")
                 await producer.submit_many([{"name": "x", "queue": "heard-too"}] * 3)
                 assert await _heard(raw) == ["heard", "heard-too"]
+            # The listener closed with its store; its server session ends (and lets
+            # go of the lock) a moment later, not within the close.
+            await _until_nobody_holds_the_listening_lock(raw)
             await producer.submit("x", queue="alone")
-            assert await _heard(raw) == []  # the listener closed with its store
+            assert await _heard(raw) == []
 
 
 async def test_a_listener_starting_during_a_silent_submit_waits_for_its_commit(
