@@ -269,24 +269,17 @@ class Worker:
                 # ahead of them (about 0.5 ms of enqueue-to-start latency).
                 for _ in range(HANDOFF_TURNS):
                     await asyncio.sleep(0)
-                if took_all:
-                    # The last claim took fewer tasks than it asked for: another now
-                    # would find nothing until new work comes or a slot frees (a
-                    # stream's next task becomes claimable once its head is done).
-                    await self._until(
-                        self.store.wait_for_work(self.queues, self.poll_interval),
-                        self._slot_freed.wait(),
-                    )
-                continue
-            if not found:
-                if self.stop_when_idle and idle_before and not self._held:
-                    break  # drained: nothing claimable, nothing running or being acked
-                # Also wake when a slot frees: finishing a partitioned task can
-                # make the next one of its stream claimable.
-                await self._until(
-                    self.store.wait_for_work(self.queues, self.poll_interval),
-                    self._slot_freed.wait(),
-                )
+                if not took_all:
+                    continue
+            elif self.stop_when_idle and idle_before and not self._held:
+                break  # drained: nothing claimable, nothing running or being acked
+            # The last claim took fewer tasks than it asked for (or none): another
+            # now would find nothing until new work comes or a slot frees (finishing
+            # a partitioned task can make the next one of its stream claimable).
+            await self._until(
+                self.store.wait_for_work(self.queues, self.poll_interval),
+                self._slot_freed.wait(),
+            )
         # Stopped: what was claimed but never started goes back at once.
         await asyncio.gather(*(self._record.release(held) for held in self._feed.drain()))
 

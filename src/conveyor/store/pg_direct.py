@@ -274,15 +274,13 @@ class Direct:
         try:
             await driver.set_autocommit(True)
             await driver.execute(NO_SEQSCAN)
-        except psycopg.Error as exc:
-            # Lost while being set up (nothing of ``sql`` was sent): as a failure to
-            # connect, which the caller retries.
+        except BaseException as exc:
             self._made -= 1
             await driver.close()
-            raise _error(sql, params, exc, False) from exc
-        except BaseException:
-            self._made -= 1
-            await driver.close()
+            if isinstance(exc, psycopg.Error):
+                # Lost while being set up (nothing of ``sql`` was sent): as a failure
+                # to connect, which the caller retries.
+                raise _error(sql, params, exc, False) from exc
             raise
         return _Kept(driver)
 
