@@ -18,6 +18,7 @@ here costs one check and does nothing.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -40,6 +41,10 @@ TRACER = "conveyor"
 SYSTEM = "conveyor"
 
 _provider: Any = None
+#: Whether the environment names a global tracer provider (OpenTelemetry loads it
+#: on the first get_tracer_provider() call).
+_PROVIDER_IN_ENVIRONMENT = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
+_UNKNOWN = object()
 
 
 def set_tracer_provider(provider: Any) -> None:
@@ -66,6 +71,12 @@ def _recording() -> bool:
         return False
     if _provider is not None:
         return True
+    # Until a global provider is set, get_tracer_provider() looks the environment up
+    # for one on every call (about 1 us, a few per cent of a worker's CPU per task).
+    # OpenTelemetry's module global says "none set" for free; the environment is
+    # read once, when this module is imported.
+    if getattr(trace, "_TRACER_PROVIDER", _UNKNOWN) is None and not _PROVIDER_IN_ENVIRONMENT:
+        return False
     return not isinstance(trace.get_tracer_provider(), (ProxyTracerProvider, NoOpTracerProvider))
 
 

@@ -114,3 +114,17 @@ async def test_each_attempt_gets_a_consumer_span_linked_to_the_producer(
     # The handler's own spans nest under the attempt's span.
     inner = [s for s in spans.get_finished_spans() if s.name == "inside the handler"]
     assert sorted(s.parent.span_id for s in inner) == sorted(s.context.span_id for s in consumers)
+
+
+def test_a_global_provider_set_later_is_seen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """recording() skips OpenTelemetry's environment lookup while no global provider
+    is set; one set afterwards (OpenTelemetry keeps it in its module global, as
+    ``trace.set_tracer_provider`` does) must count from the next call. The global is
+    patched rather than set, since OpenTelemetry allows setting it once per process."""
+    from opentelemetry import trace
+
+    assert not tracing.recording()
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", TracerProvider())
+    assert tracing.recording()
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
+    assert not tracing.recording()
