@@ -65,7 +65,10 @@ def connect(url: str | None = None, **options: Any) -> TaskStore:
     and the task runs again; True waits, like every other write) and
     ``direct_connections`` (default 10: the most connections, beyond the pool,
     kept in autocommit for statements that run by themselves; two stay open, the
-    others only while that many such statements run at once).
+    others only while that many such statements run at once). ``gc_freeze``
+    (default True): the first store opened in a process collects garbage once and
+    freezes what is alive (``gc.freeze()``), as a worker does, so the collector's
+    full passes stop walking every module loaded; False leaves the collector alone.
     """
     dialect, async_url = resolve_url(url)
     if dialect == "sqlite":

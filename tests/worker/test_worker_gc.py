@@ -1,4 +1,5 @@
-"""The worker settles the garbage collector at its first start in a process."""
+"""The worker, and the first store opened, settle the garbage collector once per
+process."""
 
 from __future__ import annotations
 
@@ -9,14 +10,15 @@ from pathlib import Path
 
 import pytest
 
+import conveyor
 from conveyor import App, InvalidArgument
 
 SCRIPT = """
 import asyncio, gc, json, sys
 import conveyor
 
-app = conveyor.App(sys.argv[1])
 freeze = sys.argv[2] == "on"
+app = conveyor.App(sys.argv[1], gc_freeze=freeze)
 seen = []
 
 
@@ -71,3 +73,44 @@ def test_gc_freeze_must_be_a_bool() -> None:
     app = App("sqlite:///:memory:")
     with pytest.raises(InvalidArgument, match="gc_freeze"):
         app.worker("gc", gc_freeze="yes")  # type: ignore[arg-type]
+
+
+STORE_SCRIPT = """
+import asyncio, gc, json, sys
+import conveyor
+
+async def main():
+    counts = [gc.get_freeze_count()]
+    options = {} if sys.argv[2] == "default" else {"gc_freeze": False}
+    async with conveyor.connect(sys.argv[1], **options) as store:
+        counts.append(gc.get_freeze_count())
+        await store.submit("x")
+    print(json.dumps(counts))
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("option", ["default", "off"])
+def test_the_first_store_opened_settles_the_collector(tmp_path: Path, option: str) -> None:
+    """A producer process (no worker) gets the freeze from its store's first open;
+    ``gc_freeze=False`` leaves the collector alone."""
+    url = f"sqlite:///{tmp_path / 'store-gc.sqlite'}"
+    out = subprocess.run(
+        [sys.executable, "-c", STORE_SCRIPT, url, option],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    before, after = json.loads(out.stdout.strip().splitlines()[-1])
+    assert before == 0
+    if option == "default":
+        assert after > 1_000  # the modules, SQLAlchemy, the driver, the store
+    else:
+        assert after == 0
+
+
+def test_the_store_option_must_be_a_bool() -> None:
+    with pytest.raises(InvalidArgument, match="gc_freeze"):
+        conveyor.connect("sqlite:///:memory:", gc_freeze="yes")
