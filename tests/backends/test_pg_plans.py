@@ -143,6 +143,44 @@ async def test_a_batch_acknowledgement_finds_its_rows_by_primary_key(young_db: s
     assert read <= 300, read
 
 
+def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _nodes(child)
+
+
+@pytest.mark.parametrize("fenced_out", [0, 1])
+async def test_a_batch_whose_items_all_finish_compares_none_of_them_again(
+    young_db: str, fenced_out: int
+) -> None:
+    """ack_many of 100 tasks: which items failed their fence is looked for only
+    when fewer rows finished than there are items. Before, every item was compared
+    with every finished row (a nested-loop anti-join, 4,950 comparisons here), in
+    every batch. With an item of another worker in the batch, it is still found."""
+    leased = await _fill(young_db)
+    _no_statistics(young_db)
+    entries = [[t.id, "w", "", t.attempt, "null"] for t in leased[:100]]
+    if fenced_out:
+        entries[41][1] = "someone-else"
+    sql, names = pg_direct.native(pg_texts.texts()["ack_plain"])
+    params = {"items": json.dumps(entries), "offset_us": 0}
+    with psycopg.connect(_dsn(young_db)) as conn:
+        cur = psycopg.RawCursor(conn)
+        cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, [params[n] for n in names])
+        row = cur.fetchone()
+        conn.rollback()
+        cur.execute(sql, [params[n] for n in names])
+        lost = [idx for (idx,) in cur.fetchall() if idx is not None]
+        conn.rollback()
+    assert row is not None
+    compared = sum(node.get("Rows Removed by Join Filter", 0) for node in _nodes(row[0][0]["Plan"]))
+    if fenced_out:
+        assert lost == [42]  # 1-based
+    else:
+        assert lost == []
+        assert compared == 0, compared
+
+
 def _rows_read(plan: dict[str, Any], relation: str) -> int:
     """Rows every scan of ``relation`` in the plan produced or filtered out."""
     total = 0

@@ -108,6 +108,20 @@ done AS (
 ),"""
 
 
+#: The items of a batch acknowledgement that failed their fence: those without a
+#: finished row in ``done``. Looked for only when fewer rows finished than there
+#: are items, which is rare: the items are estimated at one row (_few_items), so
+#: the anti-join is a nested loop comparing every item with every finished row,
+#: 100 x 100 at a batch of 100, about 15 % of its statement's server time
+#: (EXPLAIN ANALYZE, 2.8 -> 2.4 ms). Exact: each finished row answers at least one
+#: item, and items that differ finish different rows, so as many finished rows as
+#: items means none failed.
+LOST = """
+    SELECT i.idx FROM items AS i
+    WHERE (SELECT count(*) FROM done) < (SELECT count(*) FROM items)
+      AND NOT EXISTS (SELECT 1 FROM done WHERE done.id = i.id AND done.grp = i.grp)"""
+
+
 _TASK_SIDE = frozenset(
     (
         "seq id name queue partition payload metadata priority created_at key parent_id "
@@ -361,8 +375,7 @@ note AS (
 )
 SELECT lost.idx, (SELECT count(*) FROM moved WHERE available_at IS NOT NULL) AS freed
 FROM note LEFT JOIN (
-    SELECT i.idx FROM items AS i
-    WHERE NOT EXISTS (SELECT 1 FROM done WHERE done.id = i.id AND done.grp = i.grp)
+{LOST}
 ) AS lost ON true
 """
     )

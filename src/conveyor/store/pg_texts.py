@@ -33,9 +33,9 @@ note AS (
     WHERE EXISTS (SELECT 1 FROM conveyor_waiters AS w WHERE w.task_id = done.id)
 )
 SELECT lost.idx
-FROM note LEFT JOIN (
-    SELECT i.idx FROM items AS i
-    WHERE NOT EXISTS (SELECT 1 FROM done WHERE done.id = i.id AND done.grp = i.grp)
+FROM note LEFT JOIN ("""
+    + pg_claim.LOST
+    + """
 ) AS lost ON true
 """
 )
