@@ -181,6 +181,19 @@ async def test_a_batch_whose_items_all_finish_compares_none_of_them_again(
         assert compared == 0, compared
 
 
+async def test_without_free_streams_a_claim_takes_plain_rows_without_ordering_units(
+    young_db: str,
+) -> None:
+    """claim(10) of a queue with no partitioned work: the plain rows are taken in
+    their index order, and the units that rank streams against plain rows are never
+    read (before: every claim sorted and numbered its rows twice through them)."""
+    await _fill(young_db)
+    plan = _explain(young_db, "claim_one", {**_claim_params("w3"), "limit": 10})
+    scans = [n for n in _nodes(plan["Plan"]) if n.get("CTE Name") in ("chosen", "ordered")]
+    assert scans and all(n["Actual Loops"] == 0 for n in scans), scans
+    assert plan["Plan"]["Actual Rows"] == 10
+
+
 def _rows_read(plan: dict[str, Any], relation: str) -> int:
     """Rows every scan of ``relation`` in the plan produced or filtered out."""
     total = 0
