@@ -194,6 +194,20 @@ async def test_without_free_streams_a_claim_takes_plain_rows_without_ordering_un
     assert plan["Plan"]["Actual Rows"] == 10
 
 
+async def test_a_claim_of_one_queue_reads_its_configured_lease_once(young_db: str) -> None:
+    """claim(10) of a queue with a configured lease: the queue's row is read once
+    per claim, not once per task leased, and every task gets that lease."""
+    await _fill(young_db)
+    async with conveyor.connect(young_db, listen=False) as st:
+        await st.configure_queue("q", lease=42.0)
+    plan = _explain(young_db, "claim_one", {**_claim_params("w4"), "limit": 10})
+    probes = [n for n in _nodes(plan["Plan"]) if n.get("Relation Name") == "conveyor_queues"]
+    assert [n["Actual Loops"] for n in probes] == [1]
+    async with conveyor.connect(young_db, listen=False) as st:
+        tasks = await st.claim("q", worker_id="w5", limit=10)
+    assert len(tasks) == 10 and {t.lease for t in tasks} == {42.0}
+
+
 def _rows_read(plan: dict[str, Any], relation: str) -> int:
     """Rows every scan of ``relation`` in the plan produced or filtered out."""
     total = 0

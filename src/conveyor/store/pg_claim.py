@@ -159,6 +159,9 @@ def claim_text(single_queue: bool, durable: bool = False) -> str:
     ``rank`` (the unit's place in claim order), then the task columns; one row of
     NULLs when nothing was leased."""
     queue = "queue = %(queue)s" if single_queue else "queue = ANY(%(queues)s::text[])"
+    # The queue's configured lease: for one queue, looked up once per claim (an
+    # uncorrelated subquery), not once per row leased.
+    lease_of = "%(queue)s" if single_queue else "k.queue"
     return f"""
 WITH flags AS (
     SELECT {QUICK_COMMIT if not durable else "NULL"} AS quick, EXISTS (
@@ -231,7 +234,7 @@ chosen AS (
 picked AS MATERIALIZED (
     SELECT k.task_seq, k.rank, k.queue, %(grp)s::text AS grp, 'queued'::text AS status, coalesce(
         %(lease)s::float8,
-        (SELECT c.lease FROM conveyor_queues AS c WHERE c.queue = k.queue),
+        (SELECT c.lease FROM conveyor_queues AS c WHERE c.queue = {lease_of}),
         {q.DEFAULT_LEASE}
     ) AS length
     FROM (
