@@ -48,8 +48,14 @@ class Instruments:
         if m is None:
             return
         m.claim_seconds.observe(seconds)
+        # One increment per (queue, task name) in the claim, not one per task: each
+        # takes the counter's lock.
+        counts: dict[tuple[str, str], int] = {}
         for task in tasks:
-            self._child("claims", task.queue, task.name).inc()
+            key = (task.queue, task.name)
+            counts[key] = counts.get(key, 0) + 1
+        for (queue, name), n in counts.items():
+            self._child("claims", queue, name).inc(n)
 
     def acked(self, size: int) -> None:
         """One commit acknowledged ``size`` successes."""
