@@ -41,12 +41,12 @@ asyncio.run(main())
 """
 
 
-def frozen_counts(tmp_path: Path, freeze: str) -> list[int]:
-    # A process of its own: the freeze is once per process, and this one's
-    # collector must not depend on which tests ran before.
-    url = f"sqlite:///{tmp_path / f'gc-{freeze}.sqlite'}"
+def run_script(script: str, url: str, option: str) -> list[int]:
+    """The freeze counts ``script`` prints, run in a process of its own: the
+    freeze is once per process, and this one's collector must not depend on
+    which tests ran before."""
     out = subprocess.run(
-        [sys.executable, "-c", SCRIPT, url, freeze],
+        [sys.executable, "-c", script, url, option],
         capture_output=True,
         text=True,
         timeout=120,
@@ -54,6 +54,10 @@ def frozen_counts(tmp_path: Path, freeze: str) -> list[int]:
     )
     counts: list[int] = json.loads(out.stdout.strip().splitlines()[-1])
     return counts
+
+
+def frozen_counts(tmp_path: Path, freeze: str) -> list[int]:
+    return run_script(SCRIPT, f"sqlite:///{tmp_path / f'gc-{freeze}.sqlite'}", freeze)
 
 
 def test_a_worker_freezes_what_is_alive_once_per_process(tmp_path: Path) -> None:
@@ -96,14 +100,7 @@ def test_the_first_store_opened_settles_the_collector(tmp_path: Path, option: st
     """A producer process (no worker) gets the freeze from its store's first open;
     ``gc_freeze=False`` leaves the collector alone."""
     url = f"sqlite:///{tmp_path / 'store-gc.sqlite'}"
-    out = subprocess.run(
-        [sys.executable, "-c", STORE_SCRIPT, url, option],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    before, after = json.loads(out.stdout.strip().splitlines()[-1])
+    before, after = run_script(STORE_SCRIPT, url, option)
     assert before == 0
     if option == "default":
         assert after > 1_000  # the modules, SQLAlchemy, the driver, the store
