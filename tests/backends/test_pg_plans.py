@@ -52,6 +52,13 @@ async def _fill(url: str) -> list[conveyor.Task]:
         return leased
 
 
+def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """``plan`` and every node under it."""
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _nodes(child)
+
+
 def _delivery_rows_read(plan: dict[str, Any]) -> int:
     """Rows the UPDATE nodes' scans of conveyor_deliveries produced or filtered out,
     or the index and table pages they touched, whichever is more (an index walked
@@ -143,12 +150,6 @@ async def test_a_batch_acknowledgement_finds_its_rows_by_primary_key(young_db: s
     assert read <= 300, read
 
 
-def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from _nodes(child)
-
-
 @pytest.mark.parametrize("fenced_out", [0, 1])
 async def test_a_batch_whose_items_all_finish_compares_none_of_them_again(
     young_db: str, fenced_out: int
@@ -162,18 +163,15 @@ async def test_a_batch_whose_items_all_finish_compares_none_of_them_again(
     entries = [[t.id, "w", "", t.attempt, "null"] for t in leased[:100]]
     if fenced_out:
         entries[41][1] = "someone-else"
-    sql, names = pg_direct.native(pg_texts.texts()["ack_plain"])
     params = {"items": json.dumps(entries), "offset_us": 0}
+    plan = _explain(young_db, "ack_plain", params)
+    sql, names = pg_direct.native(pg_texts.texts()["ack_plain"])
     with psycopg.connect(_dsn(young_db)) as conn:
         cur = psycopg.RawCursor(conn)
-        cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, [params[n] for n in names])
-        row = cur.fetchone()
-        conn.rollback()
         cur.execute(sql, [params[n] for n in names])
         lost = [idx for (idx,) in cur.fetchall() if idx is not None]
         conn.rollback()
-    assert row is not None
-    compared = sum(node.get("Rows Removed by Join Filter", 0) for node in _nodes(row[0][0]["Plan"]))
+    compared = sum(node.get("Rows Removed by Join Filter", 0) for node in _nodes(plan["Plan"]))
     if fenced_out:
         assert lost == [42]  # 1-based
     else:
@@ -210,18 +208,12 @@ async def test_a_claim_of_one_queue_reads_its_configured_lease_once(young_db: st
 
 def _rows_read(plan: dict[str, Any], relation: str) -> int:
     """Rows every scan of ``relation`` in the plan produced or filtered out."""
-    total = 0
-
-    def walk(node: dict[str, Any]) -> None:
-        nonlocal total
-        if node.get("Relation Name") == relation and "Scan" in node["Node Type"]:
-            loops = node.get("Actual Loops", 1)
-            total += (node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)) * loops
-        for child in node.get("Plans", []):
-            walk(child)
-
-    walk(plan["Plan"])
-    return total
+    return sum(
+        (node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0))
+        * node.get("Actual Loops", 1)
+        for node in _nodes(plan["Plan"])
+        if node.get("Relation Name") == relation and "Scan" in node["Node Type"]
+    )
 
 
 async def test_a_small_acknowledgement_looks_its_tasks_up_by_id(young_db: str) -> None:
@@ -341,17 +333,15 @@ def _plan_of(url: str, stmt: Any) -> dict[str, Any]:
 
 def _scans(plan: dict[str, Any]) -> list[tuple[str, str | None, int]]:
     """Every scan of conveyor_deliveries: node type, index, rows read (kept or not)."""
-    found: list[tuple[str, str | None, int]] = []
-
-    def walk(node: dict[str, Any]) -> None:
-        if node.get("Relation Name") == "conveyor_deliveries" and "Scan" in node["Node Type"]:
-            read = node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)
-            found.append((node["Node Type"], node.get("Index Name"), read))
-        for child in node.get("Plans", []):
-            walk(child)
-
-    walk(plan["Plan"])
-    return found
+    return [
+        (
+            node["Node Type"],
+            node.get("Index Name"),
+            node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0),
+        )
+        for node in _nodes(plan["Plan"])
+        if node.get("Relation Name") == "conveyor_deliveries" and "Scan" in node["Node Type"]
+    ]
 
 
 @pytest.mark.parametrize("analysed", [False, True])
