@@ -57,6 +57,30 @@ def test_the_slot_maker_wants_every_field() -> None:
         codec.make_task(**values)
 
 
+def test_the_queued_maker_fixes_what_a_new_task_has_not_yet() -> None:
+    values = _values()
+    fixed = {
+        "status": Status.QUEUED,
+        "attempt": 0,
+        "started_at": None,
+        "finished_at": None,
+        "lease_expires_at": None,
+        "worker_id": None,
+        "progress": None,
+        "progress_message": None,
+        "result": None,
+        "error": None,
+        "group": None,
+        "lease": None,
+    }
+    given_values = {name: value for name, value in values.items() if name not in fixed}
+    made = codec.queued_task(**given_values)
+    assert made == Task(**{**given_values, **fixed})  # type: ignore[arg-type]
+    assert repr(made) == repr(Task(**{**given_values, **fixed}))  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        codec.queued_task(**values)  # a fixed field is not an argument
+
+
 @given(st.integers(min_value=0, max_value=253_402_300_799_999_999))  # up to 9999-12-31
 def test_remembered_datetimes_are_the_plain_ones(us: int) -> None:
     assert codec._from_us(us) == v.from_us(us)
