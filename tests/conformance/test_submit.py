@@ -315,6 +315,71 @@ async def test_submit_many_rolls_back_on_a_rejected_key(store: TaskStore) -> Non
     assert items == [existing]
 
 
+# Larger than a few runs of the Postgres bulk path (conveyor.store.bulk.RUN), and
+# not a multiple of one: the last run is short.
+LARGE = 1_111
+
+
+def _large(n: int = LARGE) -> list[dict[str, Any]]:
+    return [
+        {"name": f"t{i}", "payload": {"i": i}, "queue": "big", "priority": i % 3, "delay": 0}
+        for i in range(n)
+    ]
+
+
+async def test_a_large_batch_keeps_request_order_and_every_field(store: TaskStore) -> None:
+    requests = _large()
+    requests[700] = {**requests[700], "max_attempts": 7, "correlation_id": "c700"}
+    tasks = await store.submit_many(iter(requests))  # any iterable, taken as it goes
+    assert [t.payload["i"] for t in tasks] == list(range(LARGE))
+    assert [t.id for t in tasks] == sorted(t.id for t in tasks)
+    assert (tasks[700].max_attempts, tasks[700].correlation_id) == (7, "c700")
+    # Each statement reads its clock: later requests were never stored earlier.
+    assert [t.created_at for t in tasks] == sorted(t.created_at for t in tasks)
+    for i in (0, 249, 250, 700, LARGE - 1):
+        assert await store.get(tasks[i].id) == tasks[i]
+    # Stored in request order: within a priority, claimed in the order submitted.
+    claimed = await store.claim("big", worker_id="w", limit=LARGE)
+    assert [t.payload["i"] for t in claimed] == sorted(range(LARGE), key=lambda i: (-(i % 3), i))
+    [stats] = await store.stats()
+    assert stats.counts["running"] == LARGE and stats.counts["queued"] == 0
+
+
+@pytest.mark.parametrize(
+    ("bad", "field"),
+    [
+        ({"name": "t", "priority": "high"}, "priority"),
+        ("not a dict", "requests[1000]"),
+        ({"name": "t", "payload": float("nan")}, "payload"),
+    ],
+)
+async def test_a_bad_request_late_in_a_large_batch_writes_nothing(
+    store: TaskStore, bad: Any, field: str
+) -> None:
+    requests: list[Any] = _large()
+    requests[1000] = bad
+    with pytest.raises(InvalidArgument) as info:
+        await store.submit_many(requests)
+    assert info.value.field == field
+    await assert_empty(store)
+    # The store goes on working (a connection left mid-transaction is not reused).
+    again = await store.submit_many(_large(300))
+    assert len(again) == 300 and len((await store.list(limit=1000)).items) == 300
+
+
+async def test_a_keyed_request_late_in_a_large_batch(store: TaskStore) -> None:
+    earlier = await store.submit("earlier", key="k-late")
+    requests = _large()
+    requests[600] = {"name": "keyed", "key": "k-late"}
+    requests[900] = {"name": "child", "parent": earlier.id}
+    tasks = await store.submit_many(requests)
+    assert len(tasks) == LARGE
+    assert tasks[600] == earlier  # the key reused its task
+    assert tasks[900].parent_id == earlier.id
+    assert [t.payload["i"] for t in tasks[:600]] == list(range(600))
+    assert len((await store.list(limit=2000)).items) == LARGE  # 1,110 new and the keyed one
+
+
 async def test_submit_many_unknown_argument(store: TaskStore) -> None:
     with pytest.raises(InvalidArgument) as info:
         await store.submit_many([{"name": "a"}, {"name": "b", "colour": "red"}])

@@ -38,7 +38,7 @@ from conveyor.collector import settle_collector
 from conveyor.errors import ConveyorError, InvalidArgument, NotFound
 from conveyor.models import Backoff, ConsumerGroup, Page, QueueStats, Status, Task
 from conveyor.schema import keys as k
-from conveyor.store import codec, groups, producer, streams, texts, upkeep, wake
+from conveyor.store import bulk, codec, groups, producer, streams, texts, upkeep, wake
 from conveyor.store import transactions as tx
 from conveyor.store.inspect import InspectReads
 from conveyor.store.leases import MAX_LIMIT, LeaseOps
@@ -220,16 +220,18 @@ class TaskStore(LeaseOps, InspectReads):
         """
         if isinstance(requests, Mapping):
             raise InvalidArgument("requests", "must be a list of request dicts, not one dict")
-        prepared = []
-        max_size = self.max_payload_size
-        for i, req in enumerate(requests):
-            # (a dict first: the Mapping check goes through the ABC machinery)
-            if req.__class__ is not dict and not isinstance(req, Mapping):
-                raise InvalidArgument(f"requests[{i}]", "must be a dict of submit() arguments")
-            prepared.append(producer.prepare(req, max_size=max_size))
+        preparing = producer.Preparing(requests, self.max_payload_size)
+        recording = tracing.recording()
+        if connection is None and not recording:
+            # A large plain batch in runs, validated as they go (none: the usual path).
+            tasks = await bulk.submit(self, preparing)
+            if tasks is not None:
+                wake.wake_local(self, work=True)
+                return tasks
+        prepared = preparing.rest()
         if not prepared:
             return []
-        if not tracing.recording():  # no span to make: no context manager either
+        if not recording:  # no span to make: no context manager either
             return await self._submit(prepared, connection)
         with tracing.producer_span(prepared):
             return await self._submit(prepared, connection)

@@ -27,7 +27,7 @@ import collections
 import functools
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -221,6 +221,46 @@ class Direct:
         except psycopg.Error as exc:
             # A failed step aborts the transaction: the connection is left in it and
             # closed below (never reused half-done).
+            dead = driver.closed
+            await self._put_back(kept, True)
+            raise _error(sql, params, exc, dead) from exc
+        except BaseException:
+            await self._put_back(kept, True)
+            raise
+        await self._put_back(kept, False)
+        return rows
+
+    async def run_batch(self, sql: str, runs: Iterable[Mapping[str, Any]]) -> list[Any] | None:
+        """Run ``sql`` once per parameters in ``runs``, in order, in one transaction
+        on a kept connection, pipelined: each run goes to the server as soon as its
+        parameters are taken, so the work that makes the next run's parameters
+        overlaps the server's work on this one. Every run's rows, in order. ``None``
+        when no kept connection is free (nothing of ``runs`` taken). An exception
+        from ``runs`` itself (the caller refusing its own input) leaves the
+        connection closed, its transaction rolled back, and propagates."""
+        kept = await self._take(sql, {})
+        if kept is None:
+            return None
+        driver = kept.driver
+        text, names = native(sql)
+        make = row_factory(sql)
+        params: Mapping[str, Any] = {}
+        try:
+            cursors = []
+            async with driver.pipeline():
+                await kept.cursor("BEGIN").execute("BEGIN")
+                for params in runs:
+                    # A cursor per run: in a pipeline a cursor keeps only its last result.
+                    cur = psycopg.AsyncRawCursor(driver, row_factory=make)
+                    await cur.execute(text, [params[name] for name in names])
+                    cursors.append(cur)
+                await kept.cursor("COMMIT").execute("COMMIT")
+            rows: list[Any] = []
+            for cur in cursors:
+                result = cur.pgresult
+                if result is not None and result.nfields:
+                    rows.extend(await cur.fetchall())
+        except psycopg.Error as exc:
             dead = driver.closed
             await self._put_back(kept, True)
             raise _error(sql, params, exc, dead) from exc

@@ -43,7 +43,7 @@ from conveyor.schema import deliveries as d
 from conveyor.schema import tasks as t
 from conveyor.store import pg_direct, pg_listen, pg_texts
 from conveyor.store.base import TaskStore
-from conveyor.store.seam import DirectRunner, StepsRunner
+from conveyor.store.seam import BatchRunner, DirectRunner, StepsRunner
 
 # Serialization failure and deadlock; and the server ending the session (admin
 # shutdown, crash shutdown, cannot connect now): the server sends these instead of
@@ -326,6 +326,13 @@ class PostgresStore(TaskStore):
 
     async def _run_steps(self, steps: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Any] | None:
         return await self._kept().run_steps(steps)
+
+    def _batch_runner(self) -> BatchRunner | None:
+        # The same kept connections, the runs pipelined between BEGIN and COMMIT.
+        return self._run_batch if self.autocommit_single else None
+
+    async def _run_batch(self, sql: str, runs: Iterable[Mapping[str, Any]]) -> list[Any] | None:
+        return await self._kept().run_batch(sql, runs)
 
     def _kept(self) -> pg_direct.Direct:
         direct = self._direct

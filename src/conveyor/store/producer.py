@@ -4,8 +4,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -145,6 +146,63 @@ def prepare(req: Mapping[str, Any], *, max_size: int | None = None) -> Request:
     )
 
 
+class Preparing:
+    """submit_many()'s requests, validated as they are taken (:func:`prepare`), the
+    taken ones kept in order in ``done``: a large batch may go to the database in
+    runs while the rest is still being validated (:mod:`conveyor.store.bulk`)."""
+
+    def __init__(self, requests: Iterable[Mapping[str, Any]], max_size: int | None) -> None:
+        self.done: list[Request] = []
+        self._source = iter(requests)
+        self._max_size = max_size
+
+    def take(self, n: int) -> list[Request]:
+        """Validate up to ``n`` more requests; those validated (none: all taken)."""
+        out = []
+        done, max_size = self.done, self._max_size
+        for req in itertools.islice(self._source, n):
+            # (a dict first: the Mapping check goes through the ABC machinery)
+            if req.__class__ is not dict and not isinstance(req, Mapping):
+                raise InvalidArgument(
+                    f"requests[{len(done)}]", "must be a dict of submit() arguments"
+                )
+            one = prepare(req, max_size=max_size)
+            done.append(one)
+            out.append(one)
+        return out
+
+    def rest(self) -> list[Request]:
+        """Validate every request not taken yet; all of them, in order."""
+        while self.take(1000):
+            pass
+        return self.done
+
+
+def is_plain(reqs: list[Request]) -> bool:
+    """No key, partition or parent among ``reqs``: the one-statement submit serves."""
+    return not any(
+        r.key is not None or r.partition is not None or r.parent_id is not None for r in reqs
+    )
+
+
+def many_params(reqs: list[Request]) -> dict[str, Any]:
+    """The parameters of the ``submit_plain`` text for ``reqs``."""
+    return {
+        "ids": [r.id for r in reqs],
+        "names": [r.name for r in reqs],
+        "queues": [r.queue for r in reqs],
+        "payloads": [r.payload for r in reqs],
+        "metadatas": [r.metadata for r in reqs],
+        "priorities": [r.priority for r in reqs],
+        # Options nobody gave: no list at all (NULL stands for a list of NULLs).
+        "max_attempts": _given([r.max_attempts for r in reqs]),
+        "backoffs": _given([r.backoff for r in reqs]),
+        "delays": _given([r.delay_us for r in reqs]),
+        "run_ats": _given([r.run_at_us for r in reqs]),
+        "correlation_ids": _given([r.correlation_id for r in reqs]),
+    }
+
+
 async def submit(st: Seam, reqs: list[Request]) -> list[Task]:
     """Insert the requests in one transaction; the answering tasks in request order.
     Plain requests (no key, partition or parent) go through the dialect's
@@ -152,9 +210,7 @@ async def submit(st: Seam, reqs: list[Request]) -> list[Task]:
     single = len(reqs) == 1
     built = st._texts or await texts.of(st)
     text = built.get("submit_one" if single else "submit_plain")
-    plain = not any(
-        r.key is not None or r.partition is not None or r.parent_id is not None for r in reqs
-    )
+    plain = is_plain(reqs)
     if text is None and single and plain and "step_submit_insert" in built:
         # The same steps, each statement built once (dialects without a
         # one-statement submit).
@@ -180,24 +236,11 @@ async def submit(st: Seam, reqs: list[Request]) -> list[Task]:
             "correlation_id": r.correlation_id,
         }
     else:
-        params = {
-            "ids": [r.id for r in reqs],
-            "names": [r.name for r in reqs],
-            "queues": [r.queue for r in reqs],
-            "payloads": [r.payload for r in reqs],
-            "metadatas": [r.metadata for r in reqs],
-            "priorities": [r.priority for r in reqs],
-            # Options nobody gave: no list at all (NULL stands for a list of NULLs).
-            "max_attempts": _given([r.max_attempts for r in reqs]),
-            "backoffs": _given([r.backoff for r in reqs]),
-            "delays": _given([r.delay_us for r in reqs]),
-            "run_ats": _given([r.run_at_us for r in reqs]),
-            "correlation_ids": _given([r.correlation_id for r in reqs]),
-        }
-    return _answers(reqs, await texts.alone(st, text, params))
+        params = many_params(reqs)
+    return answers(reqs, await texts.alone(st, text, params))
 
 
-def _answers(reqs: list[Request], rows: list[Any]) -> list[Task]:
+def answers(reqs: list[Request], rows: list[Any]) -> list[Task]:
     """The tasks of plain requests, from the rows the one-statement submit returned
     (``id``, ``max_attempts``, ``created_at``, ``run_at``), in request order."""
     stored = {row.id: row for row in rows}

@@ -35,6 +35,11 @@ DirectRunner = Callable[[str, Mapping[str, Any]], Awaitable[list[Any]]]
 #: dialect's own; the last one's rows, or ``None`` when no such connection is free.
 StepsRunner = Callable[[Sequence[tuple[str, Mapping[str, Any]]]], Awaitable[list[Any] | None]]
 
+#: Runs one driver statement once per parameters taken from an iterable, in order,
+#: in one transaction on a driver connection of the dialect's own; every run's rows,
+#: or ``None`` when no such connection is free.
+BatchRunner = Callable[[str, Iterable[Mapping[str, Any]]], Awaitable[list[Any] | None]]
+
 T = TypeVar("T")
 
 
@@ -330,6 +335,17 @@ class Seam(abc.ABC):
         the last statement's rows returned. It may answer ``None`` when it has no
         connection of its own free; the caller then runs the same statements in an
         ordinary transaction. ``None`` for a dialect without one."""
+
+    @abc.abstractmethod
+    def _batch_runner(self) -> BatchRunner | None:
+        """Like :meth:`_steps_runner`, for one statement run once per parameters
+        taken from an iterable, in order, in one transaction, every run's rows
+        returned in order. Each run goes to the server as soon as its parameters
+        are taken, where the driver can, so what makes the next run's parameters
+        overlaps the server's work on this one. An exception raised by the
+        iterable rolls the transaction back and propagates. It may answer ``None``
+        (nothing taken) when it has no connection of its own free. ``None`` for a
+        dialect without one."""
 
     # ------------------------------------------------------- wake channel
     @abc.abstractmethod

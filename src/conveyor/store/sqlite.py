@@ -73,7 +73,7 @@ from conveyor import statements as q
 from conveyor.errors import ConfigurationError, InvalidArgument
 from conveyor.store import sqlite_texts
 from conveyor.store.base import TaskStore
-from conveyor.store.seam import ConnectionRunner, DirectRunner, StepsRunner
+from conveyor.store.seam import BatchRunner, ConnectionRunner, DirectRunner, StepsRunner
 from conveyor.store.sqlite_thread import CHECKPOINT_EVERY, ConnectionThread
 
 SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
@@ -397,6 +397,10 @@ class SQLiteStore(TaskStore):
     def _steps_runner(self) -> StepsRunner | None:
         # Statements cost microseconds on the connection thread: no round trips to
         # save.
+        return None
+
+    def _batch_runner(self) -> BatchRunner | None:
+        # One thread, no server beside it: nothing to overlap.
         return None
 
     async def _start_wake(self) -> None:
