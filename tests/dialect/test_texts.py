@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import Integer, bindparam, literal, select
 
 import conveyor
-from conveyor.errors import ConveyorError, StoreUnavailable
+from conveyor.errors import ConveyorError, InvalidArgument, StoreUnavailable
 from conveyor.schema import tasks as t
 from conveyor.store import texts
 from conveyor.store.base import TaskStore
@@ -207,3 +207,40 @@ async def test_a_failing_step_rolls_back_the_steps_before_it(
         store, _waiter_steps(backend, "d", "SELECT count(*) AS n FROM conveyor_waiters")
     )
     assert rows[0].n == 1
+
+
+async def test_the_batch_runner_runs_one_statement_per_parameters_in_one_transaction(
+    store: TaskStore, backend: str
+) -> None:
+    """The seam's batch runner (Postgres: runs pipelined on a kept connection; SQLite:
+    none) runs the statement once per parameters, in order, as it takes them; every
+    run's rows come back in order; an exception from the parameters rolls back the
+    runs already sent."""
+    runner = store._batch_runner()
+    if backend == "sqlite":
+        assert runner is None
+        return
+    assert runner is not None
+    add = (
+        "INSERT INTO conveyor_waiters (task_id, token, expires_at) "
+        "VALUES ('b', %(token)s, 0) RETURNING token, "
+        "(SELECT count(*) FROM conveyor_waiters WHERE task_id = 'b') AS before"
+    )
+    taken: list[str] = []
+
+    def runs(tokens: list[str], fail_at: int | None = None) -> Any:
+        for i, token in enumerate(tokens):
+            if i == fail_at:
+                raise InvalidArgument("token", "refused by the caller")
+            taken.append(token)
+            yield {"token": token}
+
+    rows = await runner(add, runs(["x", "y", "z"]))
+    assert rows is not None
+    # Each run saw what the runs before it wrote (same transaction, in order).
+    assert [(row.token, row.before) for row in rows] == [("x", 0), ("y", 1), ("z", 2)]
+    with pytest.raises(InvalidArgument):
+        await runner(add, runs(["p", "q", "r"], fail_at=2))
+    assert taken == ["x", "y", "z", "p", "q"]
+    count = texts.Text("count", "SELECT count(*) AS n FROM conveyor_waiters WHERE task_id = 'b'")
+    assert (await texts.alone(store, count, {}))[0].n == 3  # p and q rolled back
