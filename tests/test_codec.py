@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -79,6 +80,27 @@ def test_the_queued_maker_fixes_what_a_new_task_has_not_yet() -> None:
     assert repr(made) == repr(Task(**{**given_values, **fixed}))  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         codec.queued_task(**values)  # a fixed field is not an argument
+
+
+def test_a_queued_task_settled_later_is_the_task_built_at_once() -> None:
+    moment = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
+    values: dict[str, Any] = {
+        name: value
+        for name, value in _values().items()
+        if name in {f.name for f in dataclasses.fields(Task)}
+    }
+    given_values = {
+        name: values[name]
+        for name in (
+            "id name queue partition payload metadata priority key parent_id root_id correlation_id"
+        ).split()
+    }
+    early = codec.queued_task(**given_values, max_attempts=None, run_at=None, created_at=None)
+    codec.settle_queued(early, 7, moment, moment)
+    at_once = codec.queued_task(**given_values, max_attempts=7, run_at=moment, created_at=moment)
+    assert early == at_once and repr(early) == repr(at_once)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        early.max_attempts = 8  # type: ignore[misc]
 
 
 @given(st.integers(min_value=0, max_value=253_402_300_799_999_999))  # up to 9999-12-31

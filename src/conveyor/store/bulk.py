@@ -51,11 +51,13 @@ async def submit(st: Seam, preparing: producer.Preparing) -> list[Task] | None:
     if len(first) <= RUN or not producer.is_plain(first):
         return None
     done = preparing.done
+    tasks: list[Task] = []
 
     def runs() -> Iterator[dict[str, Any]]:
         # The requests already taken first (a transaction retried after a transient
         # failure sends them again), then the rest as they are validated.
         sent = 0
+        tasks.clear()
         while True:
             missing = sent + RUN - len(done)
             if missing > 0 and not producer.is_plain(preparing.take(missing)):
@@ -65,6 +67,9 @@ async def submit(st: Seam, preparing: producer.Preparing) -> list[Task] | None:
                 return
             sent += len(part)
             yield text.bind(st, producer.many_params(part))
+            # Here once the run has been sent: its answering tasks are built while
+            # the server works on it, and settled from its rows after the commit.
+            tasks.extend(producer.unsettled(part))
 
     async def work(conn: AsyncConnection) -> list[Any]:
         # No connection of the runner's free: the same runs in an ordinary transaction.
@@ -77,4 +82,4 @@ async def submit(st: Seam, preparing: producer.Preparing) -> list[Task] | None:
         rows = await tx.run(st, work, together=lambda: runner(text.sql, runs()))
     except _NotPlain:
         return None
-    return producer.answers(done, rows)
+    return producer.settle(tasks, rows)

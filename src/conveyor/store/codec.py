@@ -147,6 +147,21 @@ queued_task: Callable[..., Task] = _slot_maker(
 )
 
 
+# The slots' own setters (what the slot-filling constructor writes through).
+_set_max_attempts = getattr(Task, "max_attempts").__set__  # noqa: B009
+_set_created_at = getattr(Task, "created_at").__set__  # noqa: B009
+_set_run_at = getattr(Task, "run_at").__set__  # noqa: B009
+
+
+def settle_queued(task: Task, max_attempts: int, created_at: datetime, run_at: datetime) -> None:
+    """Fill in what the database decided for a task :data:`queued_task` built
+    before the database answered (its slots, as the constructor fills them: the
+    task has not been handed to anyone yet)."""
+    _set_max_attempts(task, max_attempts)
+    _set_created_at(task, created_at)
+    _set_run_at(task, run_at)
+
+
 def group_row(row: Any) -> ConsumerGroup:
     """A ``conveyor_groups`` row as a ConsumerGroup."""
     return ConsumerGroup(

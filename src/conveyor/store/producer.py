@@ -9,7 +9,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import select, update
 from sqlalchemy.exc import DBAPIError
@@ -243,52 +243,71 @@ async def submit(st: Seam, reqs: list[Request]) -> list[Task]:
 def answers(reqs: list[Request], rows: list[Any]) -> list[Task]:
     """The tasks of plain requests, from the rows the one-statement submit returned
     (``id``, ``max_attempts``, ``created_at``, ``run_at``), in request order."""
-    stored = {row.id: row for row in rows}
-    ordered = [stored[r.id] for r in reqs]
-    return _plain_tasks(
-        reqs, [(row.max_attempts, int(row.created_at), int(row.run_at)) for row in ordered]
-    )
+    return settle(unsettled(reqs), rows)
 
 
-def _plain_tasks(reqs: list[Request], stored: list[tuple[int, int, int]]) -> list[Task]:
-    """The tasks of plain requests (no key, partition or parent), in request order,
-    from what the database chose for each: ``(max_attempts, created_at, run_at)``."""
+def unsettled(reqs: list[Request]) -> list[Task]:
+    """The answering tasks of plain requests (no key, partition or parent), in
+    request order, but for what the database decides: ``max_attempts``,
+    ``created_at`` and ``run_at`` are left unset until :func:`settle`. Two steps, so
+    a batch sent in runs (:mod:`conveyor.store.bulk`) builds them while the server
+    works; no one sees a task before it is settled."""
     if len(reqs) == 1:
         payloads = [json.loads(reqs[0].payload)]
     else:
         # One decoder call for the batch: per call, the decoder's own overhead is
         # most of what a small payload costs to read back.
         payloads = json.loads("[" + ",".join([r.payload for r in reqs]) + "]")
-    # The statement's clock is one moment: the batch shares created_at (and run_at,
+    make = codec.queued_task
+    return [
+        make(
+            id=r.id,
+            name=r.name,
+            queue=r.queue,
+            partition=None,
+            payload=payload,
+            metadata={} if r.metadata == "{}" else json.loads(r.metadata),
+            priority=r.priority,
+            max_attempts=None,
+            run_at=None,
+            created_at=None,
+            key=None,
+            parent_id=None,
+            root_id=r.id,
+            correlation_id=r.correlation_id,
+        )
+        for r, payload in zip(reqs, payloads, strict=True)
+    ]
+
+
+def settle(tasks: list[Task], rows: Iterable[Any]) -> list[Task]:
+    """Fill in what the database decided for each of :func:`unsettled`'s ``tasks``
+    from ``rows`` (``id``, ``max_attempts``, ``created_at``, ``run_at``; any order,
+    one per task); the tasks, settled."""
+    stored = {row.id: row for row in rows}
+    # The statement's clock is one moment: a run shares created_at (and run_at,
     # unless delayed), so each distinct value becomes a datetime once.
     moments: dict[int, datetime] = {}
-    out = []
-    for r, payload, (max_attempts, created_at, run_at) in zip(reqs, payloads, stored, strict=True):
+    for task in tasks:
+        row = stored[task.id]
+        created_at, run_at = int(row.created_at), int(row.run_at)
         created = moments.get(created_at)
         if created is None:
             created = moments[created_at] = v.from_us(created_at)
         due = moments.get(run_at)
         if due is None:
             due = moments[run_at] = v.from_us(run_at)
-        out.append(
-            codec.queued_task(
-                id=r.id,
-                name=r.name,
-                queue=r.queue,
-                partition=None,
-                payload=payload,
-                metadata={} if r.metadata == "{}" else json.loads(r.metadata),
-                priority=r.priority,
-                max_attempts=max_attempts,
-                run_at=due,
-                created_at=created,
-                key=None,
-                parent_id=None,
-                root_id=r.id,
-                correlation_id=r.correlation_id,
-            )
-        )
-    return out
+        codec.settle_queued(task, row.max_attempts, created, due)
+    return tasks
+
+
+class _Stored(NamedTuple):
+    """What the database decided for a task, as the one-statement submit returns it."""
+
+    id: str
+    max_attempts: int
+    created_at: int
+    run_at: int
 
 
 def _given(values: list[Any]) -> list[Any] | None:
@@ -444,7 +463,7 @@ async def submit_plain_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) 
         settings[queue] = found if found.queue is not None else None
     after = (await texts.execute(conn, st, last, {})).scalar()
     rows: list[dict[str, Any]] = []
-    stored: list[tuple[int, int, int]] = []
+    stored: list[tuple[str, int, int, int]] = []
     for r in reqs:
         conf = settings[r.queue]
         max_attempts = (
@@ -472,11 +491,11 @@ async def submit_plain_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) 
                 "v_correlation_id": r.correlation_id,
             }
         )
-        stored.append((max_attempts, now, run_at))
+        stored.append((r.id, max_attempts, now, run_at))
     await texts.execute_many(conn, st, insert, rows)
     await texts.execute(conn, st, fan, {"after": after})
     await st._notify(conn, {r.queue for r in reqs}, done=False)
-    return _plain_tasks(reqs, stored)
+    return settle(unsettled(reqs), [_Stored(*one) for one in stored])
 
 
 async def insert_tasks(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> dict[str, Task]:
