@@ -18,6 +18,17 @@ from conveyor.store.postgres import PostgresStore
 N = 4 * bulk.RUN + 111
 
 
+def _expected_runs(n: int) -> list[int]:
+    """A list's runs: a short first one (the server starts sooner), then full ones."""
+    out = [bulk.FIRST]
+    while sum(out) < n:
+        out.append(min(bulk.RUN, n - sum(out)))
+    return out
+
+
+RUNS = _expected_runs(N)
+
+
 def _requests(queue: str) -> list[dict[str, Any]]:
     return [{"name": "t", "payload": {"i": i}, "queue": queue} for i in range(N)]
 
@@ -39,15 +50,18 @@ async def test_a_large_batch_goes_in_runs_on_a_kept_connection(pg_url: str) -> N
     async with conveyor.connect(pg_url, listen=False, direct_connections=1) as st:
         assert isinstance(st, PostgresStore)
         tasks = await st.submit_many(_requests("bulk-kept"))
-        assert _runs(tasks) == [bulk.RUN] * 4 + [111]
+        assert _runs(tasks) == RUNS
         assert [t.payload["i"] for t in tasks] == list(range(N))
         direct = st._direct
         assert direct is not None and direct._made == 1 and len(direct._idle) == 1
+        # An iterable of unknown length: full runs from the start.
+        tasks = await st.submit_many(iter(_requests("bulk-kept")))
+        assert _runs(tasks) == [bulk.RUN] * 4 + [111]
         # A batch of at most one run is one statement, as before.
         small = await st.submit_many(_requests("bulk-kept")[: bulk.RUN])
         assert _runs(small) == [bulk.RUN]
-        page = await st.list(queue="bulk-kept", limit=2 * N)
-        assert len(page.items) == N + bulk.RUN
+        page = await st.list(queue="bulk-kept", limit=3 * N)
+        assert len(page.items) == 2 * N + bulk.RUN
 
 
 async def test_without_a_kept_connection_free_the_runs_go_in_a_transaction(
@@ -63,7 +77,7 @@ async def test_without_a_kept_connection_free_the_runs_go_in_a_transaction(
             tasks = await st.submit_many(_requests("bulk-busy"))
         finally:
             await direct._put_back(held, False)
-        assert _runs(tasks) == [bulk.RUN] * 4 + [111]
+        assert _runs(tasks) == RUNS
         assert [t.payload["i"] for t in tasks] == list(range(N))
         for task in (tasks[0], tasks[bulk.RUN], tasks[-1]):
             assert await st.get(task.id) == task

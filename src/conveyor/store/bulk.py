@@ -29,6 +29,9 @@ from conveyor.store.seam import Seam
 #: runs validated first, and 20,700–23,400/s as four runs validated as they went
 #: (benchmarks/PROFILE.md); shorter runs add statements for no further overlap.
 RUN = 250
+#: Tasks in the first run: fewer, so the server starts sooner (until the first run
+#: is sent, only the client works). Used when the batch's length is known.
+FIRST = 50
 
 
 class _NotPlain(Exception):
@@ -37,7 +40,7 @@ class _NotPlain(Exception):
 
 async def submit(st: Seam, preparing: producer.Preparing) -> list[Task] | None:
     """Submit the requests of ``preparing`` in runs, or ``None`` when this path does
-    not serve them: fewer than two runs' worth, one not plain, or a dialect without
+    not serve them: at most one run's worth, one not plain, or a dialect without
     a batch runner or a one-statement submit. The requests taken so far stay in
     ``preparing.done`` for the usual path."""
     runner = st._batch_runner()
@@ -47,8 +50,17 @@ async def submit(st: Seam, preparing: producer.Preparing) -> list[Task] | None:
     text = built.get("submit_plain")
     if text is None:
         return None
-    first = preparing.take(RUN + 1)
-    if len(first) <= RUN or not producer.is_plain(first):
+    total = preparing.total
+    if total is None:  # an iterable of unknown length: enough of it to tell
+        first = preparing.take(RUN + 1)
+        if len(first) <= RUN:
+            return None
+        size = RUN
+    elif total <= RUN:
+        return None
+    else:
+        first, size = preparing.take(FIRST), FIRST
+    if not producer.is_plain(first):
         return None
     done = preparing.done
     tasks: list[Task] = []
@@ -59,10 +71,11 @@ async def submit(st: Seam, preparing: producer.Preparing) -> list[Task] | None:
         sent = 0
         tasks.clear()
         while True:
-            missing = sent + RUN - len(done)
+            step = size if sent == 0 else RUN
+            missing = sent + step - len(done)
             if missing > 0 and not producer.is_plain(preparing.take(missing)):
                 raise _NotPlain
-            part = done[sent : sent + RUN]
+            part = done[sent : sent + step]
             if not part:
                 return
             sent += len(part)

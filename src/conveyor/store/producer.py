@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Sized
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -153,6 +153,8 @@ class Preparing:
 
     def __init__(self, requests: Iterable[Mapping[str, Any]], max_size: int | None) -> None:
         self.done: list[Request] = []
+        #: How many requests there are, when the iterable can tell.
+        self.total = len(requests) if isinstance(requests, Sized) else None
         self._source = iter(requests)
         self._max_size = max_size
 
