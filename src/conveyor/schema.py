@@ -85,8 +85,16 @@ tasks = Table(
 Index("ix_conveyor_tasks_queue_seq", tasks.c.queue, tasks.c.seq)
 # list(name=...) in submit order.
 Index("ix_conveyor_tasks_name_seq", tasks.c.name, tasks.c.seq)
-# list(root_id=...) in submit order: a workflow's tasks, the root included.
-Index("ix_conveyor_tasks_root_seq", tasks.c.root_id, tasks.c.seq)
+# list(root_id=...) in submit order: a workflow's descendants. Only tasks with a
+# parent (most have none, and are their own root): the listing reads the root itself
+# by its id (revision 0007).
+Index(
+    "ix_conveyor_tasks_root_seq",
+    tasks.c.root_id,
+    tasks.c.seq,
+    postgresql_where=text("parent_id IS NOT NULL"),
+    sqlite_where=text("parent_id IS NOT NULL"),
+)
 # children(): most tasks have no parent and no correlation id, so these two hold
 # only the rows that do. ``col = :x`` implies ``col IS NOT NULL`` to both planners
 # (checked by tests/backends/test_index_use.py), so lookups still use them.

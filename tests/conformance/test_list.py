@@ -64,6 +64,36 @@ async def test_filters(store: TaskStore) -> None:
     assert await ids(name="child", correlation_id="c1") == []
 
 
+async def test_a_workflow_lists_its_root_and_descendants_page_by_page(
+    store: TaskStore,
+) -> None:
+    """list(root_id=...) pages through a workflow in submit order, the root first
+    (read by its id: only descendants are in the root index), and the other
+    filters apply to the root and the descendants alike."""
+    before = await store.submit("before")
+    root = await store.submit("root", queue="wf")
+    children = await store.submit_many(
+        [{"name": "child", "queue": "wf", "parent": root.id, "payload": i} for i in range(9)]
+    )
+    grandchild = await store.submit("grand", queue="wf2", parent=children[4])
+    other_root = await store.submit("root", queue="wf")
+    await store.submit("child", queue="wf", parent=other_root)
+    workflow = [root.id, *[c.id for c in children], grandchild.id]  # submit order
+    pages = await _all_pages(store, limit=4, root_id=root.id)
+    assert [len(p) for p in pages] == [4, 4, 3]
+    assert [t.id for p in pages for t in p] == workflow
+    assert pages[0][0].id == root.id
+    assert [t.id for t in (await store.list(root_id=root.id, queue="wf2")).items] == [grandchild.id]
+    assert [t.id for t in (await store.list(root_id=root.id, name="root")).items] == [root.id]
+    await store.cancel(root.id)
+    await store.cancel(children[6].id)
+    cancelled = await store.list(root_id=root.id, status="cancelled", limit=1000)
+    assert [t.id for t in cancelled.items] == [root.id, children[6].id]
+    # A task with no descendants is a workflow of one; a child id lists nothing.
+    assert [t.id for t in (await store.list(root_id=before.id)).items] == [before.id]
+    assert (await store.list(root_id=children[0].id)).items == []
+
+
 async def test_status_filter_takes_the_enum(store: TaskStore) -> None:
     a = await store.submit("a")
     await store.submit("b")

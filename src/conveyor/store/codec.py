@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, select
+from sqlalchemy import Select, select, union_all
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
@@ -215,14 +215,32 @@ def list_statement(
             raise InvalidArgument(
                 "status", f"must be one of {', '.join(s.value for s in Status)}"
             ) from None
+    root = None
     for field, value in filters.items():
         if value is not None:
-            stmt = stmt.where(t.c[field] == v.name(field, value))
+            if field == "root_id":
+                root = v.name(field, value)
+            else:
+                stmt = stmt.where(t.c[field] == v.name(field, value))
     if filters.get("queue") is not None:
         stmt = stmt.where(d.c.queue == filters["queue"])  # lets the status index serve it
     if cursor is not None:
         stmt = stmt.where(t.c.seq > decode_cursor(cursor))
-    return stmt.order_by(t.c.seq).limit(limit)
+    if root is None:
+        return stmt.order_by(t.c.seq).limit(limit)
+    # A workflow: its descendants from the root index (which holds only tasks with a
+    # parent, see schema.py), the first ``limit`` of them in submit order, so a
+    # page reads a page whatever the planner thinks of the table; and its root, by
+    # id. The two merged in submit order.
+    below = (
+        stmt.where(t.c.root_id == root, t.c.parent_id.is_not(None))
+        .order_by(t.c.seq)
+        .limit(limit)
+        .subquery()
+    )
+    itself = stmt.where(t.c.id == root, t.c.root_id == root, t.c.parent_id.is_(None))
+    both = union_all(select(below), itself).subquery()
+    return select(both).order_by(both.c.seq).limit(limit)
 
 
 async def fetch_tasks(
