@@ -27,7 +27,7 @@ import collections
 import functools
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -206,29 +206,19 @@ class Direct:
         kept = await self._take(*steps[0])
         if kept is None:
             return None
-        driver = kept.driver
-        sql, params = steps[-1]
-        try:
-            async with driver.pipeline():
-                await kept.cursor("BEGIN").execute("BEGIN")
-                for sql, params in steps:
-                    text, names = native(sql)
-                    await kept.cursor(sql).execute(text, [params[name] for name in names])
-                await kept.cursor("COMMIT").execute("COMMIT")
+
+        async def send(at: list[Any]) -> None:
+            for sql, params in steps:
+                at[:] = [sql, params]
+                text, names = native(sql)
+                await kept.cursor(sql).execute(text, [params[name] for name in names])
+
+        async def read() -> list[Any]:
             last = kept.cursor(steps[-1][0])
             result = last.pgresult
-            rows = await last.fetchall() if result is not None and result.nfields else []
-        except psycopg.Error as exc:
-            # A failed step aborts the transaction: the connection is left in it and
-            # closed below (never reused half-done).
-            dead = driver.closed
-            await self._put_back(kept, True)
-            raise _error(sql, params, exc, dead) from exc
-        except BaseException:
-            await self._put_back(kept, True)
-            raise
-        await self._put_back(kept, False)
-        return rows
+            return await last.fetchall() if result is not None and result.nfields else []
+
+        return await self._transaction(kept, send, read)
 
     async def run_batch(self, sql: str, runs: Iterable[Mapping[str, Any]]) -> list[Any] | None:
         """Run ``sql`` once per parameters in ``runs``, in order, in one transaction
@@ -241,30 +231,55 @@ class Direct:
         kept = await self._take(sql, {})
         if kept is None:
             return None
-        driver = kept.driver
         text, names = native(sql)
         make = row_factory(sql)
-        params: Mapping[str, Any] = {}
-        try:
-            cursors = []
-            async with driver.pipeline():
-                await kept.cursor("BEGIN").execute("BEGIN")
-                for params in runs:
-                    # A cursor per run: in a pipeline a cursor keeps only its last result.
-                    cur = psycopg.AsyncRawCursor(driver, row_factory=make)
-                    await cur.execute(text, [params[name] for name in names])
-                    cursors.append(cur)
-                await kept.cursor("COMMIT").execute("COMMIT")
+        cursors: list[psycopg.AsyncRawCursor[Any]] = []
+
+        async def send(at: list[Any]) -> None:
+            for params in runs:
+                at[:] = [sql, params]
+                # A cursor per run: in a pipeline a cursor keeps only its last result.
+                cur = psycopg.AsyncRawCursor(kept.driver, row_factory=make)
+                await cur.execute(text, [params[name] for name in names])
+                cursors.append(cur)
+
+        async def read() -> list[Any]:
             rows: list[Any] = []
             for cur in cursors:
                 result = cur.pgresult
                 if result is not None and result.nfields:
                     rows.extend(await cur.fetchall())
+            return rows
+
+        return await self._transaction(kept, send, read)
+
+    async def _transaction(
+        self,
+        kept: _Kept,
+        send: Callable[[list[Any]], Awaitable[None]],
+        read: Callable[[], Awaitable[list[Any]]],
+    ) -> list[Any]:
+        """BEGIN, what ``send`` sends, and COMMIT on ``kept``, in one pipeline; then
+        ``read``'s rows. ``send`` keeps the statement it is sending (and its
+        parameters) in its argument, so an error names it. The connection goes back
+        to the idle ones afterwards, or is closed after any failure."""
+        at: list[Any] = ["BEGIN", {}]
+        driver = kept.driver
+        try:
+            async with driver.pipeline():
+                await kept.cursor("BEGIN").execute("BEGIN")
+                await send(at)
+                await kept.cursor("COMMIT").execute("COMMIT")
+            rows = await read()
         except psycopg.Error as exc:
+            # A failed statement aborts the transaction: the connection is left in it
+            # and closed below (never reused half-done).
             dead = driver.closed
             await self._put_back(kept, True)
-            raise _error(sql, params, exc, dead) from exc
+            raise _error(at[0], at[1], exc, dead) from exc
         except BaseException:
+            # Cancelled, or the caller's own exception from ``send``: a result may
+            # still be on its way, and the transaction is open.
             await self._put_back(kept, True)
             raise
         await self._put_back(kept, False)
