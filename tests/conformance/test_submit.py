@@ -380,6 +380,14 @@ async def test_a_keyed_request_late_in_a_large_batch(store: TaskStore) -> None:
     assert len((await store.list(limit=2000)).items) == LARGE  # 1,110 new and the keyed one
 
 
+@pytest.mark.parametrize("bad", [None, 5, {"name": "a"}])
+async def test_submit_many_wants_a_list_of_requests(store: TaskStore, bad: Any) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        await store.submit_many(bad)
+    assert info.value.field == "requests"
+    await assert_empty(store)
+
+
 async def test_submit_many_unknown_argument(store: TaskStore) -> None:
     with pytest.raises(InvalidArgument) as info:
         await store.submit_many([{"name": "a"}, {"name": "b", "colour": "red"}])

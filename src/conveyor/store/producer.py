@@ -155,7 +155,12 @@ class Preparing:
         self.done: list[Request] = []
         #: How many requests there are, when the iterable can tell.
         self.total = len(requests) if isinstance(requests, Sized) else None
-        self._source = iter(requests)
+        try:
+            self._source = iter(requests)
+        except TypeError:
+            raise InvalidArgument(
+                "requests", f"must be a list of request dicts, got {requests!r}"
+            ) from None
         self._max_size = max_size
 
     def take(self, n: int) -> list[Request]:
