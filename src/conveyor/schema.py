@@ -97,7 +97,7 @@ Index(
 )
 # children(): most tasks have no parent and no correlation id, so these two hold
 # only the rows that do. ``col = :x`` implies ``col IS NOT NULL`` to both planners
-# (checked by tests/backends/test_index_use.py), so lookups still use them.
+# (checked by tests/conformance/test_task_indexes.py), so lookups still use them.
 Index(
     "ix_conveyor_tasks_parent",
     tasks.c.parent_id,

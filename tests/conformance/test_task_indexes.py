@@ -19,6 +19,7 @@ from conveyor.store.base import TaskStore
 
 PARENT = "ix_conveyor_tasks_parent"
 CORRELATION = "ix_conveyor_tasks_correlation_seq"
+ROOT = "ix_conveyor_tasks_root_seq"
 
 
 async def _load(store: TaskStore, backend: str) -> str:
@@ -63,3 +64,16 @@ async def test_children_and_correlation_lookups_use_the_partial_indexes(
     assert len(await store.children(parent)) == 4
     assert len((await store.list(correlation_id="c1")).items) == 5
     assert (await store.list(correlation_id="nobody")).items == []
+
+
+async def test_a_workflow_listing_uses_the_root_index_of_descendants(
+    store: TaskStore, backend: str
+) -> None:
+    """The root index holds only tasks with a parent (revision 0007): listing a
+    workflow reads its descendants there and its root by id, on both backends."""
+    root = await _load(store, backend)
+    listed = codec.list_statement(q.QUEUE_MODE, None, {"root_id": root, "queue": None}, None, 101)
+    text_plan = await plan(store, listed)
+    _assert_index(backend, text_plan, ROOT)
+    page = await store.list(root_id=root)
+    assert page.items[0].id == root and len(page.items) == 5
