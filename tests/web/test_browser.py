@@ -208,6 +208,24 @@ def test_the_throughput_plot_renders(page: Any, served: Served) -> None:
     assert heights and min(heights) >= 1 and max(heights) > 20
 
 
+def test_a_click_is_not_lost_to_a_refresh(page: Any, served: Served) -> None:
+    """A live refresh that lands between the press and the release of a click used
+    to replace the link under the pointer, and the click never happened: the
+    refresh now waits while a pointer is down."""
+    ids = served.ids
+    page.goto(served.url + "/tasks?status=failed")
+    page.locator(f'tr[data-task="{ids.failed}"] a').first.hover()  # in view, pointer on it
+    page.mouse.down()
+    # A refresh comes back while the button is down (the page asks for one at once).
+    with page.expect_response(lambda r: "/tasks" in r.url and r.request.method == "GET"):
+        page.evaluate("document.body.dispatchEvent(new Event('conveyor-changed'))")
+    page.wait_for_timeout(200)  # the swap, had it not waited, is done by now
+    page.mouse.up()
+    page.wait_for_url(re.compile(f"/tasks/{ids.failed}$"), timeout=5000)
+    # And the refresh resumes once the pointer is up.
+    playwright_api.expect(page.locator("pre.traceback")).to_contain_text("ConnectionError")
+
+
 def test_list_to_detail_to_retry(page: Any, served: Served) -> None:
     ids = served.ids
     dialogs: list[str] = []
