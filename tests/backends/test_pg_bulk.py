@@ -6,6 +6,7 @@ ordinary transaction; a refused request leaves no transaction open."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ N = 4 * bulk.RUN + 111
 
 
 def _expected_runs(n: int) -> list[int]:
-    """A list's runs: a short first one (the server starts sooner), then full ones."""
+    """A batch's runs: a short first one (the server starts sooner), then full ones."""
     out = [bulk.FIRST]
     while sum(out) < n:
         out.append(min(bulk.RUN, n - sum(out)))
@@ -54,9 +55,18 @@ async def test_a_large_batch_goes_in_runs_on_a_kept_connection(pg_url: str) -> N
         assert [t.payload["i"] for t in tasks] == list(range(N))
         direct = st._direct
         assert direct is not None and direct._made == 1 and len(direct._idle) == 1
-        # An iterable of unknown length: full runs from the start.
-        tasks = await st.submit_many(iter(_requests("bulk-kept")))
-        assert _runs(tasks) == [bulk.RUN] * 4 + [111]
+        # An iterable of unknown length is read whole before the transaction (no
+        # caller code runs inside it): the same runs.
+        idle_while_read: list[int] = []
+
+        def requests() -> Iterator[dict[str, Any]]:
+            for request in _requests("bulk-kept"):
+                idle_while_read.append(len(direct._idle))  # the one kept connection
+                yield request
+
+        tasks = await st.submit_many(requests())
+        assert _runs(tasks) == RUNS
+        assert idle_while_read == [1] * N  # never taken for the transaction meanwhile
         # A batch of at most one run is one statement, as before.
         small = await st.submit_many(_requests("bulk-kept")[: bulk.RUN])
         assert _runs(small) == [bulk.RUN]

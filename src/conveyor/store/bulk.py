@@ -30,7 +30,7 @@ from conveyor.store.seam import Seam
 #: (benchmarks/PROFILE.md); shorter runs add statements for no further overlap.
 RUN = 250
 #: Tasks in the first run: fewer, so the server starts sooner (until the first run
-#: is sent, only the client works). Used when the batch's length is known.
+#: is sent, only the client works).
 FIRST = 50
 
 
@@ -50,16 +50,9 @@ async def submit(st: Seam, preparing: producer.Preparing) -> list[Task] | None:
     text = built.get("submit_plain")
     if text is None:
         return None
-    total = preparing.total
-    if total is None:  # an iterable of unknown length: enough of it to tell
-        first = preparing.take(RUN + 1)
-        if len(first) <= RUN:
-            return None
-        size = RUN
-    elif total <= RUN:
+    if preparing.total <= RUN:
         return None
-    else:
-        first, size = preparing.take(FIRST), FIRST
+    first = preparing.take(FIRST)
     if not producer.is_plain(first):
         return None
     done = preparing.done
@@ -71,7 +64,7 @@ async def submit(st: Seam, preparing: producer.Preparing) -> list[Task] | None:
         sent = 0
         tasks.clear()
         while True:
-            step = size if sent == 0 else RUN
+            step = FIRST if sent == 0 else RUN
             missing = sent + step - len(done)
             if missing > 0 and not producer.is_plain(preparing.take(missing)):
                 raise _NotPlain

@@ -153,14 +153,17 @@ class Preparing:
 
     def __init__(self, requests: Iterable[Mapping[str, Any]], max_size: int | None) -> None:
         self.done: list[Request] = []
-        #: How many requests there are, when the iterable can tell.
-        self.total = len(requests) if isinstance(requests, Sized) else None
         try:
+            if not isinstance(requests, Sized):
+                # Read whole first: no caller code runs inside the transaction.
+                requests = list(requests)
             self._source = iter(requests)
         except TypeError:
             raise InvalidArgument(
                 "requests", f"must be a list of request dicts, got {requests!r}"
             ) from None
+        #: How many requests there are.
+        self.total = len(requests)
         self._max_size = max_size
 
     def take(self, n: int) -> list[Request]:
