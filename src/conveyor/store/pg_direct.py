@@ -63,7 +63,22 @@ Conn = psycopg.AsyncConnection[Any]
 #: choice. That price would make such a plan look costly enough to compile to
 #: machine code (JIT: ~100 ms per run of a statement that takes 0.2 ms), so JIT is
 #: off here too: none of these statements runs long enough to gain from it.
-NO_SEQSCAN = "SELECT set_config('enable_seqscan', 'off', false), set_config('jit', 'off', false)"
+#:
+#: And each prepared statement runs its generic plan from its first prepared run
+#: (``plan_cache_mode``): planned once, as :data:`PREPARE_THRESHOLD
+#: <conveyor.store.postgres.PREPARE_THRESHOLD>` means it to be. Every text run here
+#: is written for its generic plan (see the estimates in
+#: :mod:`conveyor.store.pg_claim`). By default the server plans the first five runs
+#: for their values, compares their cost with the generic plan's, and when the
+#: generic one looks dearer by a tenth goes on planning every run anew. The claim
+#: is a long statement whose planning (~0.7 ms) costs about what its run does: in
+#: drains of 6,000 tasks through one worker, it was planned 107 times in 105 claims
+#: in one run, 18-31 times in others, and the run that re-planned every claim drained
+#: 15,400 tasks/s against 17,200-17,800; forced generic, 6-7 plans and 18,600-19,100.
+NO_SEQSCAN = (
+    "SELECT set_config('enable_seqscan', 'off', false), set_config('jit', 'off', false),"
+    " set_config('plan_cache_mode', 'force_generic_plan', false)"
+)
 
 
 @functools.lru_cache(maxsize=256)
