@@ -421,6 +421,33 @@ async def test_the_kept_connections_plan_each_statement_once(young_db: str) -> N
     assert (claim.custom_plans, claim.generic_plans) == (0, 20 - postgres.PREPARE_THRESHOLD)
 
 
+async def test_a_claim_of_stream_heads_reads_only_the_streams_it_takes(young_db: str) -> None:
+    """claim(50, per_stream=2) with 3,000 free streams, planned generic as on the
+    kept connections: the streams are read from their index in claim order and the
+    reading stops at the 50 taken (revision 0008; before, all 3,000 were read and
+    sorted), and each stream's rows are read once, never joined back to the streams
+    row by row (before: every stream compared with every row, twice)."""
+    async with conveyor.connect(young_db, listen=False) as st:
+        await st.submit_many(
+            [{"name": "t", "queue": "q", "partition": f"p{i % 3000}"} for i in range(6000)]
+        )
+    params = {**_claim_params("w"), "limit": 50, "per_stream": 2, "streams": 50, "mix": True}
+    setup = pg_direct.NO_SEQSCAN
+    plan = _explain(young_db, "claim_one", params, setup)
+    assert plan["Plan"]["Actual Rows"] == 50
+    # The free streams' scan and the held ones' lookups (one per stream taken).
+    streams_read = sum(
+        node["Actual Rows"] * node["Actual Loops"]
+        for node in _nodes(plan["Plan"])
+        if node.get("Relation Name") == "conveyor_streams" and "Scan" in node["Node Type"]
+    )
+    assert streams_read <= 120, streams_read
+    srows_loops = [
+        node["Actual Loops"] for node in _nodes(plan["Plan"]) if node.get("CTE Name") == "srows"
+    ]
+    assert srows_loops and max(srows_loops) <= 1, srows_loops
+
+
 async def test_a_deep_page_of_a_workflow_reads_about_a_page(young_db: str) -> None:
     """The root index holds only tasks with a parent (revision 0007), so a submit
     of a root-level task writes no entry there; a workflow's page still reads

@@ -146,3 +146,36 @@ async def test_a_streams_running_check_reads_leased_rows_not_its_backlog(tmp_pat
     assert "ix_conveyor_deliveries_stream" not in check, refresh
     assert "status=?" in check or "ix_conveyor_deliveries_leased" in check, refresh
     assert not any("ix_conveyor_deliveries_stream" in s for s in running), running
+
+
+async def test_the_claim_reads_free_streams_in_claim_order(tmp_path: Path) -> None:
+    """With 3,000 free streams, the claim's candidates take the fairest streams in
+    the order of the streams' index (revision 0008): no sort of every free stream
+    (before: a temporary B-tree over all 3,000, ~0.6 ms a claim)."""
+    path = tmp_path / "streams.db"
+    async with conveyor.connect(f"sqlite:///{path}") as store:
+        await store.submit_many(
+            [{"name": "t", "queue": "q", "partition": f"p{i % 3000}"} for i in range(6000)]
+        )
+        assert store._texts is not None
+        text = store._texts.get("step_candidates")
+        assert text is not None
+    params = {
+        "grp": "",
+        "queue": "q",
+        "partition": None,
+        "limit": 50,
+        "streams": 50,
+        "per_stream": 2,
+        "now_us": 2**62,
+    }
+    with closing(sqlite3.connect(path)) as db:
+        plan = db.execute("EXPLAIN QUERY PLAN " + text.sql, params).fetchall()
+        rows = db.execute(text.sql, params).fetchall()
+    # The steps under the free streams' subquery (id, parent, _, step).
+    [free] = [node for node, _, _, step in plan if step == "MATERIALIZE free"]
+    steps = [step for _, parent, _, step in plan if parent == free]
+    assert steps == ["SEARCH s USING INDEX ix_conveyor_streams_available (grp=? AND queue=?)"], plan
+    # The first 50 streams in claim order (equal priority: the longest waiting, then
+    # by partition), two rows each.
+    assert len([row for row in rows if row[0] == 1]) == 100

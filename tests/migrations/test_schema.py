@@ -366,3 +366,51 @@ async def test_0006_keeps_the_data_and_downgrades_to_0005(fresh_url: str) -> Non
         assert (stats.counts["queued"], stats.counts["running"]) == (2, 1)
         assert [t.id for t in (await store.list(status="running")).items] == [held.id]
         assert len((await store.list(status="queued")).items) == len(tasks) - 1
+
+
+def _streams_index_columns(engine: Engine) -> list[str]:
+    with engine.connect() as conn:
+        [found] = [
+            ix
+            for ix in inspect(conn).get_indexes("conveyor_streams")
+            if ix["name"] == "ix_conveyor_streams_available"
+        ]
+    return [str(name) for name in found["column_names"]]
+
+
+async def test_0008_orders_the_free_streams_and_downgrades_to_0007(fresh_url: str) -> None:
+    """0008 rebuilds the free streams' index in claim order (priority descending,
+    then how long the head has waited, then partition); streams claimed before and
+    after it, and after going back to 0007 and forward again, keep their order."""
+    engine = _sync_engine(fresh_url)
+    try:
+        _alembic(engine, "upgrade", "0007")
+        assert _streams_index_columns(engine) == ["grp", "queue", "available_at"]
+    finally:
+        engine.dispose()
+    async with conveyor.connect(fresh_url) as store:  # migrates 0007 -> 0008
+        await store.submit_many(
+            [{"name": "x", "queue": "q", "partition": f"p{i % 3}", "payload": i} for i in range(9)]
+        )
+        first = await store.claim("q", worker_id="w", limit=3, per_stream=1)
+    engine = _sync_engine(fresh_url)
+    try:
+        _assert_matches_metadata(engine)
+        assert _streams_index_columns(engine) == [
+            "grp",
+            "queue",
+            "priority",
+            "available_at",
+            "partition",
+        ]
+        _alembic(engine, "downgrade", "0007")
+        assert _streams_index_columns(engine) == ["grp", "queue", "available_at"]
+        _alembic(engine, "upgrade", "head")
+        _assert_matches_metadata(engine)
+    finally:
+        engine.dispose()
+    async with conveyor.connect(fresh_url) as store:
+        await store.ack_many([{"task_id": t.id, "worker_id": "w"} for t in first])
+        second = await store.claim("q", worker_id="w", limit=3, per_stream=1)
+    assert sorted(t.payload for t in first) == [0, 1, 2]
+    assert sorted(t.payload for t in second) == [3, 4, 5]

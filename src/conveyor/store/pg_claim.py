@@ -182,7 +182,7 @@ free AS MATERIALIZED (
     FOR UPDATE OF s SKIP LOCKED
 ),
 srows AS MATERIALIZED (
-    SELECT f.queue, f.partition, r.task_seq, r.n
+    SELECT f.queue, f.partition, f.priority AS pri, f.available_at AS at, r.task_seq, r.n
     FROM free AS f CROSS JOIN LATERAL (
         SELECT x.task_seq,
                row_number() OVER w AS n,
@@ -211,12 +211,16 @@ plain AS MATERIALIZED (
     FOR UPDATE OF p SKIP LOCKED
 ),
 units AS (
-    SELECT 1 AS kind, f.queue, f.partition, f.priority AS pri, f.available_at AS at,
-           NULL::bigint AS seq, count(*) AS size
-    FROM free AS f JOIN srows AS r ON r.queue = f.queue AND r.partition = f.partition
-    GROUP BY f.queue, f.partition, f.priority, f.available_at
+    -- A stream's rows travel with its unit as an array, in order: joined back to
+    -- ``srows`` (and ``srows`` to ``free``), each join compared every stream with
+    -- every row, both sides estimated at one row (a claim of 50 over 50 streams:
+    -- 2 x 5,000 comparisons, ~1.5 ms of its ~2.1).
+    SELECT 1 AS kind, r.queue, r.partition, r.pri, r.at, NULL::bigint AS seq,
+           count(*) AS size, array_agg(r.task_seq ORDER BY r.task_seq) AS seqs
+    FROM srows AS r
+    GROUP BY r.queue, r.partition, r.pri, r.at
     UNION ALL
-    SELECT 0, p.queue, NULL, p.priority, p.run_at, p.task_seq, 1 FROM plain AS p
+    SELECT 0, p.queue, NULL, p.priority, p.run_at, p.task_seq, 1, NULL FROM plain AS p
 ),
 ordered AS (
     SELECT u.*, row_number() OVER o AS rank, first_value(u.kind) OVER o AS lead
@@ -238,9 +242,9 @@ picked AS MATERIALIZED (
         {q.DEFAULT_LEASE}
     ) AS length
     FROM (
-        SELECT r.task_seq, c.rank, c.queue
-        FROM chosen AS c JOIN srows AS r ON r.queue = c.queue AND r.partition = c.partition
-        WHERE c.kind = 1 AND c.upto - c.size + r.n <= %(limit)s AND EXISTS (SELECT 1 FROM free)
+        SELECT s.task_seq, c.rank, c.queue
+        FROM chosen AS c CROSS JOIN LATERAL unnest(c.seqs) WITH ORDINALITY AS s(task_seq, n)
+        WHERE c.kind = 1 AND c.upto - c.size + s.n <= %(limit)s AND EXISTS (SELECT 1 FROM free)
         UNION ALL
         SELECT c.seq, c.rank, c.queue FROM chosen AS c
         WHERE c.kind = 0 AND c.upto <= %(limit)s AND EXISTS (SELECT 1 FROM free)
