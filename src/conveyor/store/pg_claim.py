@@ -320,6 +320,75 @@ FOR UPDATE OF s
 """
 
 
+#: A stream's ``available_at`` once its head ``h`` (``task_seq``, ``status``,
+#: ``run_at``, ``leased``: a row of the stream is leased) is known, from its row
+#: ``s``: set while the head is queued and no row is leased; kept (or moved to the
+#: head's ``run_at``) while the head is the same, else now (or its ``run_at``). The
+#: rule of :func:`conveyor.store.streams.refresh`.
+_AVAILABLE = f"""CASE WHEN h.status = 'queued' AND NOT h.leased THEN
+            CASE WHEN s.head_seq = h.task_seq AND s.available_at IS NOT NULL
+                 THEN greatest(s.available_at, h.run_at)
+                 ELSE greatest({NOW}, h.run_at)
+            END
+        END"""
+
+#: Lock the stream rows ``keys`` (a JSON array of ``[queue, grp, partition]``, in
+#: the lock order), creating those that do not exist yet: one key after another,
+#: as :func:`conveyor.store.streams.refresh` does step by step. A conflicting row
+#: is locked though nothing is updated. The first of the two statements of a
+#: refresh: the second (:data:`REFRESH_STREAMS`) starts after these locks are held,
+#: so its snapshot has every change committed to those streams meanwhile.
+LOCK_STREAMS = """
+INSERT INTO conveyor_streams (queue, grp, partition)
+SELECT k.v ->> 0, k.v ->> 1, k.v ->> 2
+FROM json_array_elements(%(keys)s::json) WITH ORDINALITY AS k(v, n)
+ORDER BY k.n
+ON CONFLICT (queue, grp, partition) DO UPDATE SET head_seq = conveyor_streams.head_seq
+WHERE false
+"""
+
+#: Recompute the streams ``keys`` (locked by :data:`LOCK_STREAMS` in this
+#: transaction) as :func:`conveyor.store.streams.refresh` does per stream: each
+#: head is its first active row, the leased rows are found in one pass over the
+#: leased rows of the keys' queues (as the stream acknowledgement does), and a row
+#: is written only where its head or availability changes.
+REFRESH_STREAMS = f"""
+WITH keys AS MATERIALIZED (
+    SELECT k.v ->> 0 AS queue, k.v ->> 1 AS grp, k.v ->> 2 AS partition
+    FROM {_few_items("k").replace("%(items)s", "%(keys)s")} AS k
+),
+busy AS MATERIALIZED (
+    -- As text, like the keys read from JSON (a row of varchar does not compare).
+    SELECT coalesce(
+        array_agg(DISTINCT ROW(r.grp::text, r.queue::text, r.partition::text)), '{{}}'
+    ) AS keys
+    FROM conveyor_deliveries AS r
+    WHERE r.status = 'running'
+      AND (r.grp, r.queue) IN (SELECT DISTINCT grp, queue FROM keys)
+      AND r.partition = ANY(ARRAY(SELECT partition FROM keys))
+),
+heads AS MATERIALIZED (
+    SELECT k.queue, k.grp, k.partition, h.task_seq, h.status, h.run_at, h.priority,
+           ROW(k.grp, k.queue, k.partition) = ANY(b.keys) AS leased
+    FROM keys AS k CROSS JOIN busy AS b LEFT JOIN LATERAL (
+        SELECT y.task_seq, y.status, y.run_at, y.priority
+        FROM conveyor_deliveries AS y
+        WHERE y.grp = k.grp AND y.queue = k.queue AND y.partition = k.partition
+          AND y.status IN ('queued', 'running')
+        ORDER BY y.task_seq
+        LIMIT 1
+    ) AS h ON true
+)
+UPDATE conveyor_streams AS s SET
+    head_seq = h.task_seq,
+    priority = h.priority,
+    available_at = {_AVAILABLE}
+FROM heads AS h
+WHERE s.queue = h.queue AND s.grp = h.grp AND s.partition = h.partition
+  AND (s.head_seq IS DISTINCT FROM h.task_seq OR s.available_at IS DISTINCT FROM {_AVAILABLE})
+"""
+
+
 def ack_streams_text(done_channel: str, work_channel: str) -> str:
     """The second statement (see above). Bind parameters: ``items`` (a JSON array
     of ``[id, worker_id, grp, attempt, result]``, one entry per item) and
@@ -371,12 +440,7 @@ moved AS (
     UPDATE conveyor_streams AS s SET
         head_seq = h.task_seq,
         priority = h.priority,
-        available_at = CASE WHEN h.status = 'queued' AND NOT h.leased THEN
-            CASE WHEN s.head_seq = h.task_seq AND s.available_at IS NOT NULL
-                 THEN greatest(s.available_at, h.run_at)
-                 ELSE greatest({NOW}, h.run_at)
-            END
-        END
+        available_at = {_AVAILABLE}
     FROM heads AS h
     WHERE s.queue = h.queue AND s.grp = h.grp AND s.partition = h.partition
     RETURNING s.queue, s.available_at
@@ -397,4 +461,13 @@ FROM note LEFT JOIN (
     )
 
 
-__all__ = ["ACK_LOCK_TEXT", "NOW", "QUICK_COMMIT", "ack_streams_text", "claim_text", "view"]
+__all__ = [
+    "ACK_LOCK_TEXT",
+    "LOCK_STREAMS",
+    "NOW",
+    "QUICK_COMMIT",
+    "REFRESH_STREAMS",
+    "ack_streams_text",
+    "claim_text",
+    "view",
+]

@@ -158,4 +158,6 @@ def texts(durable_claims: bool = False) -> Mapping[str, str]:
         "waiter_drop": _WAITER_DROP,
         "ack_streams_lock": pg_claim.ACK_LOCK_TEXT,
         "ack_streams": pg_claim.ack_streams_text(pg_listen.DONE_CHANNEL, pg_listen.WORK_CHANNEL),
+        "lock_streams": pg_claim.LOCK_STREAMS,
+        "refresh_streams": pg_claim.REFRESH_STREAMS,
     }

@@ -308,9 +308,12 @@ class Seam(abc.ABC):
         :func:`conveyor.statements.view_columns` of the rows ``seqs`` leased to
         ``w_id``; ``step_hold_streams`` marks the streams ``partitions`` of
         ``queue`` held (``available_at`` NULL). ``refresh_streams`` recomputes the
-        streams ``keys`` ((queue, grp, partition) triples) as
-        :func:`conveyor.store.streams.refresh` does, creating missing rows; only
-        for a dialect where one writer holds the whole database (no lock order).
+        streams ``keys`` (a JSON array of (queue, grp, partition) triples in the
+        lock order) as :func:`conveyor.store.streams.refresh` does; with
+        ``lock_streams`` (same parameter), which locks their rows first in that
+        order, creating missing ones, in a statement of its own, else (a dialect
+        where one writer holds the whole database: no lock order) creating the
+        missing rows itself.
         """
 
     @abc.abstractmethod

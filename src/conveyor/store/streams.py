@@ -126,15 +126,22 @@ async def refresh(st: Seam, conn: AsyncConnection, keys: Iterable[tuple[Any, ...
     task of it is leased. ``available_at`` records when the current head became
     available, which is what fair stream selection orders by.
 
-    Where the dialect has the whole of it as one statement built once
-    (``refresh_streams``, on SQLite, whose single writer lock makes the
-    lock-then-read order moot), every stream is recomputed by that statement.
+    Where the dialect has it as statements built once, every stream is recomputed
+    by one statement (``refresh_streams``), after another has locked their rows in
+    the lock order, creating the missing ones (``lock_streams``; none on SQLite,
+    whose single writer lock makes the lock-then-read order moot): two statements
+    however many streams, where the steps below take three or four per stream.
     """
     built = st._texts.get("refresh_streams") if st._texts is not None else None
     if built is not None:
         ordered = sorted(set(keys), key=lock_order)
         if ordered:
             params = {"keys": json.dumps([list(key) for key in ordered])}
+            lock = st._texts.get("lock_streams") if st._texts is not None else None
+            if lock is not None:
+                # Its own statement: the refresh's snapshot then has every change
+                # committed to these streams before their locks were granted.
+                await texts.execute(conn, st, lock, params)
             await texts.execute(conn, st, built, params)
         return
     for queue, grp, partition in sorted(set(keys), key=lock_order):
