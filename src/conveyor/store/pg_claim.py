@@ -332,6 +332,49 @@ _AVAILABLE = f"""CASE WHEN h.status = 'queued' AND NOT h.leased THEN
             END
         END"""
 
+
+def _heads(keys: str, done: bool) -> str:
+    """The CTEs ``busy`` and ``heads`` of the streams in CTE ``keys`` (``queue``,
+    ``grp``, ``partition``; with ``done``, also ``seqs``: the rows this statement
+    finished, which its snapshot still sees as leased and every look below leaves
+    out). ``heads``: each stream's first active row (``task_seq``, ``status``,
+    ``run_at``, ``priority``; NULLs for none) and ``leased``, whether a row of it is
+    leased, as :data:`_AVAILABLE` reads them."""
+    finished = (
+        "\n      AND NOT (ROW(r.task_seq, r.grp) = ANY(ARRAY(SELECT ROW(task_seq, grp) FROM done)))"
+        if done
+        else ""
+    )
+    not_head = "\n          AND NOT (y.task_seq = ANY(k.seqs))" if done else ""
+    return f"""busy AS MATERIALIZED (
+    -- The streams that still have a leased row: one pass over the leased rows of
+    -- the keys' (group, queue)s, however many streams there are (a pass per stream
+    -- cost ~0.05 ms each at a hundred leased rows). Only the keys' streams are
+    -- kept, so the array each stream is looked up in below is no longer than the
+    -- keys. As text: keys read from JSON are text, and a row of varchar does not
+    -- compare with a row of text.
+    SELECT coalesce(
+        array_agg(DISTINCT ROW(r.grp::text, r.queue::text, r.partition::text)), '{{}}'
+    ) AS keys
+    FROM conveyor_deliveries AS r
+    WHERE r.status = 'running'
+      AND (r.grp, r.queue) IN (SELECT DISTINCT grp, queue FROM {keys})
+      AND r.partition = ANY(ARRAY(SELECT partition FROM {keys})){finished}
+),
+heads AS MATERIALIZED (
+    SELECT k.queue, k.grp, k.partition, h.task_seq, h.status, h.run_at, h.priority,
+           ROW(k.grp::text, k.queue::text, k.partition::text) = ANY(b.keys) AS leased
+    FROM {keys} AS k CROSS JOIN busy AS b LEFT JOIN LATERAL (
+        SELECT y.task_seq, y.status, y.run_at, y.priority
+        FROM conveyor_deliveries AS y
+        WHERE y.grp = k.grp AND y.queue = k.queue AND y.partition = k.partition
+          AND y.status IN ('queued', 'running'){not_head}
+        ORDER BY y.task_seq
+        LIMIT 1
+    ) AS h ON true
+)"""
+
+
 #: Lock the stream rows ``keys`` (a JSON array of ``[queue, grp, partition]``, in
 #: the lock order), creating those that do not exist yet: one key after another,
 #: as :func:`conveyor.store.streams.refresh` does step by step. A conflicting row
@@ -357,28 +400,7 @@ WITH keys AS MATERIALIZED (
     SELECT k.v ->> 0 AS queue, k.v ->> 1 AS grp, k.v ->> 2 AS partition
     FROM {_few_items("k").replace("%(items)s", "%(keys)s")} AS k
 ),
-busy AS MATERIALIZED (
-    -- As text, like the keys read from JSON (a row of varchar does not compare).
-    SELECT coalesce(
-        array_agg(DISTINCT ROW(r.grp::text, r.queue::text, r.partition::text)), '{{}}'
-    ) AS keys
-    FROM conveyor_deliveries AS r
-    WHERE r.status = 'running'
-      AND (r.grp, r.queue) IN (SELECT DISTINCT grp, queue FROM keys)
-      AND r.partition = ANY(ARRAY(SELECT partition FROM keys))
-),
-heads AS MATERIALIZED (
-    SELECT k.queue, k.grp, k.partition, h.task_seq, h.status, h.run_at, h.priority,
-           ROW(k.grp, k.queue, k.partition) = ANY(b.keys) AS leased
-    FROM keys AS k CROSS JOIN busy AS b LEFT JOIN LATERAL (
-        SELECT y.task_seq, y.status, y.run_at, y.priority
-        FROM conveyor_deliveries AS y
-        WHERE y.grp = k.grp AND y.queue = k.queue AND y.partition = k.partition
-          AND y.status IN ('queued', 'running')
-        ORDER BY y.task_seq
-        LIMIT 1
-    ) AS h ON true
-)
+{_heads("keys", done=False)}
 UPDATE conveyor_streams AS s SET
     head_seq = h.task_seq,
     priority = h.priority,
@@ -410,32 +432,7 @@ touched AS MATERIALIZED (
     FROM done WHERE partition IS NOT NULL
     GROUP BY queue, grp, partition
 ),
-busy AS MATERIALIZED (
-    -- The touched streams that still have a leased row: one pass over the leased
-    -- rows of the touched (group, queue)s, however many streams the batch touched
-    -- (a pass per stream cost ~0.05 ms each at a hundred leased rows). Only the
-    -- touched streams are kept, so the array each stream is looked up in below is
-    -- no longer than the batch.
-    SELECT coalesce(array_agg(DISTINCT ROW(r.grp, r.queue, r.partition)), '{{}}') AS keys
-    FROM conveyor_deliveries AS r
-    WHERE r.status = 'running'
-      AND (r.grp, r.queue) IN (SELECT DISTINCT grp, queue FROM touched)
-      AND r.partition = ANY(ARRAY(SELECT partition FROM touched))
-      AND NOT (ROW(r.task_seq, r.grp) = ANY(ARRAY(SELECT ROW(task_seq, grp) FROM done)))
-),
-heads AS MATERIALIZED (
-    SELECT k.queue, k.grp, k.partition, h.task_seq, h.status, h.run_at, h.priority,
-           ROW(k.grp, k.queue, k.partition) = ANY(b.keys) AS leased
-    FROM touched AS k CROSS JOIN busy AS b LEFT JOIN LATERAL (
-        SELECT y.task_seq, y.status, y.run_at, y.priority
-        FROM conveyor_deliveries AS y
-        WHERE y.grp = k.grp AND y.queue = k.queue AND y.partition = k.partition
-          AND y.status IN ('queued', 'running')
-          AND NOT (y.task_seq = ANY(k.seqs))
-        ORDER BY y.task_seq
-        LIMIT 1
-    ) AS h ON true
-),
+{_heads("touched", done=True)},
 moved AS (
     UPDATE conveyor_streams AS s SET
         head_seq = h.task_seq,
