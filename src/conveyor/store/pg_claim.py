@@ -375,6 +375,14 @@ heads AS MATERIALIZED (
 )"""
 
 
+#: Write each stream's new head and availability from CTE ``heads``.
+_MOVE = f"""UPDATE conveyor_streams AS s SET
+    head_seq = h.task_seq,
+    priority = h.priority,
+    available_at = {_AVAILABLE}
+FROM heads AS h
+WHERE s.queue = h.queue AND s.grp = h.grp AND s.partition = h.partition"""
+
 #: Lock the stream rows ``keys`` (a JSON array of ``[queue, grp, partition]``, in
 #: the lock order), creating those that do not exist yet: one key after another,
 #: as :func:`conveyor.store.streams.refresh` does step by step. A conflicting row
@@ -401,12 +409,7 @@ WITH keys AS MATERIALIZED (
     FROM {_few_items("k").replace("%(items)s", "%(keys)s")} AS k
 ),
 {_heads("keys", done=False)}
-UPDATE conveyor_streams AS s SET
-    head_seq = h.task_seq,
-    priority = h.priority,
-    available_at = {_AVAILABLE}
-FROM heads AS h
-WHERE s.queue = h.queue AND s.grp = h.grp AND s.partition = h.partition
+{_MOVE}
   AND (s.head_seq IS DISTINCT FROM h.task_seq OR s.available_at IS DISTINCT FROM {_AVAILABLE})
 """
 
@@ -434,13 +437,8 @@ touched AS MATERIALIZED (
 ),
 {_heads("touched", done=True)},
 moved AS (
-    UPDATE conveyor_streams AS s SET
-        head_seq = h.task_seq,
-        priority = h.priority,
-        available_at = {_AVAILABLE}
-    FROM heads AS h
-    WHERE s.queue = h.queue AND s.grp = h.grp AND s.partition = h.partition
-    RETURNING s.queue, s.available_at
+{_MOVE}
+RETURNING s.queue, s.available_at
 ),
 note AS (
     SELECT
