@@ -269,3 +269,40 @@ def test_the_sync_store_refuses_async_connections(
 
     asyncio.run(attempt())
     assert sync_store.list().items == []
+
+
+@pytest.mark.parametrize("driver", ["postgresql+asyncpg", "postgresql+psycopg"])
+async def test_a_partitioned_batch_in_a_transaction_of_either_postgres_driver(
+    store: TaskStore, store_url: str, backend: str, driver: str
+) -> None:
+    """Keys, partitions and a group, submitted in a transaction on the caller's own
+    driver: asyncpg takes the statements built with SQLAlchemy (the store's own texts
+    are written in psycopg's parameter style); each stream is then claimed in order."""
+    if backend != "postgres":
+        pytest.skip("Postgres drivers")
+    if driver.endswith("asyncpg"):
+        pytest.importorskip("asyncpg")
+    await store.subscribe("q", "g")
+    eng = create_async_engine(make_url(store_url).set(drivername=driver))
+    try:
+        async with eng.connect() as conn:
+            tasks = await store.submit_many(
+                [
+                    {"name": "t", "queue": "q", "partition": f"p{i % 3}", "payload": i}
+                    for i in range(9)
+                ]
+                + [{"name": "t", "queue": "q", "key": "once", "payload": 9}],
+                connection=conn,
+            )
+            await conn.commit()
+    finally:
+        await eng.dispose()
+    assert [t.payload for t in tasks] == list(range(10))
+    for group in (None, "g"):
+        seen: list[int] = []
+        while got := await store.claim("q", worker_id="w", group=group, limit=10, per_stream=1):
+            seen += [t.payload for t in got]
+            await store.ack_many([{"task_id": t.id, "worker_id": "w", "group": group} for t in got])
+        for p in range(3):
+            assert [n for n in seen if n != 9 and n % 3 == p] == [p, p + 3, p + 6]
+        assert sorted(seen) == list(range(10))

@@ -54,9 +54,9 @@ class SyncConnection:
         """Run one statement on the caller's connection."""
         return self.sync_connection.execute(statement, parameters)
 
-    async def exec_driver_sql(self, statement: str) -> Any:
-        """Run one statement text as it is."""
-        return self.sync_connection.exec_driver_sql(statement)
+    async def exec_driver_sql(self, statement: str, parameters: Any = None) -> Any:
+        """Run one statement text as it is (with the driver's parameters)."""
+        return self.sync_connection.exec_driver_sql(statement, parameters)
 
     async def get_raw_connection(self) -> Any:
         """The pooled driver connection."""

@@ -549,22 +549,41 @@ async def insert_tasks(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> 
         )
         for r in reqs
     ]
-    # One multi-row INSERT of plain values.
-    result = await conn.execute(t.insert().returning(t.c.seq), params)
-    seqs = list(result.scalars())
     out = {
         r.id: codec.new_task(row, payload=json.loads(r.payload), metadata=json.loads(r.metadata))
         for r, row in zip(reqs, params, strict=True)
     }
-    await conn.execute(q.fan_out(), {"seqs": seqs})
-    if stream_keys:
-        touched = await conn.execute(
-            select(d.c.queue, d.c.grp, d.c.partition)
-            .where(d.c.task_seq.in_(seqs), d.c.partition.is_not(None))
-            .distinct()
-        )
+    built = st._texts.get("insert_rows") if st._texts is not None else None
+    if built is not None and texts.runs_on(conn, st):
+        # The task rows and their delivery rows in one statement of the dialect's
+        # (see ``insert_rows`` in Seam._statement_texts); it returns the streams the
+        # new rows joined.
+        encoded = json.dumps([[row[c] for c in _ROW_COLUMNS] for row in params])
+        touched = list(await texts.execute(conn, st, built, {"rows": encoded}))
+    else:
+        # One multi-row INSERT of plain values, then the delivery rows.
+        result = await conn.execute(t.insert().returning(t.c.seq), params)
+        seqs = list(result.scalars())
+        await conn.execute(q.fan_out(), {"seqs": seqs})
+        touched = []
+        if stream_keys:
+            touched = list(
+                await conn.execute(
+                    select(d.c.queue, d.c.grp, d.c.partition)
+                    .where(d.c.task_seq.in_(seqs), d.c.partition.is_not(None))
+                    .distinct()
+                )
+            )
+    if touched:
         await streams.refresh(st, conn, [tuple(row) for row in touched])
     return out
+
+
+#: The columns of a task row (:func:`task_row`) in the order ``insert_rows`` reads.
+_ROW_COLUMNS = (
+    "id name queue partition payload metadata priority max_attempts backoff created_at "
+    "run_at key parent_id root_id correlation_id"
+).split()
 
 
 async def cancel_tx(st: Seam, conn: AsyncConnection, task_ids: Sequence[str]) -> None:

@@ -265,6 +265,15 @@ class Seam(abc.ABC):
         ``name``, ``queue``, ``payload``, ``metadata``, ``priority``,
         ``max_attempts``, ``backoff``, ``delay``, ``run_at``, ``correlation_id``).
 
+        ``insert_rows``: the task rows of a submit that went step by step (keys,
+        partitions, parents), given whole as ``rows`` (one JSON text: an array of
+        ``[id, name, queue, partition, payload, metadata, priority, max_attempts,
+        backoff, created_at, run_at, key, parent_id, root_id, correlation_id]`` in
+        request order, inserted in that order), and their delivery rows as
+        :func:`conveyor.statements.fan_out` writes them; inside the caller's
+        transaction, no announcement. Returns the ``(queue, grp, partition)`` of
+        every stream the new delivery rows joined, once each.
+
         ``succeed_plain``: one ``succeed()`` of an unpartitioned leased row, fenced
         (``id``, ``grp``, ``worker_id``, ``attempt`` or ``None``), with ``result``
         (JSON text) and ``offset_us``; announced to a registered ``wait()``.

@@ -133,7 +133,7 @@ async def refresh(st: Seam, conn: AsyncConnection, keys: Iterable[tuple[Any, ...
     however many streams, where the steps below take three or four per stream.
     """
     built = st._texts.get("refresh_streams") if st._texts is not None else None
-    if built is not None:
+    if built is not None and texts.runs_on(conn, st):
         ordered = sorted(set(keys), key=lock_order)
         if ordered:
             params = {"keys": json.dumps([list(key) for key in ordered])}

@@ -179,6 +179,16 @@ async def get(st: Seam, name: str) -> Text | None:
     return (await of(st)).get(name)
 
 
+def runs_on(conn: AsyncConnection, st: Seam) -> bool:
+    """Whether the built texts can run on ``conn``: always on the store's own
+    connections; on a caller's (``submit(..., connection=...)``) only through a driver
+    with the store's parameter style (a text is written in it: ``%(name)s`` on
+    Postgres, which psycopg and psycopg2 read and asyncpg does not)."""
+    if getattr(conn, "run_text", None) is not None or st._engine is None:
+        return True
+    return bool(conn.dialect.paramstyle == st._engine.dialect.paramstyle)
+
+
 async def execute(conn: AsyncConnection, st: Seam, text: Text, params: Mapping[str, Any]) -> Any:
     """Run ``text`` on ``conn`` inside the caller's transaction; its result (iterate
     it for rows; ``first()``, ``one()``, ``scalar_one()``, ``all()`` as SQLAlchemy's).
