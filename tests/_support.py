@@ -115,11 +115,16 @@ async def running(worker: Worker) -> AsyncIterator[Worker]:
         await asyncio.wait_for(job, 15)
 
 
-def run_together(argvs: Sequence[Sequence[str]], timeout: float = 90.0) -> list[str]:
-    """Start one helper child per argv, release them at once, return their last lines."""
+@contextmanager
+def released(
+    argvs: Sequence[Sequence[str]], timeout: float = 90.0
+) -> Iterator[list[subprocess.Popen[str]]]:
+    """Start one Python child per argv (each prints ``ready`` once set up, then waits
+    for a line on stdin), release them all at once, and yield them; afterwards end
+    any still running and close every pipe."""
     procs = [
         subprocess.Popen(
-            [sys.executable, HELPER, *argv],
+            [sys.executable, *argv],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -138,13 +143,7 @@ def run_together(argvs: Sequence[Sequence[str]], timeout: float = 90.0) -> list[
             assert proc.stdin is not None
             proc.stdin.write("go\n")
             proc.stdin.flush()
-        outputs = []
-        for proc in procs:
-            out, err = proc.communicate(timeout=timeout)
-            assert proc.returncode == 0, f"child failed ({proc.returncode}): {err}"
-            lines = out.strip().splitlines()
-            outputs.append(lines[-1] if lines else "")
-        return outputs
+        yield procs
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -155,6 +154,23 @@ def run_together(argvs: Sequence[Sequence[str]], timeout: float = 90.0) -> list[
             for stream in (proc.stdin, proc.stdout, proc.stderr):
                 if stream is not None:
                     stream.close()
+
+
+def finished(procs: Sequence[subprocess.Popen[str]], timeout: float = 90.0) -> list[str]:
+    """Wait for every child to exit successfully; their standard outputs."""
+    outputs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=timeout)
+        assert proc.returncode == 0, f"child failed ({proc.returncode}): {err}"
+        outputs.append(out)
+    return outputs
+
+
+def run_together(argvs: Sequence[Sequence[str]], timeout: float = 90.0) -> list[str]:
+    """Start one helper child per argv, release them at once, return their last lines."""
+    with released([[HELPER, *argv] for argv in argvs], timeout) as procs:
+        outputs = finished(procs, timeout)
+    return [lines[-1] if (lines := out.strip().splitlines()) else "" for out in outputs]
 
 
 # ------------------------------------------------------------------ children

@@ -9,8 +9,6 @@ import asyncio
 import itertools
 import json
 import random
-import subprocess
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -19,6 +17,7 @@ from typing import Any
 import pytest
 
 import conveyor
+from _support import finished, released
 from conveyor import Status, TaskCancelled
 from conveyor.models import Task
 from conveyor.store.base import TaskStore
@@ -421,36 +420,13 @@ def test_strict_fifo_across_two_processes(store_url: str, tmp_path: Path) -> Non
     with conveyor.connect_sync(store_url) as store:
         store.submit_many(interleaved_streams(parts, per))
     logs = [tmp_path / f"worker{n}.jsonl" for n in range(2)]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, WORKER_SCRIPT, store_url, Q, str(parts * per), str(log), str(n)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+    argvs = [
+        [WORKER_SCRIPT, store_url, Q, str(parts * per), str(log), str(n)]
         for n, log in enumerate(logs)
     ]
-    try:
-        for proc in procs:  # both have opened their store ...
-            assert proc.stdout is not None
-            line = proc.stdout.readline()
-            assert line.strip() == "ready", (line, proc.stderr.read() if proc.stderr else "")
-        for proc in procs:  # ... and start at the same moment
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        for proc in procs:
-            _, err = proc.communicate(timeout=100)
-            assert proc.returncode == 0, err
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            for pipe in (proc.stdin, proc.stdout, proc.stderr):
-                if pipe is not None and not pipe.closed:
-                    pipe.close()
+    # Both have opened their store, and start at the same moment.
+    with released(argvs, timeout=100) as procs:
+        finished(procs, timeout=100)
     records = [json.loads(line) for log in logs for line in log.read_text().splitlines()]
     violations = [r for r in records if r["kind"] == "violation"]
     assert violations == []

@@ -192,6 +192,24 @@ async def test_steps_run_together_in_one_transaction(store: TaskStore, backend: 
     assert [row.n for row in rows] == [2]
 
 
+async def test_steps_return_the_rows_of_the_step_asked_for(store: TaskStore, backend: str) -> None:
+    """texts.together(rows_of=i): the rows of the i-th statement, though later ones
+    ran after it (pipelined on Postgres, an ordinary transaction on SQLite)."""
+    mark = "%(token)s" if backend == "postgres" else ":token"
+    add = texts.Text(
+        "add_returning",
+        "INSERT INTO conveyor_waiters (task_id, token, expires_at) "
+        f"VALUES ('r', {mark}, 0) RETURNING token",
+    )
+    count = texts.Text("count_r", "SELECT count(*) AS n FROM conveyor_waiters")
+    drop = texts.Text("drop_r", "DELETE FROM conveyor_waiters WHERE task_id = 'r'")
+    steps = [(add, {"token": "x"}), (count, {}), (drop, {})]
+    assert [row.token for row in await texts.together(store, steps, rows_of=0)] == ["x"]
+    assert [row.n for row in await texts.together(store, steps, rows_of=1)] == [1]
+    assert [row.n for row in await texts.together(store, steps, rows_of=-2)] == [1]
+    assert (await texts.alone(store, count, {}))[0].n == 0
+
+
 async def test_a_failing_step_rolls_back_the_steps_before_it(
     store: TaskStore, backend: str
 ) -> None:

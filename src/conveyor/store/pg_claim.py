@@ -383,35 +383,68 @@ _MOVE = f"""UPDATE conveyor_streams AS s SET
 FROM heads AS h
 WHERE s.queue = h.queue AND s.grp = h.grp AND s.partition = h.partition"""
 
-#: Lock the stream rows ``keys`` (a JSON array of ``[queue, grp, partition]``, in
-#: the lock order), creating those that do not exist yet: one key after another,
-#: as :func:`conveyor.store.streams.refresh` does step by step. A conflicting row
-#: is locked though nothing is updated. The first of the two statements of a
-#: refresh: the second (:data:`REFRESH_STREAMS`) starts after these locks are held,
-#: so its snapshot has every change committed to those streams meanwhile.
-LOCK_STREAMS = """
+#: The streams ``keys`` of :data:`LOCK_STREAMS` and :data:`REFRESH_STREAMS`: a JSON
+#: array of ``[queue, grp, partition]`` in the lock order (``n``: its place).
+_KEYS = f"""
+    SELECT k.v ->> 0 AS queue, k.v ->> 1 AS grp, k.v ->> 2 AS partition, k.idx AS n
+    FROM {_few_items("k").replace("%(items)s", "%(keys)s")} AS k"""
+
+#: The streams of partitions ``pairs`` (a JSON array of ``[queue, partition]``) for
+#: queue mode and every active group of the queue, numbered in the lock order (by
+#: code point, as Python sorts the keys of the other texts): the streams a submit's
+#: new rows can join, for the pipelined submit of partitioned tasks.
+_GROUP_KEYS = """
+    SELECT p.queue, g.grp, p.partition, row_number() OVER (
+        ORDER BY g.grp COLLATE "C", p.queue COLLATE "C", p.partition COLLATE "C"
+    ) AS n
+    FROM (
+        SELECT DISTINCT e.v ->> 0 AS queue, e.v ->> 1 AS partition
+        FROM json_array_elements(%(pairs)s::json) AS e(v)
+    ) AS p CROSS JOIN LATERAL (
+        SELECT '' AS grp
+        UNION ALL
+        SELECT g.name FROM conveyor_groups AS g WHERE g.queue = p.queue AND g.active
+    ) AS g"""
+
+
+def lock_streams_text(keys: str) -> str:
+    """Lock the stream rows of ``keys`` (:data:`_KEYS` or :data:`_GROUP_KEYS`) in the
+    lock order, creating those that do not exist yet: one key after another, as
+    :func:`conveyor.store.streams.refresh` does step by step. A conflicting row is
+    locked though nothing is updated. The first of the two statements of a refresh:
+    the second (:func:`refresh_streams_text`) starts after these locks are held, so
+    its snapshot has every change committed to those streams meanwhile."""
+    return f"""
+WITH keys AS MATERIALIZED ({keys}
+)
 INSERT INTO conveyor_streams (queue, grp, partition)
-SELECT k.v ->> 0, k.v ->> 1, k.v ->> 2
-FROM json_array_elements(%(keys)s::json) WITH ORDINALITY AS k(v, n)
-ORDER BY k.n
+SELECT queue, grp, partition FROM keys ORDER BY n
 ON CONFLICT (queue, grp, partition) DO UPDATE SET head_seq = conveyor_streams.head_seq
 WHERE false
 """
 
-#: Recompute the streams ``keys`` (locked by :data:`LOCK_STREAMS` in this
-#: transaction) as :func:`conveyor.store.streams.refresh` does per stream: each
-#: head is its first active row, the leased rows are found in one pass over the
-#: leased rows of the keys' queues (as the stream acknowledgement does), and a row
-#: is written only where its head or availability changes.
-REFRESH_STREAMS = f"""
-WITH keys AS MATERIALIZED (
-    SELECT k.v ->> 0 AS queue, k.v ->> 1 AS grp, k.v ->> 2 AS partition
-    FROM {_few_items("k").replace("%(items)s", "%(keys)s")} AS k
+
+def refresh_streams_text(keys: str) -> str:
+    """Recompute the streams of ``keys`` (locked by :func:`lock_streams_text` in this
+    transaction) as :func:`conveyor.store.streams.refresh` does per stream: each
+    head is its first active row, the leased rows are found in one pass over the
+    leased rows of the keys' queues (as the stream acknowledgement does), and a row
+    is written only where its head or availability changes."""
+    return f"""
+WITH keys AS MATERIALIZED ({keys}
 ),
 {_heads("keys", done=False)}
 {_MOVE}
   AND (s.head_seq IS DISTINCT FROM h.task_seq OR s.available_at IS DISTINCT FROM {_AVAILABLE})
 """
+
+
+#: :func:`lock_streams_text` and :func:`refresh_streams_text` of a JSON array of keys.
+LOCK_STREAMS = lock_streams_text(_KEYS)
+REFRESH_STREAMS = refresh_streams_text(_KEYS)
+#: The same of the streams of partitions ``pairs`` (:data:`_GROUP_KEYS`).
+LOCK_GROUP_STREAMS = lock_streams_text(_GROUP_KEYS)
+REFRESH_GROUP_STREAMS = refresh_streams_text(_GROUP_KEYS)
 
 
 def ack_streams_text(done_channel: str, work_channel: str) -> str:
@@ -458,9 +491,11 @@ FROM note LEFT JOIN (
 
 __all__ = [
     "ACK_LOCK_TEXT",
+    "LOCK_GROUP_STREAMS",
     "LOCK_STREAMS",
     "NOW",
     "QUICK_COMMIT",
+    "REFRESH_GROUP_STREAMS",
     "REFRESH_STREAMS",
     "ack_streams_text",
     "claim_text",

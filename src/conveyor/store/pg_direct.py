@@ -212,12 +212,16 @@ class Direct:
         await self._put_back(kept, False)
         return rows
 
-    async def run_steps(self, steps: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Any] | None:
+    async def run_steps(
+        self, steps: Sequence[tuple[str, Mapping[str, Any]]], rows_of: int = -1
+    ) -> list[Any] | None:
         """Run ``steps`` (statement, parameters) in order in one transaction on a kept
         connection, pipelined with its BEGIN and COMMIT (one round trip; each
         statement still starts after the one before it has finished, so it sees
-        what that one locked); the last statement's rows. ``None`` when no kept
-        connection is free: the caller runs an ordinary transaction instead."""
+        what that one locked); the rows of the statement at index ``rows_of`` (its
+        text must appear once among the steps: a cursor per text keeps only its last
+        result). ``None`` when no kept connection is free: the caller runs an
+        ordinary transaction instead."""
         kept = await self._take(*steps[0])
         if kept is None:
             return None
@@ -229,9 +233,9 @@ class Direct:
                 await kept.cursor(sql).execute(text, [params[name] for name in names])
 
         async def read() -> list[Any]:
-            last = kept.cursor(steps[-1][0])
-            result = last.pgresult
-            return await last.fetchall() if result is not None and result.nfields else []
+            chosen = kept.cursor(steps[rows_of][0])
+            result = chosen.pgresult
+            return await chosen.fetchall() if result is not None and result.nfields else []
 
         return await self._transaction(kept, send, read)
 

@@ -186,6 +186,42 @@ def _submit_text(req: str) -> str:
     return _SUBMIT_TEXT.replace("{req}", req).replace("{work}", pg_listen.WORK_CHANNEL)
 
 
+# Tasks with partitions (no key or parent): the same statement with a ``partitions``
+# list (None entries: unpartitioned), each task and delivery row in its partition.
+# The third of the five statements of a pipelined submit (see producer.submit):
+# after the active groups are shared and the queue-mode streams locked, before the
+# streams the rows joined are locked and recomputed.
+_SUBMIT_PARTITIONED = (
+    _submit_text(_SUBMIT_MANY)
+    .replace(
+        "%(correlation_ids)s::text[]\n    )",
+        "%(correlation_ids)s::text[], %(partitions)s::text[]\n    )",
+    )
+    .replace(
+        "backoff, delay_us, run_at_us, correlation_id, n)",
+        "backoff, delay_us, run_at_us, correlation_id, partition, n)",
+    )
+    .replace(
+        "SELECT r.id, r.name, r.queue, NULL, r.payload",
+        "SELECT r.id, r.name, r.queue, r.partition, r.payload",
+    )
+    .replace(
+        "RETURNING seq, id, queue, priority, max_attempts, created_at, run_at",
+        "RETURNING seq, id, queue, partition, priority, max_attempts, created_at, run_at",
+    )
+    .replace("i.queue, NULL, i.priority", "i.queue, i.partition, i.priority")
+)
+
+# The first of those five: the active groups of the queues shared, as
+# producer.insert_tasks does (the lock order: group rows before stream rows).
+_SHARE_GROUPS = """
+SELECT 1 FROM conveyor_groups
+WHERE queue IN (SELECT json_array_elements_text(%(queues)s::json)) AND active
+ORDER BY queue, name
+FOR SHARE
+"""
+
+
 def texts(durable_claims: bool = False) -> Mapping[str, str]:
     """Every Postgres text, by statement name (``durable_claims``: the claim's commit
     waits for the WAL flush, see :data:`conveyor.store.pg_claim.QUICK_COMMIT`)."""
@@ -202,5 +238,9 @@ def texts(durable_claims: bool = False) -> Mapping[str, str]:
         "ack_streams": pg_claim.ack_streams_text(pg_listen.DONE_CHANNEL, pg_listen.WORK_CHANNEL),
         "insert_rows": _INSERT_ROWS,
         "lock_streams": pg_claim.LOCK_STREAMS,
+        "share_groups": _SHARE_GROUPS,
+        "submit_partitioned": _SUBMIT_PARTITIONED,
+        "lock_group_streams": pg_claim.LOCK_GROUP_STREAMS,
+        "refresh_group_streams": pg_claim.REFRESH_GROUP_STREAMS,
         "refresh_streams": pg_claim.REFRESH_STREAMS,
     }

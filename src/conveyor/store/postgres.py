@@ -324,8 +324,10 @@ class PostgresStore(TaskStore):
         # The same kept connections, the statements pipelined between BEGIN and COMMIT.
         return self._run_steps if self.autocommit_single else None
 
-    async def _run_steps(self, steps: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Any] | None:
-        return await self._kept().run_steps(steps)
+    async def _run_steps(
+        self, steps: Sequence[tuple[str, Mapping[str, Any]]], rows_of: int = -1
+    ) -> list[Any] | None:
+        return await self._kept().run_steps(steps, rows_of)
 
     def _batch_runner(self) -> BatchRunner | None:
         # The same kept connections, the runs pipelined between BEGIN and COMMIT.

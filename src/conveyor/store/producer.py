@@ -225,6 +225,8 @@ async def submit(st: Seam, reqs: list[Request]) -> list[Task]:
         # The same steps, each statement built once (dialects without a
         # one-statement submit).
         return [await tx.run(st, lambda conn: submit_one_tx(st, conn, reqs[0]), inline=True)]
+    if not plain and built.get("submit_partitioned") is not None and _no_key_or_parent(reqs):
+        return await _submit_partitioned(st, built, reqs)
     short = len(reqs) <= INLINE_MAX
     if text is None and plain and "step_submit_insert_many" in built:
         return await tx.run(st, lambda conn: submit_plain_tx(st, conn, reqs), inline=short)
@@ -250,6 +252,36 @@ async def submit(st: Seam, reqs: list[Request]) -> list[Task]:
     return answers(reqs, await texts.alone(st, text, params))
 
 
+def _no_key_or_parent(reqs: list[Request]) -> bool:
+    return not any(r.key is not None or r.parent_id is not None for r in reqs)
+
+
+async def _submit_partitioned(st: Seam, built: texts.Texts, reqs: list[Request]) -> list[Task]:
+    """Requests with partitions (no key or parent) as one pipelined transaction of
+    five statements, each built once, in the order :func:`submit_tx` takes its locks:
+    the queues' active groups shared; the queue-mode streams of the partitions
+    locked, created as needed (producers of a stream commit one after another, so
+    its tasks' order is their commit order); the tasks and their delivery rows; the
+    partitions' streams of queue mode and every active group locked; and recomputed.
+    One round trip where the dialect pipelines, instead of one per statement."""
+    names = ("share_groups", "lock_streams", "submit_partitioned")
+    share, lock, submit = (built.get(name) for name in names)
+    lock_all, refresh = built.get("lock_group_streams"), built.get("refresh_group_streams")
+    assert share and lock and submit and lock_all and refresh
+    pairs = sorted({(r.queue, r.partition) for r in reqs if r.partition is not None})
+    keyed = {"pairs": json.dumps([list(pair) for pair in pairs])}
+    params = {**many_params(reqs), "partitions": [r.partition for r in reqs]}
+    steps = [
+        (share, {"queues": json.dumps(sorted({r.queue for r in reqs}))}),
+        # The lock order: group, queue, partition (the pairs are sorted; one group).
+        (lock, {"keys": json.dumps([[queue, q.QUEUE_MODE, p] for queue, p in pairs])}),
+        (submit, params),
+        (lock_all, keyed),
+        (refresh, keyed),
+    ]
+    return answers(reqs, await texts.together(st, steps, rows_of=2))
+
+
 def answers(reqs: list[Request], rows: list[Any]) -> list[Task]:
     """The tasks of plain requests, from the rows the one-statement submit returned
     (``id``, ``max_attempts``, ``created_at``, ``run_at``), in request order."""
@@ -257,7 +289,7 @@ def answers(reqs: list[Request], rows: list[Any]) -> list[Task]:
 
 
 def unsettled(reqs: list[Request]) -> list[Task]:
-    """The answering tasks of plain requests (no key, partition or parent), in
+    """The answering tasks of requests without a key or parent, in
     request order, but for what the database decides: ``max_attempts``,
     ``created_at`` and ``run_at`` are left unset until :func:`settle`. Two steps, so
     a batch sent in runs (:mod:`conveyor.store.bulk`) builds them while the server
@@ -274,7 +306,7 @@ def unsettled(reqs: list[Request]) -> list[Task]:
             id=r.id,
             name=r.name,
             queue=r.queue,
-            partition=None,
+            partition=r.partition,
             payload=payload,
             metadata={} if r.metadata == "{}" else json.loads(r.metadata),
             priority=r.priority,

@@ -32,8 +32,9 @@ if TYPE_CHECKING:
 #: Runs one driver statement by itself (autocommit) and returns its rows.
 DirectRunner = Callable[[str, Mapping[str, Any]], Awaitable[list[Any]]]
 #: Runs statements in order in one transaction on a driver connection of the
-#: dialect's own; the last one's rows, or ``None`` when no such connection is free.
-StepsRunner = Callable[[Sequence[tuple[str, Mapping[str, Any]]]], Awaitable[list[Any] | None]]
+#: dialect's own; the rows of the one at the index given (-1: the last), or ``None``
+#: when no such connection is free.
+StepsRunner = Callable[[Sequence[tuple[str, Mapping[str, Any]]], int], Awaitable[list[Any] | None]]
 
 #: Runs one driver statement once per parameters taken from an iterable, in order,
 #: in one transaction on a driver connection of the dialect's own; every run's rows,
@@ -344,7 +345,9 @@ class Seam(abc.ABC):
         """Like :meth:`_direct_runner`, for a short transaction of several driver
         statements run in order (each statement sees what the ones before it
         locked and wrote): sent together where the driver can (one round trip),
-        the last statement's rows returned. It may answer ``None`` when it has no
+        the rows of the statement at the index given returned (-1: the last; a
+        text appears once among the steps whose rows are read). It may answer
+        ``None`` when it has no
         connection of its own free; the caller then runs the same statements in an
         ordinary transaction. ``None`` for a dialect without one."""
 

@@ -215,24 +215,32 @@ async def execute_many(
 
 
 async def together(
-    st: Seam, steps: Sequence[tuple[Text, Mapping[str, Any]]], *, write: bool = True
+    st: Seam,
+    steps: Sequence[tuple[Text, Mapping[str, Any]]],
+    *,
+    write: bool = True,
+    rows_of: int = -1,
 ) -> list[Any]:
-    """Run ``steps`` in order in one transaction, with the store's retries; the last
-    one's rows. Where the dialect has a :meth:`~conveyor.store.seam.Seam._steps_runner`
-    they go to the server together (one round trip); else, or when it has no
-    connection free, as an ordinary transaction."""
+    """Run ``steps`` in order in one transaction, with the store's retries; the rows
+    of the one at index ``rows_of`` (the last by default). Where the dialect has a
+    :meth:`~conveyor.store.seam.Seam._steps_runner` they go to the server together
+    (one round trip); else, or when it has no connection free, as an ordinary
+    transaction."""
     bound = [(text.sql, text.bind(st, params)) for text, params in steps]
     runner = st._steps_runner()
+    chosen = range(len(steps))[rows_of]
 
     async def work(conn: AsyncConnection) -> list[Any]:
         rows: list[Any] = []
-        for text, params in steps:
-            rows = list(await execute(conn, st, text, params))
+        for n, (text, params) in enumerate(steps):
+            result = await execute(conn, st, text, params)
+            if n == chosen:
+                rows = list(result)
         return rows
 
     if runner is None:
         return await tx.run(st, work, write=write)
-    return await tx.run(st, work, write=write, together=lambda: runner(bound))
+    return await tx.run(st, work, write=write, together=lambda: runner(bound, rows_of))
 
 
 async def alone(
