@@ -116,6 +116,34 @@ async def running(worker: Worker) -> AsyncIterator[Worker]:
 
 
 @contextmanager
+def pg_round_trips(store: TaskStore) -> Iterator[tuple[list[int], list[str]]]:
+    """While inside: the statement count of each steps run of a Postgres store (its
+    pipelined transactions), and every statement it runs through SQLAlchemy."""
+    from sqlalchemy import event
+
+    runs: list[int] = []
+    seen: list[str] = []
+    real = store._run_steps  # type: ignore[attr-defined]
+
+    async def counted(steps: Any, rows_of: int = -1) -> Any:
+        runs.append(len(steps))
+        return await real(steps, rows_of)
+
+    def count(*args: Any) -> None:
+        seen.append(args[2])
+
+    assert store._engine is not None
+    engine = store._engine.sync_engine
+    store._run_steps = counted  # type: ignore[attr-defined]
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        yield runs, seen
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+        store._run_steps = real  # type: ignore[attr-defined]
+
+
+@contextmanager
 def released(
     argvs: Sequence[Sequence[str]], timeout: float = 90.0
 ) -> Iterator[list[subprocess.Popen[str]]]:

@@ -16,7 +16,8 @@ import conveyor
 
 
 async def main(url: str, queue: str, partitions: int, count: int, name: str) -> None:
-    async with conveyor.connect(url, listen=False) as store:
+    # Two kept connections at most: the suite runs beside other tests on one server.
+    async with conveyor.connect(url, listen=False, direct_connections=2) as store:
         print("ready", flush=True)
         await asyncio.to_thread(sys.stdin.readline)
         i = 0

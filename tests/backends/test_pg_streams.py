@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import event
-from tests._support import finished, released, scratch_pg_database
+from tests._support import finished, pg_round_trips, released, scratch_pg_database
 
 import conveyor
 
@@ -104,30 +104,15 @@ async def test_a_partitioned_submit_is_one_pipelined_transaction(db: str) -> Non
     async with conveyor.connect(db, listen=False) as st:
         await st.subscribe("q", "g")
         await st.submit("t", queue="q", partition="warm")
-        runs: list[int] = []
-        real = st._run_steps
-
-        async def counted(steps: Any, rows_of: int = -1) -> Any:
-            runs.append(len(steps))
-            return await real(steps, rows_of)
-
-        st._run_steps = counted  # type: ignore[method-assign]
-        seen: list[str] = []
-        assert st._engine is not None
-
-        def count(*args: Any) -> None:
-            seen.append(args[2])
-
-        event.listen(st._engine.sync_engine, "before_cursor_execute", count)
-        one = await st.submit("t", {"n": 0}, queue="q", partition="p0", priority=3)
-        batch = await st.submit_many(
-            [
-                {"name": "t", "queue": "q", "partition": f"p{i % 40}", "payload": {"n": i}}
-                for i in range(1, 201)
-            ]
-            + [{"name": "t", "queue": "q", "payload": {"n": "plain"}}]
-        )
-        event.remove(st._engine.sync_engine, "before_cursor_execute", count)
+        with pg_round_trips(st) as (runs, seen):
+            one = await st.submit("t", {"n": 0}, queue="q", partition="p0", priority=3)
+            batch = await st.submit_many(
+                [
+                    {"name": "t", "queue": "q", "partition": f"p{i % 40}", "payload": {"n": i}}
+                    for i in range(1, 201)
+                ]
+                + [{"name": "t", "queue": "q", "payload": {"n": "plain"}}]
+            )
         assert runs == [5, 5] and seen == []
         for task in [one, *batch]:
             assert task == await st.get(task.id)

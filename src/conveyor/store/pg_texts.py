@@ -212,6 +212,47 @@ _SUBMIT_PARTITIONED = (
     .replace("i.queue, NULL, i.priority", "i.queue, i.partition, i.priority")
 )
 
+# One task with an idempotency key (conflict "reuse" or "reject"; no partition or
+# parent): the key is claimed first, as producer.submit_tx does, and the task and
+# its delivery rows are written only if the claim won. A concurrent submit of the
+# same key still in flight makes the key's insert wait for its end. The first of two
+# statements sent together (see producer.submit); the second (_KEY_HOLDER) reads
+# who holds the key, in a snapshot that has that concurrent submit's commit.
+_SUBMIT_KEYED = (
+    _submit_text(_SUBMIT_ONE)
+    .replace(
+        "%(correlation_id)s::text AS correlation_id,\n        1 AS n",
+        "%(correlation_id)s::text AS correlation_id,\n        %(key)s::text AS key, 1 AS n",
+    )
+    .replace(
+        "clock AS (",
+        "k AS (\n    INSERT INTO conveyor_keys (key, task_id) SELECT r.key, r.id FROM req AS r\n"
+        "    ON CONFLICT (key) DO NOTHING RETURNING key\n),\nclock AS (",
+        1,
+    )
+    .replace(
+        "coalesce(r.delay_us, 0)), NULL, NULL, r.id,",
+        "coalesce(r.delay_us, 0)), r.key, NULL, r.id,",
+    )
+    .replace(
+        "LEFT JOIN conveyor_queues AS s ON s.queue = r.queue\n    ORDER BY r.n",
+        "LEFT JOIN conveyor_queues AS s ON s.queue = r.queue\n"
+        "    WHERE EXISTS (SELECT 1 FROM k)\n    ORDER BY r.n",
+    )
+)
+
+# The task that holds idempotency key ``key``, as queue mode sees it, its key row
+# locked (as producer.submit_tx locks a holder it did not insert: retention cannot
+# delete it before this transaction ends). No row: retention deleted it since.
+_KEY_HOLDER = f"""
+SELECT {pg_claim.view("d", "t")}
+FROM conveyor_keys AS k
+JOIN conveyor_tasks AS t ON t.id = k.task_id
+JOIN conveyor_deliveries AS d ON d.task_seq = t.seq AND d.grp = '{q.QUEUE_MODE}'
+WHERE k.key = %(key)s
+FOR UPDATE OF k
+"""
+
 # The first of those five: the active groups of the queues shared, as
 # producer.insert_tasks does (the lock order: group rows before stream rows).
 _SHARE_GROUPS = """
@@ -239,6 +280,8 @@ def texts(durable_claims: bool = False) -> Mapping[str, str]:
         "insert_rows": _INSERT_ROWS,
         "lock_streams": pg_claim.LOCK_STREAMS,
         "share_groups": _SHARE_GROUPS,
+        "submit_keyed": _SUBMIT_KEYED,
+        "key_holder": _KEY_HOLDER,
         "submit_partitioned": _SUBMIT_PARTITIONED,
         "lock_group_streams": pg_claim.LOCK_GROUP_STREAMS,
         "refresh_group_streams": pg_claim.REFRESH_GROUP_STREAMS,

@@ -225,6 +225,10 @@ async def submit(st: Seam, reqs: list[Request]) -> list[Task]:
         # The same steps, each statement built once (dialects without a
         # one-statement submit).
         return [await tx.run(st, lambda conn: submit_one_tx(st, conn, reqs[0]), inline=True)]
+    if single and _keyed_alone(reqs[0]) and built.get("submit_keyed") is not None:
+        keyed = await _submit_keyed(st, built, reqs[0])
+        if keyed is not None:
+            return [keyed]
     if not plain and built.get("submit_partitioned") is not None and _no_key_or_parent(reqs):
         return await _submit_partitioned(st, built, reqs)
     short = len(reqs) <= INLINE_MAX
@@ -232,24 +236,54 @@ async def submit(st: Seam, reqs: list[Request]) -> list[Task]:
         return await tx.run(st, lambda conn: submit_plain_tx(st, conn, reqs), inline=short)
     if text is None or not plain:
         return await tx.run(st, lambda conn: submit_tx(st, conn, reqs), inline=short)
-    if single:
-        (r,) = reqs
-        params: dict[str, Any] = {
-            "id": r.id,
-            "name": r.name,
-            "queue": r.queue,
-            "payload": r.payload,
-            "metadata": r.metadata,
-            "priority": r.priority,
-            "max_attempts": r.max_attempts,
-            "backoff": r.backoff,
-            "delay": r.delay_us,
-            "run_at": r.run_at_us,
-            "correlation_id": r.correlation_id,
-        }
-    else:
-        params = many_params(reqs)
+    params = one_params(reqs[0]) if single else many_params(reqs)
     return answers(reqs, await texts.alone(st, text, params))
+
+
+def one_params(r: Request) -> dict[str, Any]:
+    """The parameters of the ``submit_one`` text for ``r``."""
+    return {
+        "id": r.id,
+        "name": r.name,
+        "queue": r.queue,
+        "payload": r.payload,
+        "metadata": r.metadata,
+        "priority": r.priority,
+        "max_attempts": r.max_attempts,
+        "backoff": r.backoff,
+        "delay": r.delay_us,
+        "run_at": r.run_at_us,
+        "correlation_id": r.correlation_id,
+    }
+
+
+def _keyed_alone(r: Request) -> bool:
+    return (
+        r.key is not None
+        and r.conflict != "replace"
+        and r.partition is None
+        and r.parent_id is None
+    )
+
+
+async def _submit_keyed(st: Seam, built: texts.Texts, r: Request) -> Task | None:
+    """One request with a key (conflict "reuse" or "reject"; no partition or parent)
+    as two statements sent together: the key claimed and, if the claim won, the task
+    written (``submit_keyed``); then the key's holder read, its key row locked
+    (``key_holder``). The holder is this request's task if the claim won, else the
+    task that has the key: returned (reuse) or refused (reject, nothing written).
+    ``None`` when no task holds the key any more (retention deleted it between the
+    two statements): :func:`submit_tx` then tries again step by step."""
+    submit, holder = built.get("submit_keyed"), built.get("key_holder")
+    assert submit is not None and holder is not None
+    params = {**one_params(r), "key": r.key}
+    rows = await texts.together(st, [(submit, params), (holder, {"key": r.key})])
+    if not rows:
+        return None
+    task = codec.row_to_task(rows[0])
+    if task.id != r.id and r.conflict == "reject":
+        raise AlreadyExists(str(r.key), task.id)
+    return task
 
 
 def _no_key_or_parent(reqs: list[Request]) -> bool:

@@ -1,0 +1,67 @@
+"""Postgres: a submit with an idempotency key goes to the server as two statements
+sent together (the key claimed and, if won, the task written; then the key's
+holder read), not as a transaction of one round trip per statement."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from tests._support import pg_round_trips, scratch_pg_database
+
+import conveyor
+from conveyor import AlreadyExists
+from conveyor.store import texts
+
+
+@pytest.fixture
+def db(pg_url: str) -> Iterator[str]:
+    with scratch_pg_database("conveyor_keyed") as url:
+        yield url
+
+
+async def test_a_keyed_submit_is_two_statements_sent_together(db: str) -> None:
+    """Won, reused, refused: each one steps run of two statements, nothing through
+    SQLAlchemy; the task is the one the store reads back, and the key made one task
+    (before: a transaction of several round trips)."""
+    async with conveyor.connect(db, listen=False) as st:
+        await st.submit("t", queue="q")  # plans and connections, before counting
+        with pg_round_trips(st) as (runs, seen):
+            first = await st.submit("t", {"n": 1}, queue="q", key="k1", priority=2)
+            again = await st.submit("t", {"n": 2}, queue="q", key="k1")
+            with pytest.raises(AlreadyExists) as refused:
+                await st.submit("t", {"n": 3}, queue="q", key="k1", conflict="reject")
+        assert runs == [2, 2, 2] and seen == []
+        assert refused.value.task_id == first.id and refused.value.key == "k1"
+        assert first == again == await st.get(first.id)
+        assert (first.key, first.payload, first.priority) == ("k1", {"n": 1}, 2)
+        assert first.status is conveyor.Status.QUEUED
+        [stats] = await st.stats("q")
+        assert stats.counts["queued"] == 2
+
+
+async def test_a_key_whose_holder_went_meanwhile_is_tried_again_step_by_step(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The two statements find the key held, and its holder gone by the time it is
+    read (retention between them): the submit goes the step-by-step way and makes
+    the task under the key."""
+    dsn = db.replace("postgresql+psycopg://", "postgresql://")
+    async with conveyor.connect(db, listen=False) as st:
+        holder = await st.submit("t", queue="q", key="k")
+        real = texts.together
+
+        async def holder_gone(*args: Any, **kwargs: Any) -> list[Any]:
+            rows = await real(*args, **kwargs)
+            assert [row.id for row in rows] == [holder.id]
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("DELETE FROM conveyor_keys WHERE key = 'k'")
+            return []
+
+        monkeypatch.setattr(texts, "together", holder_gone)
+        task = await st.submit("t", {"n": 2}, queue="q", key="k")
+        monkeypatch.undo()
+        assert task.id != holder.id and task.key == "k"
+        assert await st.get_by_key("k") == task == await st.get(task.id)
