@@ -38,7 +38,7 @@ from conveyor.collector import settle_collector
 from conveyor.errors import ConveyorError, InvalidArgument, NotFound
 from conveyor.models import Backoff, ConsumerGroup, Page, QueueStats, Status, Task
 from conveyor.schema import keys as k
-from conveyor.store import bulk, codec, groups, producer, streams, texts, upkeep, wake
+from conveyor.store import bulk, codec, groups, pipelined, producer, streams, texts, upkeep, wake
 from conveyor.store import transactions as tx
 from conveyor.store.inspect import InspectReads
 from conveyor.store.leases import MAX_LIMIT, LeaseOps
@@ -241,7 +241,9 @@ class TaskStore(LeaseOps, InspectReads):
     ) -> builtins.list[Task]:
         if connection is not None:
             return await producer.submit_in(self, connection, prepared)
-        tasks = await producer.submit(self, prepared)
+        tasks = await pipelined.submit(self, prepared)
+        if tasks is None:
+            tasks = await producer.submit(self, prepared)
         wake.wake_local(self, work=True)
         return tasks
 

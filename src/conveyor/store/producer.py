@@ -216,7 +216,8 @@ def many_params(reqs: list[Request]) -> dict[str, Any]:
 async def submit(st: Seam, reqs: list[Request]) -> list[Task]:
     """Insert the requests in one transaction; the answering tasks in request order.
     Plain requests (no key, partition or parent) go through the dialect's
-    one-statement submit where there is one."""
+    one-statement submit where there is one (partitioned ones and one keyed request
+    may go as statements sent together first: :mod:`conveyor.store.pipelined`)."""
     single = len(reqs) == 1
     built = st._texts or await texts.of(st)
     text = built.get("submit_one" if single else "submit_plain")
@@ -225,12 +226,6 @@ async def submit(st: Seam, reqs: list[Request]) -> list[Task]:
         # The same steps, each statement built once (dialects without a
         # one-statement submit).
         return [await tx.run(st, lambda conn: submit_one_tx(st, conn, reqs[0]), inline=True)]
-    if single and _keyed_alone(reqs[0]) and built.get("submit_keyed") is not None:
-        keyed = await _submit_keyed(st, built, reqs[0])
-        if keyed is not None:
-            return [keyed]
-    if not plain and built.get("submit_partitioned") is not None and _no_key_or_parent(reqs):
-        return await _submit_partitioned(st, built, reqs)
     short = len(reqs) <= INLINE_MAX
     if text is None and plain and "step_submit_insert_many" in built:
         return await tx.run(st, lambda conn: submit_plain_tx(st, conn, reqs), inline=short)
@@ -257,68 +252,10 @@ def one_params(r: Request) -> dict[str, Any]:
     }
 
 
-def _keyed_alone(r: Request) -> bool:
-    return (
-        r.key is not None
-        and r.conflict != "replace"
-        and r.partition is None
-        and r.parent_id is None
-    )
-
-
-async def _submit_keyed(st: Seam, built: texts.Texts, r: Request) -> Task | None:
-    """One request with a key (conflict "reuse" or "reject"; no partition or parent)
-    as two statements sent together: the key claimed and, if the claim won, the task
-    written (``submit_keyed``); then the key's holder read, its key row locked
-    (``key_holder``). The holder is this request's task if the claim won, else the
-    task that has the key: returned (reuse) or refused (reject, nothing written).
-    ``None`` when no task holds the key any more (retention deleted it between the
-    two statements): :func:`submit_tx` then tries again step by step."""
-    submit, holder = built.get("submit_keyed"), built.get("key_holder")
-    assert submit is not None and holder is not None
-    params = {**one_params(r), "key": r.key}
-    rows = await texts.together(st, [(submit, params), (holder, {"key": r.key})])
-    if not rows:
-        return None
-    task = codec.row_to_task(rows[0])
-    if task.id != r.id and r.conflict == "reject":
-        raise AlreadyExists(str(r.key), task.id)
-    return task
-
-
-def _no_key_or_parent(reqs: list[Request]) -> bool:
-    return not any(r.key is not None or r.parent_id is not None for r in reqs)
-
-
-async def _submit_partitioned(st: Seam, built: texts.Texts, reqs: list[Request]) -> list[Task]:
-    """Requests with partitions (no key or parent) as one pipelined transaction of
-    five statements, each built once, in the order :func:`submit_tx` takes its locks:
-    the queues' active groups shared; the queue-mode streams of the partitions
-    locked, created as needed (producers of a stream commit one after another, so
-    its tasks' order is their commit order); the tasks and their delivery rows; the
-    partitions' streams of queue mode and every active group locked; and recomputed.
-    One round trip where the dialect pipelines, instead of one per statement."""
-    names = ("share_groups", "lock_streams", "submit_partitioned")
-    share, lock, submit = (built.get(name) for name in names)
-    lock_all, refresh = built.get("lock_group_streams"), built.get("refresh_group_streams")
-    assert share and lock and submit and lock_all and refresh
-    pairs = sorted({(r.queue, r.partition) for r in reqs if r.partition is not None})
-    keyed = {"pairs": json.dumps([list(pair) for pair in pairs])}
-    params = {**many_params(reqs), "partitions": [r.partition for r in reqs]}
-    steps = [
-        (share, {"queues": json.dumps(sorted({r.queue for r in reqs}))}),
-        # The lock order: group, queue, partition (the pairs are sorted; one group).
-        (lock, {"keys": json.dumps([[queue, q.QUEUE_MODE, p] for queue, p in pairs])}),
-        (submit, params),
-        (lock_all, keyed),
-        (refresh, keyed),
-    ]
-    return answers(reqs, await texts.together(st, steps, rows_of=2))
-
-
 def answers(reqs: list[Request], rows: list[Any]) -> list[Task]:
-    """The tasks of plain requests, from the rows the one-statement submit returned
-    (``id``, ``max_attempts``, ``created_at``, ``run_at``), in request order."""
+    """The tasks of requests without a key or parent, from the rows the one-statement
+    submit returned (``id``, ``max_attempts``, ``created_at``, ``run_at``), in request
+    order."""
     return settle(unsettled(reqs), rows)
 
 

@@ -275,6 +275,21 @@ class Seam(abc.ABC):
         transaction, no announcement. Returns the ``(queue, grp, partition)`` of
         every stream the new delivery rows joined, once each.
 
+        Submits sent as statements together (:mod:`conveyor.store.pipelined`), in
+        order. Partitioned tasks without keys or parents: ``share_groups`` (the
+        active group rows of ``queues``, a JSON array, shared in the lock order);
+        ``lock_streams`` of their queue-mode streams; ``submit_partitioned``
+        (``submit_plain`` with a ``partitions`` list, ``None`` entries
+        unpartitioned); ``lock_group_streams`` and ``refresh_group_streams``, which
+        do what ``lock_streams`` and ``refresh_streams`` do for the streams of
+        ``pairs`` (a JSON array of ``[queue, partition]``) in queue mode and every
+        active group of the queue. One task with a key (conflict ``"reuse"`` or
+        ``"reject"``, no partition or parent): ``submit_keyed`` (``submit_one``'s
+        parameters and ``key``: the key claimed, the task written only if the
+        claim won) and ``key_holder`` (``key``: the columns of
+        :func:`conveyor.statements.view_columns` of the task holding it, in queue
+        mode, its key row locked; no row when none does).
+
         ``succeed_plain``: one ``succeed()`` of an unpartitioned leased row, fenced
         (``id``, ``grp``, ``worker_id``, ``attempt`` or ``None``), with ``result``
         (JSON text) and ``offset_us``; announced to a registered ``wait()``.
