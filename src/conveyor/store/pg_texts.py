@@ -186,59 +186,73 @@ def _submit_text(req: str) -> str:
     return _SUBMIT_TEXT.replace("{req}", req).replace("{work}", pg_listen.WORK_CHANNEL)
 
 
+def _edited(text: str, *edits: tuple[str, str] | tuple[str, str, int]) -> str:
+    """``text`` with each edit's old fragment replaced by its new one; each fragment
+    must occur exactly as often as the edit says (once by default), so a change to
+    the text edited cannot leave a variant silently unedited."""
+    for edit in edits:
+        old, new = edit[0], edit[1]
+        times = edit[2] if len(edit) == 3 else 1
+        found = text.count(old)
+        if found != times:
+            raise AssertionError(f"{old!r} occurs {found} times, not {times}")
+        text = text.replace(old, new)
+    return text
+
+
 # Tasks with partitions (no key or parent): the same statement with a ``partitions``
 # list (None entries: unpartitioned), each task and delivery row in its partition.
-# The third of the five statements of a pipelined submit (see producer.submit):
+# The third of the five statements of a pipelined submit (see store.pipelined):
 # after the active groups are shared and the queue-mode streams locked, before the
 # streams the rows joined are locked and recomputed.
-_SUBMIT_PARTITIONED = (
-    _submit_text(_SUBMIT_MANY)
-    .replace(
+_SUBMIT_PARTITIONED = _edited(
+    _submit_text(_SUBMIT_MANY),
+    (
         "%(correlation_ids)s::text[]\n    )",
         "%(correlation_ids)s::text[], %(partitions)s::text[]\n    )",
-    )
-    .replace(
+    ),
+    (
         "backoff, delay_us, run_at_us, correlation_id, n)",
         "backoff, delay_us, run_at_us, correlation_id, partition, n)",
-    )
-    .replace(
+    ),
+    (
         "SELECT r.id, r.name, r.queue, NULL, r.payload",
         "SELECT r.id, r.name, r.queue, r.partition, r.payload",
-    )
-    .replace(
+    ),
+    (
         "RETURNING seq, id, queue, priority, max_attempts, created_at, run_at",
         "RETURNING seq, id, queue, partition, priority, max_attempts, created_at, run_at",
-    )
-    .replace("i.queue, NULL, i.priority", "i.queue, i.partition, i.priority")
+    ),
+    # both delivery branches: queue mode and the groups
+    ("i.queue, NULL, i.priority", "i.queue, i.partition, i.priority", 2),
 )
 
 # One task with an idempotency key (conflict "reuse" or "reject"; no partition or
 # parent): the key is claimed first, as producer.submit_tx does, and the task and
 # its delivery rows are written only if the claim won. A concurrent submit of the
 # same key still in flight makes the key's insert wait for its end. The first of two
-# statements sent together (see producer.submit); the second (_KEY_HOLDER) reads
+# statements sent together (see store.pipelined); the second (_KEY_HOLDER) reads
 # who holds the key, in a snapshot that has that concurrent submit's commit.
-_SUBMIT_KEYED = (
-    _submit_text(_SUBMIT_ONE)
-    .replace(
+_SUBMIT_KEYED = _edited(
+    _submit_text(_SUBMIT_ONE),
+    (
         "%(correlation_id)s::text AS correlation_id,\n        1 AS n",
         "%(correlation_id)s::text AS correlation_id,\n        %(key)s::text AS key, 1 AS n",
-    )
-    .replace(
+    ),
+    (
         "clock AS (",
         "k AS (\n    INSERT INTO conveyor_keys (key, task_id) SELECT r.key, r.id FROM req AS r\n"
         "    ON CONFLICT (key) DO NOTHING RETURNING key\n),\nclock AS (",
-        1,
-    )
-    .replace(
+    ),
+    (
         "coalesce(r.delay_us, 0)), NULL, NULL, r.id,",
         "coalesce(r.delay_us, 0)), r.key, NULL, r.id,",
-    )
-    .replace(
+    ),
+    (
         "LEFT JOIN conveyor_queues AS s ON s.queue = r.queue\n    ORDER BY r.n",
         "LEFT JOIN conveyor_queues AS s ON s.queue = r.queue\n"
         "    WHERE EXISTS (SELECT 1 FROM k)\n    ORDER BY r.n",
-    )
+    ),
 )
 
 # The task that holds idempotency key ``key``, as queue mode sees it, its key row
