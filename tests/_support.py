@@ -86,17 +86,17 @@ async def mixed_acks(store: TaskStore) -> tuple[list[Task], list[dict[str, Any]]
 
 
 @contextmanager
-def scratch_pg_database(prefix: str) -> Iterator[str]:
+def scratch_pg_database(prefix: str, options: str = "") -> Iterator[str]:
     """A new, empty database on the test server, dropped afterwards; yields its URL
     (with the driver of ``ADMIN_URL``). The name is unique, so parallel runs never
-    share one."""
+    share one. ``options``: more of ``CREATE DATABASE`` (a template, a locale)."""
     import psycopg
     from sqlalchemy.engine import make_url
 
     admin_dsn = make_url(ADMIN_URL).set(drivername="postgresql").render_as_string(False)
     name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(admin_dsn, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
+        admin.execute(f'CREATE DATABASE "{name}" {options}')
     try:
         yield make_url(ADMIN_URL).set(database=name).render_as_string(False)
     finally:

@@ -34,7 +34,10 @@ from sqlalchemy import (
     union_all,
     update,
 )
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.dml import Insert
+from sqlalchemy.sql.functions import FunctionElement
 
 from conveyor.schema import counts as cn
 from conveyor.schema import deliveries as d
@@ -51,6 +54,30 @@ DEFAULT_MAX_ATTEMPTS = 3
 QUEUE_MODE = ""  # the delivery ``grp`` of queue mode; group names are never empty
 
 Now = ColumnElement[int]
+
+
+class by_code_point(FunctionElement[str]):
+    """A text column compared by code point, as Python sorts ``str``: for the lock
+    order, which Python-sorted keys and SQL ``ORDER BY`` must agree on whatever
+    the database's collation (in ICU's ``en-US`` ``'a'`` sorts before ``'B'``;
+    by code point after it)."""
+
+    type = String()
+    inherit_cache = True
+
+
+@compiles(by_code_point)
+def _by_code_point(element: by_code_point, compiler: SQLCompiler, **kw: Any) -> str:
+    # SQLite compares text with its BINARY collation unless told otherwise, which
+    # is code-point order for UTF-8; it has no collation named "C".
+    return str(compiler.process(element.clauses, **kw))
+
+
+@compiles(by_code_point, "postgresql")
+def _by_code_point_pg(element: by_code_point, compiler: SQLCompiler, **kw: Any) -> str:
+    # Postgres sorts by the database's collation; "C" is byte order, which for
+    # UTF-8 is code-point order.
+    return f'{compiler.process(element.clauses, **kw)} COLLATE "C"'
 
 
 def is_status(value: str) -> ColumnElement[bool]:
@@ -504,13 +531,19 @@ def claimable(now: Now | int) -> list[ColumnElement[bool]]:
     ]
 
 
+def stream_lock_order() -> tuple[by_code_point, ...]:
+    """``ORDER BY`` of stream rows in the lock order: (grp, queue, partition), each
+    by code point, the order :func:`conveyor.store.streams.lock_order` sorts keys in."""
+    return (by_code_point(s.c.grp), by_code_point(s.c.queue), by_code_point(s.c.partition))
+
+
 def stream_rows_of(keys: Sequence[tuple[str, str, str]]) -> Select[Any]:
     """The existing stream rows of ``keys`` — (grp, queue, partition) triples — in
     the lock order (grp, queue, partition)."""
     return (
         select(s.c.grp, s.c.queue, s.c.partition)
         .where(tuple_(s.c.grp, s.c.queue, s.c.partition).in_(keys))
-        .order_by(s.c.grp, s.c.queue, s.c.partition)
+        .order_by(*stream_lock_order())
     )
 
 
@@ -522,7 +555,7 @@ def partition_streams(pairs: Sequence[tuple[str, str]], grp: str | None) -> Sele
     )
     if grp is not None:
         stmt = stmt.where(s.c.grp == grp)
-    return stmt.order_by(s.c.grp, s.c.queue, s.c.partition)
+    return stmt.order_by(*stream_lock_order())
 
 
 def idle_streams(limit: int) -> Select[Any]:
@@ -530,7 +563,7 @@ def idle_streams(limit: int) -> Select[Any]:
     return (
         select(s.c.grp, s.c.queue, s.c.partition)
         .where(s.c.head_seq.is_(None))
-        .order_by(s.c.grp, s.c.queue, s.c.partition)
+        .order_by(*stream_lock_order())
         .limit(limit)
     )
 

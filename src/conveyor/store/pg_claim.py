@@ -295,7 +295,9 @@ FROM flags LEFT JOIN (taken AS x JOIN conveyor_tasks AS t ON t.seq = x.task_seq)
 
 
 # Acknowledging partitioned tasks: two statements in one transaction. The first
-# locks the streams of the batch in the lock order; the second starts after those
+# locks the streams of the batch in the lock order (by code point, COLLATE "C",
+# as Python sorts the keys of the other lock statements, whatever the database's
+# collation); the second starts after those
 # locks are held, so its snapshot has every change to those streams (a producer
 # that appended a task while we waited for its stream, a cancel), finishes the
 # rows, fenced per item, and recomputes each touched stream — head, priority,
@@ -315,7 +317,7 @@ JOIN (
     ) AS t
     WHERE t.partition IS NOT NULL
 ) AS k ON s.queue = k.queue AND s.grp = k.grp AND s.partition = k.partition
-ORDER BY s.grp, s.queue, s.partition
+ORDER BY s.grp COLLATE "C", s.queue COLLATE "C", s.partition COLLATE "C"
 FOR UPDATE OF s
 """
 

@@ -358,7 +358,11 @@ async def submit_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> lis
             lost = [key for key in pending if key not in won]
             if not lost:
                 break
-            holders = select(k.c.key, k.c.task_id).where(k.c.key.in_(lost)).order_by(k.c.key)
+            holders = (
+                select(k.c.key, k.c.task_id)
+                .where(k.c.key.in_(lost))
+                .order_by(q.by_code_point(k.c.key))
+            )
             rows = await conn.execute(st._lock_rows(holders))
             existing.update({row.key: row.task_id for row in rows})
             pending = [key for key in lost if key not in existing]

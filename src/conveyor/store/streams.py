@@ -17,6 +17,12 @@ itself. Every transaction takes its locks in this order:
    first, which is why producers may lock their queue-mode rows early;
 5. delivery rows.
 
+Keys are sorted by code point, as Python sorts ``str``, in SQL too
+(:func:`conveyor.statements.by_code_point`, ``COLLATE "C"`` in Postgres texts):
+a database collation such as ICU's ``en-US`` sorts ``'a'`` before ``'B'``, and
+a lock statement ordered by it would take two streams in the opposite order of
+one whose keys Python sorted.
+
 Every change of a partitioned delivery row's status moves its stream, so the
 stream row is locked before the delivery row. Where only the delivery rows tell
 which streams are involved, the protocol reads them first without locks (a
