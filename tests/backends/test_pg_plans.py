@@ -482,3 +482,51 @@ async def test_a_deep_page_of_a_workflow_reads_about_a_page(young_db: str) -> No
             if node.get("Relation Name") == "conveyor_tasks" and "Scan" in node["Node Type"]
         )
         assert read <= 2 * 101, (cursor, read)
+
+
+async def test_a_claim_planned_on_few_streams_holds_its_streams_by_key_after_many_more(
+    young_db: str,
+) -> None:
+    """The kept connections plan the claim once, generic, and keep the plan however
+    the tables grow (no statistics change, nothing invalidates it). Planned while a
+    queue had ten partitions, the claim must still mark the streams it took as held
+    by looking each up by its primary key once the queue has 3,000 more: before,
+    that plan read every stream of the group for them (68-94 ms per claim at 10,000
+    partitions, against ~1.5 ms)."""
+    async with conveyor.connect(young_db, listen=False) as st:
+        await st.submit_many(
+            [{"name": "t", "queue": "q", "partition": f"p{i % 10}"} for i in range(40)]
+        )
+    sql, names = pg_direct.native(pg_texts.texts()["claim_one"])
+    params = {**_claim_params("w"), "limit": 20, "per_stream": 2, "streams": 20, "mix": True}
+    args = [params[n] for n in names]
+    marks = ", ".join(["%s"] * len(args))
+    with psycopg.connect(_dsn(young_db), autocommit=True) as conn:
+        # Statistics taken meanwhile would make the server plan anew.
+        conn.execute("ALTER TABLE conveyor_streams SET (autovacuum_enabled = off)")
+        conn.execute(pg_direct.NO_SEQSCAN)  # as on the kept connections
+        conn.execute(f"PREPARE claim AS {sql}")
+        cur = psycopg.ClientCursor(conn)
+        conn.execute("BEGIN")
+        cur.execute(f"EXECUTE claim({marks})", args)  # planned now, on ten streams
+        assert len(cur.fetchall()) == 20
+        conn.execute("ROLLBACK")
+        async with conveyor.connect(young_db, listen=False) as st:
+            await st.submit_many(
+                [{"name": "t", "queue": "q", "partition": f"more{i}"} for i in range(3000)]
+            )
+        conn.execute("BEGIN")
+        cur.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE claim({marks})", args)
+        row = cur.fetchone()
+        conn.execute("ROLLBACK")
+    assert row is not None
+    plan: dict[str, Any] = row[0][0]
+    assert plan["Plan"]["Actual Rows"] == 20
+    held = [
+        node
+        for node in _nodes(plan["Plan"])
+        if node.get("Node Type") == "ModifyTable"
+        and node.get("Relation Name") == "conveyor_streams"
+    ]
+    assert len(held) == 1
+    assert _rows_read({"Plan": held[0]}, "conveyor_streams") <= 20

@@ -284,9 +284,18 @@ taken AS (
     RETURNING d.*, k.rank
 ),
 held AS (
+    -- The streams of the rows taken, each found by its whole primary key: nothing
+    -- but the join names a column of ``s``, so the taken streams drive the loop.
+    -- With ``s.grp = %(grp)s`` on its own, the generic plan read every stream of the
+    -- group instead (the primary key by ``grp`` alone) and compared each with every
+    -- taken stream: 0.47 of a 1.4 ms claim of 20 tasks at 100 partitions, and
+    -- growing with the partitions.
     UPDATE conveyor_streams AS s SET available_at = NULL
-    FROM (SELECT DISTINCT queue, partition FROM taken WHERE partition IS NOT NULL) AS h
-    WHERE s.grp = %(grp)s AND s.queue = h.queue AND s.partition = h.partition
+    FROM (
+        SELECT DISTINCT queue, %(grp)s::text AS grp, partition
+        FROM taken WHERE partition IS NOT NULL
+    ) AS h
+    WHERE s.queue = h.queue AND s.grp = h.grp AND s.partition = h.partition
     RETURNING 1
 )
 SELECT flags.busy, x.rank, {view("x", "t")}
