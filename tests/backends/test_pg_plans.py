@@ -530,3 +530,55 @@ async def test_a_claim_planned_on_few_streams_holds_its_streams_by_key_after_man
     ]
     assert len(held) == 1
     assert _rows_read({"Plan": held[0]}, "conveyor_streams") <= 20
+
+
+async def test_children_find_their_parents_by_id(young_db: str) -> None:
+    """The one-statement submit of children, planned generic on a near-empty table
+    as the kept connections plan it, looks each parent up by its id once the table
+    holds thousands of tasks: at most two reads of conveyor_tasks per child (the
+    missing-parent check and the root), never a walk of the table."""
+    async with conveyor.connect(young_db, listen=False) as st:
+        parents = await st.submit_many([{"name": "p", "queue": "q"} for _ in range(3)])
+    ids = [p.id for p in parents]
+    n = 50
+
+    def args(names: tuple[str, ...]) -> list[Any]:
+        params: dict[str, Any] = {
+            "ids": [f"child{i:021d}" for i in range(n)],
+            "names": ["c"] * n,
+            "queues": ["q"] * n,
+            "payloads": ["null"] * n,
+            "metadatas": ["{}"] * n,
+            "priorities": [0] * n,
+            "max_attempts": None,
+            "backoffs": None,
+            "delays": None,
+            "run_ats": None,
+            "correlation_ids": None,
+            "parent_ids": [ids[i % 3] for i in range(n)],
+            "offset_us": 0,
+        }
+        return [params[name] for name in names]
+
+    sql, names = pg_direct.native(pg_texts.texts()["submit_children"])
+    marks = ", ".join(["%s"] * len(names))
+    with psycopg.connect(_dsn(young_db), autocommit=True) as conn:
+        conn.execute("ALTER TABLE conveyor_tasks SET (autovacuum_enabled = off)")
+        conn.execute(pg_direct.NO_SEQSCAN)  # as on the kept connections
+        conn.execute(f"PREPARE children AS {sql}")
+        cur = psycopg.ClientCursor(conn)
+        conn.execute("BEGIN")
+        cur.execute(f"EXECUTE children({marks})", args(names))  # planned now, on 3 tasks
+        assert len(cur.fetchall()) == n
+        conn.execute("ROLLBACK")
+        async with conveyor.connect(young_db, listen=False) as st:
+            for _ in range(5):
+                await st.submit_many([{"name": "t", "queue": "q"} for _ in range(1000)])
+        conn.execute("BEGIN")
+        cur.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE children({marks})", args(names))
+        row = cur.fetchone()
+        conn.execute("ROLLBACK")
+    assert row is not None
+    plan: dict[str, Any] = row[0][0]
+    assert plan["Plan"]["Actual Rows"] == n
+    assert _rows_read(plan, "conveyor_tasks") <= 2 * n

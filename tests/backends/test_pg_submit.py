@@ -65,3 +65,51 @@ async def test_a_key_whose_holder_went_meanwhile_is_tried_again_step_by_step(
         monkeypatch.undo()
         assert task.id != holder.id and task.key == "k"
         assert await st.get_by_key("k") == task == await st.get(task.id)
+
+
+async def test_children_are_submitted_in_one_statement(db: str) -> None:
+    """A child alone, and a batch of children and tasks without a parent: each one
+    statement of the store's own, nothing through SQLAlchemy (before: a
+    transaction of a statement per step); each answer is the task the store reads
+    back, with its parent and its parent's root (a grandchild: the root's id)."""
+    async with conveyor.connect(db, listen=False) as st:
+        root = await st.submit("root", queue="q")
+        await st.submit("warm", queue="q", parent=root)  # plans and connections
+        with pg_round_trips(st) as (runs, seen):
+            child = await st.submit("child", {"n": 1}, queue="q", parent=root, priority=3)
+            batch = await st.submit_many(
+                [
+                    {"name": "grandchild", "queue": "q", "parent": child.id},
+                    {"name": "alone", "queue": "q"},
+                    {"name": "sibling", "queue": "other", "parent": root.id, "delay": 60},
+                ]
+            )
+        assert runs == [] and seen == []
+        assert (child.parent_id, child.root_id, child.priority) == (root.id, root.id, 3)
+        grandchild, alone, sibling = batch
+        assert (grandchild.parent_id, grandchild.root_id) == (child.id, root.id)
+        assert (alone.parent_id, alone.root_id) == (None, alone.id)
+        assert (sibling.parent_id, sibling.root_id) == (root.id, root.id)
+        for task in (child, *batch):
+            assert task == await st.get(task.id)
+        assert {t.id for t in await st.children(root.id)} >= {child.id, sibling.id}
+
+
+async def test_children_of_a_missing_parent_write_nothing(db: str) -> None:
+    """One unknown parent in a batch: the error names it and no task of the batch
+    is written, in one statement as well."""
+    async with conveyor.connect(db, listen=False) as st:
+        root = await st.submit("root", queue="q")
+        with pg_round_trips(st) as (runs, seen):
+            with pytest.raises(conveyor.InvalidArgument) as bad:
+                await st.submit_many(
+                    [
+                        {"name": "ok", "queue": "q", "parent": root.id},
+                        {"name": "lost", "queue": "q", "parent": "01ARZ3NDEKTSV4RRFFQ69G5FAZ"},
+                        {"name": "plain", "queue": "q"},
+                    ]
+                )
+        assert runs == [] and seen == []
+        assert bad.value.field == "parent" and "01ARZ3NDEKTSV4RRFFQ69G5FAZ" in str(bad.value)
+        [stats] = await st.stats("q")
+        assert stats.counts["queued"] == 1  # the root alone

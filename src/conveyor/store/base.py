@@ -42,6 +42,7 @@ from conveyor.store import bulk, codec, groups, pipelined, producer, streams, te
 from conveyor.store import transactions as tx
 from conveyor.store.inspect import InspectReads
 from conveyor.store.leases import MAX_LIMIT, LeaseOps
+from conveyor.store.requests import Preparing, Request
 
 T = TypeVar("T")
 
@@ -220,7 +221,7 @@ class TaskStore(LeaseOps, InspectReads):
         """
         if isinstance(requests, Mapping):
             raise InvalidArgument("requests", "must be a list of request dicts, not one dict")
-        preparing = producer.Preparing(requests, self.max_payload_size)
+        preparing = Preparing(requests, self.max_payload_size)
         recording = tracing.recording()
         if connection is None and not recording:
             # A large plain batch in runs, validated as they go (none: the usual path).
@@ -237,7 +238,7 @@ class TaskStore(LeaseOps, InspectReads):
             return await self._submit(prepared, connection)
 
     async def _submit(
-        self, prepared: builtins.list[producer.Request], connection: Any
+        self, prepared: builtins.list[Request], connection: Any
     ) -> builtins.list[Task]:
         if connection is not None:
             return await producer.submit_in(self, connection, prepared)

@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from conveyor.models import Task
 from conveyor.store import producer, texts
 from conveyor.store import transactions as tx
+from conveyor.store.requests import Preparing
 from conveyor.store.seam import Seam
 
 #: Tasks per run. Why 250: batches of 1,000 plain tasks, in alternating runs on a
@@ -38,7 +39,7 @@ class _NotPlain(Exception):
     """A request with a key, partition or parent turned up: the usual path takes over."""
 
 
-async def submit(st: Seam, preparing: producer.Preparing) -> list[Task] | None:
+async def submit(st: Seam, preparing: Preparing) -> list[Task] | None:
     """Submit the requests of ``preparing`` in runs, or ``None`` when this path does
     not serve them: at most one run's worth, one not plain, or a dialect without
     a batch runner or a one-statement submit. The requests taken so far stay in

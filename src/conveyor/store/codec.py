@@ -151,6 +151,7 @@ queued_task: Callable[..., Task] = _slot_maker(
 _set_max_attempts = getattr(Task, "max_attempts").__set__  # noqa: B009
 _set_created_at = getattr(Task, "created_at").__set__  # noqa: B009
 _set_run_at = getattr(Task, "run_at").__set__  # noqa: B009
+_set_root_id = getattr(Task, "root_id").__set__  # noqa: B009
 
 
 def settle_queued(task: Task, max_attempts: int, created_at: datetime, run_at: datetime) -> None:
@@ -160,6 +161,12 @@ def settle_queued(task: Task, max_attempts: int, created_at: datetime, run_at: d
     _set_max_attempts(task, max_attempts)
     _set_created_at(task, created_at)
     _set_run_at(task, run_at)
+
+
+def settle_root(task: Task, root_id: str) -> None:
+    """Fill in the root the database found for a child task :data:`queued_task`
+    built before it answered (its parent's root)."""
+    _set_root_id(task, root_id)
 
 
 def group_row(row: Any) -> ConsumerGroup:

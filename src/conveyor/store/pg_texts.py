@@ -255,6 +255,67 @@ _SUBMIT_KEYED = _edited(
     ),
 )
 
+
+# Tasks with parents (no key or partition): the plain statement with each task's
+# ``parent_id`` (None: no parent), whose ``root_id`` is its parent's root, read in
+# the statement's snapshot as producer.insert_tasks reads it. If any parent is not
+# a task, nothing is written and the missing parents come back as ``orphan`` rows.
+def _with_parents(text: str, one: bool) -> str:
+    edits: list[tuple[str, str]] = []
+    if one:
+        edits.append(
+            (
+                "%(correlation_id)s::text AS correlation_id,\n        1 AS n",
+                "%(correlation_id)s::text AS correlation_id,\n"
+                "        %(parent_id)s::text AS parent_id, 1 AS n",
+            )
+        )
+    else:
+        edits += [
+            (
+                "%(correlation_ids)s::text[]\n    )",
+                "%(correlation_ids)s::text[], %(parent_ids)s::text[]\n    )",
+            ),
+            (
+                "backoff, delay_us, run_at_us, correlation_id, n)",
+                "backoff, delay_us, run_at_us, correlation_id, parent_id, n)",
+            ),
+        ]
+    return _edited(
+        text,
+        *edits,
+        (
+            "clock AS (",
+            "orphans AS (\n    SELECT r.parent_id FROM req AS r WHERE r.parent_id IS NOT NULL\n"
+            "      AND NOT EXISTS (SELECT 1 FROM conveyor_tasks AS p WHERE p.id = r.parent_id)\n"
+            "),\nclock AS (",
+        ),
+        (
+            "coalesce(r.delay_us, 0)), NULL, NULL, r.id,",
+            "coalesce(r.delay_us, 0)), NULL, r.parent_id, coalesce(p.root_id, r.id),",
+        ),
+        (
+            "LEFT JOIN conveyor_queues AS s ON s.queue = r.queue\n    ORDER BY r.n",
+            "LEFT JOIN conveyor_queues AS s ON s.queue = r.queue\n"
+            "    LEFT JOIN conveyor_tasks AS p ON p.id = r.parent_id\n"
+            "    WHERE NOT EXISTS (SELECT 1 FROM orphans)\n    ORDER BY r.n",
+        ),
+        (
+            "RETURNING seq, id, queue, priority, max_attempts, created_at, run_at\n",
+            "RETURNING seq, id, queue, priority, max_attempts, created_at, run_at, root_id\n",
+        ),
+        (
+            "SELECT ins.id, ins.max_attempts, ins.created_at, ins.run_at FROM note, ins\n",
+            "SELECT ins.id, ins.max_attempts, ins.created_at, ins.run_at, ins.root_id,\n"
+            "    NULL::text AS orphan\nFROM note, ins\nUNION ALL\n"
+            "SELECT NULL, NULL, NULL, NULL, NULL, o.parent_id FROM orphans AS o\n",
+        ),
+    )
+
+
+_SUBMIT_CHILD = _with_parents(_submit_text(_SUBMIT_ONE), one=True)
+_SUBMIT_CHILDREN = _with_parents(_submit_text(_SUBMIT_MANY), one=False)
+
 # The task that holds idempotency key ``key``, as queue mode sees it, its key row
 # locked (as producer.submit_tx locks a holder it did not insert: retention cannot
 # delete it before this transaction ends). No row: retention deleted it since.
@@ -295,6 +356,8 @@ def texts(durable_claims: bool = False) -> Mapping[str, str]:
         "lock_streams": pg_claim.LOCK_STREAMS,
         "share_groups": _SHARE_GROUPS,
         "submit_keyed": _SUBMIT_KEYED,
+        "submit_child": _SUBMIT_CHILD,
+        "submit_children": _SUBMIT_CHILDREN,
         "key_holder": _KEY_HOLDER,
         "submit_partitioned": _SUBMIT_PARTITIONED,
         "lock_group_streams": pg_claim.LOCK_GROUP_STREAMS,

@@ -1,7 +1,8 @@
 """Submits whose statements are sent to the server together.
 
-A submit with keys, partitions or parents is a transaction of several
-statements (:func:`conveyor.store.producer.submit_tx`), one round trip each. Two
+A submit with keys or partitions (or parents with either) is a transaction of
+several statements (:func:`conveyor.store.producer.submit_tx`), one round trip
+each; children alone are one statement (:func:`conveyor.store.producer.submit`). Two
 common kinds need no answer from one statement to build the next, so where the
 dialect has their texts (Postgres: ``submit_partitioned`` and its stream
 statements, ``submit_keyed`` and ``key_holder``; see
@@ -24,7 +25,7 @@ from conveyor import statements as q
 from conveyor.errors import AlreadyExists
 from conveyor.models import Task
 from conveyor.store import codec, producer, texts
-from conveyor.store.producer import Request
+from conveyor.store.requests import Request
 from conveyor.store.seam import Seam
 
 

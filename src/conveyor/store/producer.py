@@ -1,13 +1,12 @@
-"""Producer: validating submit requests, inserting tasks with their delivery rows
-(fan-out at submit), idempotency keys, and the operator's cancel and retry.
+"""Producer: inserting tasks with their delivery rows (fan-out at submit),
+idempotency keys, and the operator's cancel and retry. The requests come validated
+(:mod:`conveyor.store.requests`).
 """
 
 from __future__ import annotations
 
-import itertools
 import json
-from collections.abc import Iterable, Mapping, Sequence, Sized
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -25,9 +24,9 @@ from conveyor.schema import keys as k
 from conveyor.schema import tasks as t
 from conveyor.store import codec, external, steps, streams, texts, upkeep, wake
 from conveyor.store import transactions as tx
+from conveyor.store.requests import Request
 from conveyor.store.seam import Seam
 
-CONFLICTS = ("reuse", "reject", "replace")
 #: A submit of at most this many tasks is a short write transaction: where the
 #: dialect runs transactions on a connection thread of its own (SQLite), it may run
 #: on the caller's thread while that thread is idle (see
@@ -35,157 +34,6 @@ CONFLICTS = ("reuse", "reject", "replace")
 #: the event loop is never held for long.
 INLINE_MAX = 100
 DEFAULT_MAX_ATTEMPTS = 3
-SUBMIT_FIELDS = frozenset(
-    {
-        "name",
-        "payload",
-        "queue",
-        "priority",
-        "delay",
-        "run_at",
-        "max_attempts",
-        "key",
-        "conflict",
-        "partition",
-        "parent",
-        "correlation_id",
-        "metadata",
-        "backoff",
-    }
-)
-
-
-@dataclass(slots=True)
-class Request:
-    """A validated submit request."""
-
-    id: str
-    name: str
-    payload: str
-    queue: str
-    priority: int
-    delay_us: int | None
-    run_at_us: int | None
-    max_attempts: int | None
-    backoff: str | None
-    key: str | None
-    conflict: str
-    partition: str | None
-    parent_id: str | None
-    correlation_id: str | None
-    metadata: str
-
-
-def prepare(req: Mapping[str, Any], *, max_size: int | None = None) -> Request:
-    """Validate one submit request (a mapping of submit()'s arguments); payload and
-    metadata may take at most ``max_size`` bytes of JSON each."""
-    # Options left at their default skip their checks (per-task cost of submit_many).
-    unknown = set(req) - SUBMIT_FIELDS
-    if unknown:
-        raise InvalidArgument(sorted(unknown)[0], "is not an argument of submit()")
-    if "name" not in req:
-        raise InvalidArgument("name", "is required")
-    get = req.get
-    name = v.name("name", req["name"])
-    queue = v.name("queue", get("queue", "default"))
-    payload = v.to_json("payload", get("payload"), max_size=max_size)
-    priority = get("priority", 0)
-    if priority.__class__ is not int or not -(2**31) <= priority < 2**31:
-        priority = v.integer("priority", priority)
-    delay, run_at = get("delay"), get("run_at")
-    delay_us = run_at_us = None
-    if delay is not None or run_at is not None:
-        if delay is not None and run_at is not None:
-            raise InvalidArgument("delay", "give delay or run_at, not both")
-        if delay is not None:
-            delay_us = round(v.duration_seconds("delay", delay) * v.US)
-        else:
-            run_at_us = v.to_us(v.aware("run_at", run_at))
-    max_attempts = get("max_attempts")
-    if max_attempts is not None:
-        max_attempts = v.positive_int("max_attempts", max_attempts)
-    backoff = get("backoff")
-    if backoff is not None:
-        backoff = json.dumps(v.backoff("backoff", backoff).as_dict())  # type: ignore[union-attr]
-    key = get("key")
-    if key is not None:
-        key = v.name("key", key)
-    conflict = get("conflict", "reuse")
-    if conflict not in CONFLICTS:
-        raise InvalidArgument(
-            "conflict", f"must be one of {', '.join(CONFLICTS)}, got {conflict!r}"
-        )
-    partition = get("partition")
-    if partition is not None:
-        partition = v.name("partition", partition)
-    parent = get("parent")
-    if parent is not None:
-        if isinstance(parent, Task):
-            parent = parent.id
-        parent = v.name("parent", parent)
-    correlation_id = get("correlation_id")
-    if correlation_id is not None:
-        correlation_id = v.name("correlation_id", correlation_id)
-    meta = get("metadata")
-    return Request(
-        id=v.new_task_id(),
-        name=name,
-        payload=payload,
-        queue=queue,
-        priority=priority,
-        delay_us=delay_us,
-        run_at_us=run_at_us,
-        max_attempts=max_attempts,
-        backoff=backoff,
-        key=key,
-        conflict=conflict,
-        partition=partition,
-        parent_id=parent,
-        correlation_id=correlation_id,
-        metadata="{}" if meta is None else v.metadata(meta, max_size=max_size),
-    )
-
-
-class Preparing:
-    """submit_many()'s requests, validated as they are taken (:func:`prepare`), the
-    taken ones kept in order in ``done``: a large batch may go to the database in
-    runs while the rest is still being validated (:mod:`conveyor.store.bulk`)."""
-
-    def __init__(self, requests: Iterable[Mapping[str, Any]], max_size: int | None) -> None:
-        self.done: list[Request] = []
-        try:
-            if not isinstance(requests, Sized):
-                # Read whole first: no caller code runs inside the transaction.
-                requests = list(requests)
-            self._source = iter(requests)
-        except TypeError:
-            raise InvalidArgument(
-                "requests", f"must be a list of request dicts, got {requests!r}"
-            ) from None
-        #: How many requests there are.
-        self.total = len(requests)
-        self._max_size = max_size
-
-    def take(self, n: int) -> list[Request]:
-        """Validate up to ``n`` more requests; those validated (none: all taken)."""
-        out = []
-        done, max_size = self.done, self._max_size
-        for req in itertools.islice(self._source, n):
-            # (a dict first: the Mapping check goes through the ABC machinery)
-            if req.__class__ is not dict and not isinstance(req, Mapping):
-                raise InvalidArgument(
-                    f"requests[{len(done)}]", "must be a dict of submit() arguments"
-                )
-            one = prepare(req, max_size=max_size)
-            done.append(one)
-            out.append(one)
-        return out
-
-    def rest(self) -> list[Request]:
-        """Validate every request not taken yet; all of them, in order."""
-        while self.take(1000):
-            pass
-        return self.done
 
 
 def is_plain(reqs: list[Request]) -> bool:
@@ -216,8 +64,10 @@ def many_params(reqs: list[Request]) -> dict[str, Any]:
 async def submit(st: Seam, reqs: list[Request]) -> list[Task]:
     """Insert the requests in one transaction; the answering tasks in request order.
     Plain requests (no key, partition or parent) go through the dialect's
-    one-statement submit where there is one (partitioned ones and one keyed request
-    may go as statements sent together first: :mod:`conveyor.store.pipelined`)."""
+    one-statement submit where there is one, and children without keys or
+    partitions through its one-statement submit of children (partitioned ones and
+    one keyed request may go as statements sent together first:
+    :mod:`conveyor.store.pipelined`)."""
     single = len(reqs) == 1
     built = st._texts or await texts.of(st)
     text = built.get("submit_one" if single else "submit_plain")
@@ -229,10 +79,42 @@ async def submit(st: Seam, reqs: list[Request]) -> list[Task]:
     short = len(reqs) <= INLINE_MAX
     if text is None and plain and "step_submit_insert_many" in built:
         return await tx.run(st, lambda conn: submit_plain_tx(st, conn, reqs), inline=short)
+    if not plain and only_parents(reqs):
+        family = built.get("submit_child" if single else "submit_children")
+        if family is not None:
+            return await submit_children(st, family, reqs)
     if text is None or not plain:
         return await tx.run(st, lambda conn: submit_tx(st, conn, reqs), inline=short)
     params = one_params(reqs[0]) if single else many_params(reqs)
     return answers(reqs, await texts.alone(st, text, params))
+
+
+def only_parents(reqs: list[Request]) -> bool:
+    """No key or partition among ``reqs``, and some parent: the dialect's
+    one-statement submit of children serves (``submit_child``, ``submit_children``)."""
+    return not any(r.key is not None or r.partition is not None for r in reqs) and any(
+        r.parent_id is not None for r in reqs
+    )
+
+
+async def submit_children(st: Seam, text: texts.Text, reqs: list[Request]) -> list[Task]:
+    """Requests with parents (no key or partition) as one statement: ``text`` is the
+    dialect's ``submit_child`` (one request) or ``submit_children``. A parent that
+    is not a task writes nothing and raises, as :func:`insert_tasks` does."""
+    if len(reqs) == 1:
+        params = {**one_params(reqs[0]), "parent_id": reqs[0].parent_id}
+    else:
+        params = {**many_params(reqs), "parent_ids": [r.parent_id for r in reqs]}
+    rows = await texts.alone(st, text, params)
+    orphans = [row.orphan for row in rows if row.orphan is not None]
+    if orphans:
+        raise InvalidArgument("parent", f"no task has id {min(orphans)!r}")
+    tasks = answers(reqs, rows)
+    roots = {row.id: row.root_id for row in rows}
+    for task in tasks:
+        if task.parent_id is not None:
+            codec.settle_root(task, roots[task.id])
+    return tasks
 
 
 def one_params(r: Request) -> dict[str, Any]:
@@ -260,7 +142,7 @@ def answers(reqs: list[Request], rows: list[Any]) -> list[Task]:
 
 
 def unsettled(reqs: list[Request]) -> list[Task]:
-    """The answering tasks of requests without a key or parent, in
+    """The answering tasks of requests without a key, in
     request order, but for what the database decides: ``max_attempts``,
     ``created_at`` and ``run_at`` are left unset until :func:`settle`. Two steps, so
     a batch sent in runs (:mod:`conveyor.store.bulk`) builds them while the server
@@ -285,8 +167,8 @@ def unsettled(reqs: list[Request]) -> list[Task]:
             run_at=None,
             created_at=None,
             key=None,
-            parent_id=None,
-            root_id=r.id,
+            parent_id=r.parent_id,
+            root_id=r.id,  # a child's: its parent's root, once settled
             correlation_id=r.correlation_id,
         )
         for r, payload in zip(reqs, payloads, strict=True)

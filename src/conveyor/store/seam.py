@@ -265,9 +265,15 @@ class Seam(abc.ABC):
         ``submit_one`` is the same for one task, from the singular names (``id``,
         ``name``, ``queue``, ``payload``, ``metadata``, ``priority``,
         ``max_attempts``, ``backoff``, ``delay``, ``run_at``, ``correlation_id``).
+        ``submit_children`` and ``submit_child`` are those two for tasks with
+        parents (no key or partition), with ``parent_ids`` (``None`` entries: no
+        parent) or ``parent_id``: each child's ``root_id`` is its parent's root, and
+        each row also has ``root_id`` and ``orphan`` (``NULL``). When a parent is not
+        a task, nothing is written and the rows are one per such parent, all
+        ``NULL`` but ``orphan``, its id.
 
         ``insert_rows``: the task rows of a submit that went step by step (keys,
-        partitions, parents), given whole as ``rows`` (one JSON text: an array of
+        partitions, parents with either), given whole as ``rows`` (one JSON text: an array of
         ``[id, name, queue, partition, payload, metadata, priority, max_attempts,
         backoff, created_at, run_at, key, parent_id, root_id, correlation_id]`` in
         request order, inserted in that order), and their delivery rows as
