@@ -179,3 +179,26 @@ async def test_the_claim_reads_free_streams_in_claim_order(tmp_path: Path) -> No
     # The first 50 streams in claim order (equal priority: the longest waiting, then
     # by partition), two rows each.
     assert len([row for row in rows if row[0] == 1]) == 100
+
+
+async def test_a_partitioned_submit_writes_its_new_stream_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With one writer, a producer has no stream row to lock before inserting: the
+    one statement that recomputes the streams the new rows joined also creates a
+    missing one (before: an upsert of the stream row first, then the recompute).
+    The streams come out right: each partition's tasks claimed in submit order."""
+    async with conveyor.connect(f"sqlite:///{tmp_path / 's.db'}") as store:
+        await store.submit("t", queue="q")
+        seen = _count_statements(store, monkeypatch)
+        first = await store.submit("t", queue="q", partition="new")
+        batch = await store.submit_many(
+            [{"name": "t", "queue": "q", "partition": p} for p in ("new", "other", "other")]
+        )
+        writes = [s for s in seen if "conveyor_streams" in s and "INSERT" in s.upper()]
+        assert len(writes) == 2  # one per submit
+        got = await store.claim("q", worker_id="w", limit=10, per_stream=3)
+        by_stream = [t.id for t in got if t.partition == "new"], [
+            t.id for t in got if t.partition == "other"
+        ]
+        assert by_stream == ([first.id, batch[0].id], [batch[1].id, batch[2].id])

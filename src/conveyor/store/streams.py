@@ -38,7 +38,8 @@ meanwhile is seen and no stale head is written back. Producers of a stream
 serialise on its queue-mode stream row (:func:`serialize_producers`) before
 inserting, so within a stream the sequence order is the commit order.
 On SQLite one writer holds the whole database and the order is moot
-(``row_locks`` is False: the lock-only steps are skipped).
+(``row_locks`` is False: the lock-only steps are skipped, and a producer's new
+stream row is made by the recompute after its insert).
 """
 
 from __future__ import annotations
@@ -62,7 +63,12 @@ async def serialize_producers(
     st: Seam, conn: AsyncConnection, keys: Iterable[tuple[str, str]]
 ) -> None:
     """Lock the queue-mode stream rows of the (queue, partition) streams a producer
-    is about to add to, creating them as needed; held until commit."""
+    is about to add to, creating them as needed; held until commit. Nothing on a
+    dialect without row locks (SQLite): its one writer already makes the sequence
+    order the commit order, and :func:`refresh` creates a missing stream row after
+    the insert."""
+    if not st.row_locks:
+        return
     stream_keys = sorted(set(keys))
     if not stream_keys:
         return
