@@ -198,7 +198,8 @@ async def test_a_partitioned_submit_writes_its_new_stream_once(
         writes = [s for s in seen if "conveyor_streams" in s and "INSERT" in s.upper()]
         assert len(writes) == 2  # one per submit
         got = await store.claim("q", worker_id="w", limit=10, per_stream=3)
-        by_stream = [t.id for t in got if t.partition == "new"], [
-            t.id for t in got if t.partition == "other"
-        ]
+        by_stream = (
+            [t.id for t in got if t.partition == "new"],
+            [t.id for t in got if t.partition == "other"],
+        )
         assert by_stream == ([first.id, batch[0].id], [batch[1].id, batch[2].id])
