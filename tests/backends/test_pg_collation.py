@@ -22,13 +22,14 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
+from tests._support import scratch_pg_database
 
 import conveyor
-from _support import scratch_pg_database
 from conveyor import statements as q
 from conveyor.connect import resolve_url
 from conveyor.store import pg_claim
 from conveyor.store.base import TaskStore
+from conveyor.store.pg_texts import texts
 
 ICU_EN_US = "TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'"
 
@@ -84,7 +85,12 @@ async def test_lock_statements_sort_streams_by_code_point(icu_url: str, store: T
             await conn.rollback()
     finally:
         await engine.dispose()
+    await store.submit("t", queue="q", key="a")
+    await store.submit("t", queue="q", key="B")
     with psycopg.connect(dsn(icu_url)) as conn:
+        keys = [row[0] for row in conn.execute(texts()["lock_keys"], {"keys": ["a", "B"]})]
+        assert keys == expected
+        conn.rollback()
         items = json.dumps([[a.id, "w", ""], [b.id, "w", ""]])
         text = pg_claim.ACK_LOCK_TEXT.replace("SELECT 1 FROM", "SELECT s.partition FROM", 1)
         got = [row[0] for row in conn.execute(text, {"items": items})]

@@ -13,7 +13,7 @@ from tests._support import pg_round_trips, scratch_pg_database
 
 import conveyor
 from conveyor import AlreadyExists
-from conveyor.store import texts
+from conveyor.store import pg_texts, texts
 
 
 @pytest.fixture
@@ -113,3 +113,28 @@ async def test_children_of_a_missing_parent_write_nothing(db: str) -> None:
         assert bad.value.field == "parent" and "01ARZ3NDEKTSV4RRFFQ69G5FAZ" in str(bad.value)
         [stats] = await st.stats("q")
         assert stats.counts["queued"] == 1  # the root alone
+
+
+async def test_a_keyed_batch_claims_and_locks_its_keys_with_built_statements(db: str) -> None:
+    """A batch with keys goes step by step, but its keys are claimed and their
+    holders locked by statements built once, from arrays: nothing through
+    SQLAlchemy builds a statement of conveyor_keys (before: a multi-row VALUES of two
+    placeholders per key, parsed anew on every call). New keys make new tasks,
+    held ones answer with their holder, in request order."""
+    async with conveyor.connect(db, listen=False) as st:
+        held = await st.submit_many([{"name": "t", "queue": "q", "key": f"k{i}"} for i in range(3)])
+        with pg_round_trips(st) as (_runs, seen):
+            batch = await st.submit_many(
+                [{"name": "t", "queue": "q", "key": f"k{i}"} for i in range(1, 6)]
+                + [{"name": "t", "queue": "q", "key": "k5"}, {"name": "t", "queue": "q"}]
+            )
+        built = pg_texts.texts()
+        keyed = [s for s in seen if "conveyor_keys" in s]
+        assert keyed == [built["claim_keys"], built["lock_keys"]]
+        assert [t.id for t in batch[:2]] == [held[1].id, held[2].id]
+        assert len({t.id for t in batch[2:5]}) == 3 and batch[5].id == batch[4].id
+        for i, task in enumerate(batch[:5], start=1):
+            assert task.key == f"k{i}"
+            assert await st.get_by_key(f"k{i}") == task
+        [stats] = await st.stats("q")
+        assert stats.counts["queued"] == 3 + 3 + 1

@@ -229,23 +229,32 @@ async def submit_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> lis
         won: set[str] = set()
         existing: dict[str, str] = {}
         pending = sorted(first)
+        claim, hold = _built(st, conn, "claim_keys"), _built(st, conn, "lock_keys")
         while pending:
-            ins = (
-                st._upsert(k)
-                .values([{"key": key, "task_id": first[key].id} for key in pending])
-                .on_conflict_do_nothing(index_elements=["key"])
-                .returning(k.c.key)
-            )
-            won |= set((await conn.execute(ins)).scalars())
+            if claim is not None:
+                ids = [first[key].id for key in pending]
+                claimed = await texts.execute(conn, st, claim, {"keys": pending, "ids": ids})
+                won |= {row.key for row in claimed}
+            else:
+                ins = (
+                    st._upsert(k)
+                    .values([{"key": key, "task_id": first[key].id} for key in pending])
+                    .on_conflict_do_nothing(index_elements=["key"])
+                    .returning(k.c.key)
+                )
+                won |= set((await conn.execute(ins)).scalars())
             lost = [key for key in pending if key not in won]
             if not lost:
                 break
-            holders = (
-                select(k.c.key, k.c.task_id)
-                .where(k.c.key.in_(lost))
-                .order_by(q.by_code_point(k.c.key))
-            )
-            rows = await conn.execute(st._lock_rows(holders))
+            if hold is not None:
+                rows = await texts.execute(conn, st, hold, {"keys": lost})
+            else:
+                holders = (
+                    select(k.c.key, k.c.task_id)
+                    .where(k.c.key.in_(lost))
+                    .order_by(q.by_code_point(k.c.key))
+                )
+                rows = await conn.execute(st._lock_rows(holders))
             existing.update({row.key: row.task_id for row in rows})
             pending = [key for key in lost if key not in existing]
         for key, r in first.items():
@@ -275,6 +284,12 @@ async def submit_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> lis
     if new:
         await st._notify(conn, {r.queue for r in new}, done=False)
     return [found[i] for i in ids]
+
+
+def _built(st: Seam, conn: AsyncConnection, name: str) -> texts.Text | None:
+    """The dialect's built text ``name``, if it has one that runs on ``conn``."""
+    built = st._texts.get(name) if st._texts is not None else None
+    return built if built is not None and texts.runs_on(conn, st) else None
 
 
 async def submit_in(st: Seam, connection: Any, reqs: list[Request]) -> list[Task]:

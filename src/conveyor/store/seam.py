@@ -272,6 +272,13 @@ class Seam(abc.ABC):
         a task, nothing is written and the rows are one per such parent, all
         ``NULL`` but ``orphan``, its id.
 
+        ``claim_keys`` and ``lock_keys``: the idempotency keys of a submit that
+        goes step by step, ``keys`` (a list, sorted by code point: the lock order).
+        ``claim_keys`` inserts each key for its task (``ids``, a list as long), in
+        that order, leaving keys already held alone, and returns a row (``key``)
+        per key it inserted; ``lock_keys`` locks the rows of ``keys`` that exist, in
+        that order, and returns their ``key`` and ``task_id``.
+
         ``insert_rows``: the task rows of a submit that went step by step (keys,
         partitions, parents with either), given whole as ``rows`` (one JSON text: an array of
         ``[id, name, queue, partition, payload, metadata, priority, max_attempts,
