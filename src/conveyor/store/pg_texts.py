@@ -337,6 +337,21 @@ ORDER BY key COLLATE "C"
 FOR UPDATE
 """
 
+# The clock reading and the stored settings of ``queues`` (at least one row),
+# and the announcement of new work or of finished tasks (pg_listen.NOTIFY), for a
+# submit that goes step by step and the other transactions of the protocol: the
+# same statements as the shared ones, as texts built once.
+_SUBMIT_CONTEXT = f"""
+SELECT c.now, s.queue, s.max_attempts, s.backoff
+FROM (SELECT {_NOW} AS now) AS c
+LEFT JOIN conveyor_queues AS s ON s.queue = ANY(%(queues)s::text[])
+"""
+_NOTIFY = _edited(
+    str(pg_listen.NOTIFY),
+    ("CAST(:channels AS text[])", "%(channels)s::text[]"),
+    ("CAST(:payloads AS text[])", "%(payloads)s::text[]"),
+)
+
 # The task that holds idempotency key ``key``, as queue mode sees it, its key row
 # locked (as producer.submit_tx locks a holder it did not insert: retention cannot
 # delete it before this transaction ends). No row: retention deleted it since.
@@ -381,6 +396,8 @@ def texts(durable_claims: bool = False) -> Mapping[str, str]:
         "submit_children": _SUBMIT_CHILDREN,
         "key_holder": _KEY_HOLDER,
         "claim_keys": _CLAIM_KEYS,
+        "submit_context": _SUBMIT_CONTEXT,
+        "notify": _NOTIFY,
         "lock_keys": _LOCK_KEYS,
         "submit_partitioned": _SUBMIT_PARTITIONED,
         "lock_group_streams": pg_claim.LOCK_GROUP_STREAMS,

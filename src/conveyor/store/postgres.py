@@ -41,7 +41,7 @@ from conveyor import statements as q
 from conveyor.errors import ConfigurationError, InvalidArgument
 from conveyor.schema import deliveries as d
 from conveyor.schema import tasks as t
-from conveyor.store import pg_direct, pg_listen, pg_texts
+from conveyor.store import pg_direct, pg_listen, pg_texts, texts
 from conveyor.store.base import TaskStore
 from conveyor.store.seam import BatchRunner, DirectRunner, StepsRunner
 
@@ -377,5 +377,10 @@ class PostgresStore(TaskStore):
         task_ids: Iterable[str] = (),
     ) -> None:
         params = pg_listen.notify_params(queues, done, task_ids)
-        if params is not None:
+        if params is None:
+            return
+        built = self._texts.get("notify") if self._texts is not None else None
+        if built is not None and texts.runs_on(conn, self):
+            await texts.execute(conn, self, built, params)  # built once (pg_texts)
+        else:
             await conn.execute(pg_listen.NOTIFY, params)

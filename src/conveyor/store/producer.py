@@ -425,23 +425,30 @@ async def insert_tasks(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> 
     for r in reqs:  # a parent submitted in the same batch
         if r.parent_id is not None and r.parent_id not in parents:
             parents[r.parent_id] = r.parent_id
+    queues = sorted({r.queue for r in reqs})
     if st.row_locks:
         # Share the active group rows the fan-out below reads (the lock order: group
         # rows before stream rows). Unsubscribe locks the row, so it waits for the
         # producers in flight and later ones see the group inactive: no delivery row
         # is ever written for a group whose state unsubscribe already dropped.
-        await conn.execute(
-            st._share_rows(
-                select(g.c.queue, g.c.name)
-                .where(g.c.queue.in_(sorted({r.queue for r in reqs})), g.c.active.is_(True))
-                .order_by(g.c.queue, g.c.name)
+        share = _built(st, conn, "share_groups")
+        if share is not None:
+            await texts.execute(conn, st, share, {"queues": json.dumps(queues)})
+        else:
+            await conn.execute(
+                st._share_rows(
+                    select(g.c.queue, g.c.name)
+                    .where(g.c.queue.in_(queues), g.c.active.is_(True))
+                    .order_by(g.c.queue, g.c.name)
+                )
             )
-        )
     stream_keys = {(r.queue, p) for r in reqs if (p := r.partition) is not None}
     await streams.serialize_producers(st, conn, stream_keys)
-    context = list(
-        await conn.execute(q.submit_context(sorted({r.queue for r in reqs}), tx.now(st)))
-    )
+    built_context = _built(st, conn, "submit_context")
+    if built_context is not None:
+        context = list(await texts.execute(conn, st, built_context, {"queues": queues}))
+    else:
+        context = list(await conn.execute(q.submit_context(queues, tx.now(st))))
     now = int(context[0].now)
     settings = {row.queue: row for row in context if row.queue is not None}
     params = [

@@ -279,6 +279,12 @@ class Seam(abc.ABC):
         per key it inserted; ``lock_keys`` locks the rows of ``keys`` that exist, in
         that order, and returns their ``key`` and ``task_id``.
 
+        ``submit_context``: the clock reading (``now``, with ``offset_us``) and the
+        stored settings (``queue``, ``max_attempts``, ``backoff``) of ``queues`` (a
+        list), at least one row; ``notify``: :data:`conveyor.store.pg_listen.NOTIFY`
+        with ``channels`` and ``payloads`` (lists). For a submit that goes step by
+        step, with ``share_groups`` (below).
+
         ``insert_rows``: the task rows of a submit that went step by step (keys,
         partitions, parents with either), given whole as ``rows`` (one JSON text: an array of
         ``[id, name, queue, partition, payload, metadata, priority, max_attempts,
