@@ -72,12 +72,13 @@ async def submit(st: Seam, reqs: list[Request]) -> list[Task]:
     built = st._texts or await texts.of(st)
     text = built.get("submit_one" if single else "submit_plain")
     plain = is_plain(reqs)
-    if text is None and single and plain and "step_submit_insert" in built:
+    children = not plain and only_parents(reqs) and "step_parent_root" in built
+    if text is None and single and (plain or children) and "step_submit_insert" in built:
         # The same steps, each statement built once (dialects without a
         # one-statement submit).
         return [await tx.run(st, lambda conn: submit_one_tx(st, conn, reqs[0]), inline=True)]
     short = len(reqs) <= INLINE_MAX
-    if text is None and plain and "step_submit_insert_many" in built:
+    if text is None and (plain or children) and "step_submit_insert_many" in built:
         return await tx.run(st, lambda conn: submit_plain_tx(st, conn, reqs), inline=short)
     if not plain and only_parents(reqs):
         family = built.get("submit_child" if single else "submit_children")
@@ -333,9 +334,9 @@ def task_row(r: Request, now: int, conf: Any, root: str) -> dict[str, Any]:
 
 
 async def submit_one_tx(st: Seam, conn: AsyncConnection, r: Request) -> Task:
-    """:func:`submit_tx` of one plain request (no key, partition or parent) on the
-    statements built once (:mod:`.steps`): the clock and queue settings, the task
-    row, its delivery rows."""
+    """:func:`submit_tx` of one request without key or partition on the statements
+    built once (:mod:`.steps`): its parent's root (if it has a parent), the clock
+    and queue settings, the task row, its delivery rows."""
     built = st._texts
     assert built is not None
     context, insert, fan = (
@@ -344,9 +345,10 @@ async def submit_one_tx(st: Seam, conn: AsyncConnection, r: Request) -> Task:
         built.get("step_fan_out"),
     )
     assert context is not None and insert is not None and fan is not None
+    roots = await parent_roots(st, conn, [r])
     found = (await texts.execute(conn, st, context, {"queue": r.queue})).first()
     conf = found if found.queue is not None else None
-    row = task_row(r, int(found.now), conf, r.id)
+    row = task_row(r, int(found.now), conf, r.id if r.parent_id is None else roots[r.parent_id])
     seq = (await texts.execute(conn, st, insert, steps.insert_params(row))).scalar_one()
     await texts.execute(conn, st, fan, {"seq": seq})
     await st._notify(conn, {r.queue}, done=False)
@@ -354,8 +356,8 @@ async def submit_one_tx(st: Seam, conn: AsyncConnection, r: Request) -> Task:
 
 
 async def submit_plain_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> list[Task]:
-    """:func:`submit_tx` of plain requests (no key, partition or parent) on the
-    statements built once (:mod:`.steps`): each queue's settings and the clock,
+    """:func:`submit_tx` of requests without keys or partitions on the statements
+    built once (:mod:`.steps`): the parents' roots, each queue's settings and the clock,
     the largest seq so far, the task rows (one statement run per row), and the
     delivery rows of every task above that seq — the rows just inserted, since
     this transaction holds the single writer lock. Its Tasks are built from the
@@ -369,6 +371,7 @@ async def submit_plain_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) 
         built.get("step_fan_out_after"),
     )
     assert context is not None and last is not None and insert is not None and fan is not None
+    roots = await parent_roots(st, conn, reqs)
     settings: dict[str, Any] = {}
     now = 0
     for queue in sorted({r.queue for r in reqs}):
@@ -400,8 +403,8 @@ async def submit_plain_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) 
                 "v_created_at": now,
                 "v_run_at": run_at,
                 "v_key": None,
-                "v_parent_id": None,
-                "v_root_id": r.id,
+                "v_parent_id": r.parent_id,
+                "v_root_id": r.id if r.parent_id is None else roots[r.parent_id],
                 "v_correlation_id": r.correlation_id,
             }
         )
@@ -409,7 +412,29 @@ async def submit_plain_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) 
     await texts.execute_many(conn, st, insert, rows)
     await texts.execute(conn, st, fan, {"after": after})
     await st._notify(conn, {r.queue for r in reqs}, done=False)
-    return settle(unsettled(reqs), [_Stored(*one) for one in stored])
+    tasks = settle(unsettled(reqs), [_Stored(*one) for one in stored])
+    for task in tasks:
+        if task.parent_id is not None:
+            codec.settle_root(task, roots[task.parent_id])
+    return tasks
+
+
+async def parent_roots(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> dict[str, str]:
+    """The root of each parent of ``reqs``, by parent id, read with the built
+    ``step_parent_root``; a parent that is not a task raises, as
+    :func:`insert_tasks` does (the first missing one in sorted order)."""
+    parents = sorted({r.parent_id for r in reqs if r.parent_id is not None})
+    if not parents:
+        return {}
+    lookup = st._texts.get("step_parent_root") if st._texts is not None else None
+    assert lookup is not None
+    roots: dict[str, str] = {}
+    for parent in parents:
+        root = (await texts.execute(conn, st, lookup, {"parent": parent})).scalar()
+        if root is None:
+            raise InvalidArgument("parent", f"no task has id {parent!r}")
+        roots[parent] = root
+    return roots
 
 
 async def insert_tasks(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> dict[str, Task]:

@@ -84,6 +84,13 @@ def _submit_context(st: Seam) -> Any:
     return q.submit_context([_QUEUE], texts.now(st))
 
 
+@texts.shared("step_parent_root")
+def _parent_root(st: Seam) -> Any:
+    if not _steps(st):
+        return None
+    return select(t.c.root_id).where(t.c.id == bindparam("parent"))
+
+
 @texts.shared("step_submit_insert")
 def _submit_insert(st: Seam) -> Any:
     if not _steps(st):

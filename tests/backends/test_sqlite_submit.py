@@ -1,0 +1,73 @@
+"""SQLite: a submit of children (tasks with a parent, no key or partition) runs on
+the statements built once, as a plain submit does: the parents' roots read, the
+clock and settings, the rows; nothing built by SQLAlchemy per call."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import event
+
+import conveyor
+from conveyor.store.base import TaskStore
+
+
+def _sqlalchemy_statements(store: TaskStore) -> list[str]:
+    """Every statement the store runs through SQLAlchemy from now on (the built
+    texts run on the driver's cursor and are not seen here)."""
+    seen: list[str] = []
+    thread: Any = store._connection_runner()
+    assert thread is not None
+
+    @event.listens_for(thread._engine, "before_cursor_execute")
+    def _seen(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        seen.append(statement)
+
+    return seen
+
+
+async def test_children_go_through_the_built_statements(tmp_path: Path) -> None:
+    """A child alone and a batch of children and a task without parent: no
+    SQLAlchemy statement (before: the whole step-by-step submit); each answer has
+    its parent and its parent's root, as the store reads it back."""
+    async with conveyor.connect(f"sqlite:///{tmp_path / 's.db'}") as store:
+        root = await store.submit("root", queue="q")
+        await store.submit("warm", queue="q", parent=root)
+        seen = _sqlalchemy_statements(store)
+        child = await store.submit("child", queue="q", parent=root, priority=2)
+        batch = await store.submit_many(
+            [
+                {"name": "grandchild", "queue": "q", "parent": child.id},
+                {"name": "alone", "queue": "q"},
+                {"name": "sibling", "queue": "other", "parent": root.id},
+            ]
+        )
+        assert seen == []
+        assert (child.parent_id, child.root_id, child.priority) == (root.id, root.id, 2)
+        grandchild, alone, sibling = batch
+        assert (grandchild.parent_id, grandchild.root_id) == (child.id, root.id)
+        assert (alone.parent_id, alone.root_id) == (None, alone.id)
+        assert (sibling.parent_id, sibling.root_id) == (root.id, root.id)
+        for task in (child, *batch):
+            assert task == await store.get(task.id)
+
+
+async def test_a_missing_parent_writes_nothing(tmp_path: Path) -> None:
+    """One unknown parent in a batch of children: the error names it, and no task
+    of the batch is written."""
+    async with conveyor.connect(f"sqlite:///{tmp_path / 's.db'}") as store:
+        root = await store.submit("root", queue="q")
+        with pytest.raises(conveyor.InvalidArgument) as bad:
+            await store.submit_many(
+                [
+                    {"name": "ok", "queue": "q", "parent": root.id},
+                    {"name": "lost", "queue": "q", "parent": "01ARZ3NDEKTSV4RRFFQ69G5FAZ"},
+                ]
+            )
+        assert bad.value.field == "parent" and "01ARZ3NDEKTSV4RRFFQ69G5FAZ" in str(bad.value)
+        with pytest.raises(conveyor.InvalidArgument):
+            await store.submit("lost", queue="q", parent="01ARZ3NDEKTSV4RRFFQ69G5FAZ")
+        [stats] = await store.stats("q")
+        assert stats.counts["queued"] == 1
