@@ -71,3 +71,38 @@ async def test_a_missing_parent_writes_nothing(tmp_path: Path) -> None:
             await store.submit("lost", queue="q", parent="01ARZ3NDEKTSV4RRFFQ69G5FAZ")
         [stats] = await store.stats("q")
         assert stats.counts["queued"] == 1
+
+
+async def test_partitioned_tasks_go_through_the_built_statements(tmp_path: Path) -> None:
+    """Partitioned tasks without keys, alone and in a batch, in a queue with a
+    consumer group: no SQLAlchemy statement (before: the step-by-step submit), and
+    every stream they joined, queue mode's and the group's, is recomputed: each
+    hands out its tasks in submit order."""
+    async with conveyor.connect(f"sqlite:///{tmp_path / 's.db'}") as store:
+        await store.subscribe("q", "audit")
+        await store.submit("warm", queue="q", partition="w")
+        seen = _sqlalchemy_statements(store)
+        first = await store.submit("t", queue="q", partition="a")
+        batch = await store.submit_many(
+            [
+                {"name": "t", "queue": "q", "partition": "b"},
+                {"name": "t", "queue": "q", "partition": "a"},
+                {"name": "t", "queue": "q"},
+                {"name": "t", "queue": "q", "partition": "b", "parent": first.id},
+            ]
+        )
+        assert seen == []
+        assert [t.partition for t in batch] == ["b", "a", None, "b"]
+        assert batch[3].root_id == first.id
+        for task in (first, *batch):
+            assert task == await store.get(task.id)
+        order = {"a": [first.id, batch[1].id], "b": [batch[0].id, batch[3].id]}
+        for group in (None, "audit"):
+            got: dict[str, list[str]] = {"a": [], "b": []}
+            for _ in range(4):
+                claimed = await store.claim("q", worker_id="w", group=group, limit=10)
+                for task in claimed:
+                    if task.partition in got:
+                        got[task.partition].append(task.id)
+                    await store.succeed(task.id, worker_id="w", group=group)
+            assert got == order

@@ -72,13 +72,19 @@ async def submit(st: Seam, reqs: list[Request]) -> list[Task]:
     built = st._texts or await texts.of(st)
     text = built.get("submit_one" if single else "submit_plain")
     plain = is_plain(reqs)
-    children = not plain and only_parents(reqs) and "step_parent_root" in built
-    if text is None and single and (plain or children) and "step_submit_insert" in built:
+    # Dialects without a one-statement submit take the built-once steps for every
+    # request without a key: parents' roots and touched streams are steps too.
+    stepped = plain or (
+        not any(r.key is not None for r in reqs)
+        and "step_parent_root" in built
+        and "step_touched_after" in built
+    )
+    if text is None and single and stepped and "step_submit_insert" in built:
         # The same steps, each statement built once (dialects without a
         # one-statement submit).
         return [await tx.run(st, lambda conn: submit_one_tx(st, conn, reqs[0]), inline=True)]
     short = len(reqs) <= INLINE_MAX
-    if text is None and (plain or children) and "step_submit_insert_many" in built:
+    if text is None and stepped and "step_submit_insert_many" in built:
         return await tx.run(st, lambda conn: submit_plain_tx(st, conn, reqs), inline=short)
     if not plain and only_parents(reqs):
         family = built.get("submit_child" if single else "submit_children")
@@ -334,9 +340,10 @@ def task_row(r: Request, now: int, conf: Any, root: str) -> dict[str, Any]:
 
 
 async def submit_one_tx(st: Seam, conn: AsyncConnection, r: Request) -> Task:
-    """:func:`submit_tx` of one request without key or partition on the statements
-    built once (:mod:`.steps`): its parent's root (if it has a parent), the clock
-    and queue settings, the task row, its delivery rows."""
+    """:func:`submit_tx` of one request without a key on the statements built once
+    (:mod:`.steps`): its parent's root (if it has a parent), the clock and queue
+    settings, the task row, its delivery rows, and its stream recomputed (if it has a
+    partition)."""
     built = st._texts
     assert built is not None
     context, insert, fan = (
@@ -351,17 +358,20 @@ async def submit_one_tx(st: Seam, conn: AsyncConnection, r: Request) -> Task:
     row = task_row(r, int(found.now), conf, r.id if r.parent_id is None else roots[r.parent_id])
     seq = (await texts.execute(conn, st, insert, steps.insert_params(row))).scalar_one()
     await texts.execute(conn, st, fan, {"seq": seq})
+    if r.partition is not None:
+        await refresh_after(st, conn, seq - 1)
     await st._notify(conn, {r.queue}, done=False)
     return codec.new_task(row, payload=json.loads(r.payload), metadata=json.loads(r.metadata))
 
 
 async def submit_plain_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> list[Task]:
-    """:func:`submit_tx` of requests without keys or partitions on the statements
-    built once (:mod:`.steps`): the parents' roots, each queue's settings and the clock,
+    """:func:`submit_tx` of requests without keys on the statements built once
+    (:mod:`.steps`): the parents' roots, each queue's settings and the clock,
     the largest seq so far, the task rows (one statement run per row), and the
     delivery rows of every task above that seq — the rows just inserted, since
-    this transaction holds the single writer lock. Its Tasks are built from the
-    values written, without reading them back."""
+    this transaction holds the single writer lock — and the streams they joined
+    recomputed. Its Tasks are built from the values written, without reading
+    them back."""
     built = st._texts
     assert built is not None
     context, last, insert, fan = (
@@ -394,7 +404,7 @@ async def submit_plain_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) 
                 "v_id": r.id,
                 "v_name": r.name,
                 "v_queue": r.queue,
-                "v_partition": None,
+                "v_partition": r.partition,
                 "v_payload": r.payload,
                 "v_metadata": r.metadata,
                 "v_priority": r.priority,
@@ -411,12 +421,24 @@ async def submit_plain_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) 
         stored.append((r.id, max_attempts, now, run_at))
     await texts.execute_many(conn, st, insert, rows)
     await texts.execute(conn, st, fan, {"after": after})
+    if any(r.partition is not None for r in reqs):
+        await refresh_after(st, conn, after)
     await st._notify(conn, {r.queue for r in reqs}, done=False)
     tasks = settle(unsettled(reqs), [_Stored(*one) for one in stored])
     for task in tasks:
         if task.parent_id is not None:
             codec.settle_root(task, roots[task.parent_id])
     return tasks
+
+
+async def refresh_after(st: Seam, conn: AsyncConnection, after: int) -> None:
+    """Recompute the streams the delivery rows of the tasks above ``after`` joined
+    (those this transaction inserted, under the single writer lock), read with the
+    built ``step_touched_after``; a missing stream row is created."""
+    touched = st._texts.get("step_touched_after") if st._texts is not None else None
+    assert touched is not None
+    rows = await texts.execute(conn, st, touched, {"after": after})
+    await streams.refresh(st, conn, [tuple(row) for row in rows])
 
 
 async def parent_roots(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> dict[str, str]:

@@ -32,6 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import statements as q
 from conveyor.models import Task
+from conveyor.schema import deliveries as d
 from conveyor.schema import tasks as t
 from conveyor.store import streams, texts, upkeep
 from conveyor.store.seam import Seam
@@ -89,6 +90,19 @@ def _parent_root(st: Seam) -> Any:
     if not _steps(st):
         return None
     return select(t.c.root_id).where(t.c.id == bindparam("parent"))
+
+
+@texts.shared("step_touched_after")
+def _touched_after(st: Seam) -> Any:
+    # The streams the delivery rows of tasks above ``after`` joined: the rows this
+    # transaction just inserted, under the single writer lock.
+    if not _steps(st):
+        return None
+    return (
+        select(d.c.queue, d.c.grp, d.c.partition)
+        .where(d.c.task_seq > bindparam("after"), d.c.partition.is_not(None))
+        .distinct()
+    )
 
 
 @texts.shared("step_submit_insert")
