@@ -142,9 +142,9 @@ async def test_a_keyed_batch_claims_and_locks_its_keys_with_built_statements(db:
 
 async def test_a_step_by_step_submit_reads_its_context_with_built_statements(db: str) -> None:
     """A submit with a key and a partition goes step by step; the active groups
-    shared, the clock and queue settings read and the new work announced are
-    statements built once (before: SQLAlchemy built each anew on every call). The
-    task takes its queue's settings."""
+    shared, its stream locked, the clock and queue settings read and the new work
+    announced are statements built once (before: SQLAlchemy built each anew on
+    every call). The task takes its queue's settings."""
     async with conveyor.connect(db) as st:
         await st.configure_queue("q", max_attempts=7)
         await st.subscribe("q", "audit")
@@ -152,9 +152,10 @@ async def test_a_step_by_step_submit_reads_its_context_with_built_statements(db:
         with pg_round_trips(st) as (_runs, seen):
             task = await st.submit("t", queue="q", key="k", partition="p")
         built = pg_texts.texts()
-        for name in ("share_groups", "submit_context", "notify"):
+        for name in ("share_groups", "lock_streams", "submit_context", "notify"):
             assert built[name] in seen
         others = [s for s in seen if s not in built.values()]
-        assert [s for s in others if any(w in s for w in ("groups", "queues", "notify"))] == []
+        words = ("groups", "streams", "queues", "notify")
+        assert [s for s in others if any(w in s for w in words)] == []
         assert (task.max_attempts, task.partition, task.key) == (7, "p", "k")
         assert await st.get(task.id, group="audit") is not None

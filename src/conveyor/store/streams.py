@@ -72,6 +72,13 @@ async def serialize_producers(
     stream_keys = sorted(set(keys))
     if not stream_keys:
         return
+    built = st._texts.get("lock_streams") if st._texts is not None else None
+    if built is not None and texts.runs_on(conn, st):
+        # The same lock as below, built once: queue mode's grp sorts first, so
+        # (queue, partition) order is the lock order of these rows.
+        keys_json = json.dumps([[qn, q.QUEUE_MODE, p] for qn, p in stream_keys])
+        await texts.execute(conn, st, built, {"keys": keys_json})
+        return
     lock = st._upsert(s).values(
         [{"queue": qn, "grp": q.QUEUE_MODE, "partition": p} for qn, p in stream_keys]
     )
