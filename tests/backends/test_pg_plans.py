@@ -15,7 +15,7 @@ UPDATE reads.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -484,6 +484,47 @@ async def test_a_deep_page_of_a_workflow_reads_about_a_page(young_db: str) -> No
         assert read <= 2 * 101, (cursor, read)
 
 
+async def _planned_small_run_grown(
+    url: str,
+    name: str,
+    params: dict[str, Any],
+    table: str,
+    first_rows: int,
+    grow: Callable[[], Awaitable[None]],
+) -> dict[str, Any]:
+    """The plan of text ``name`` as a kept connection keeps it: prepared, planned
+    generic at its first run (which must return ``first_rows`` rows) while the
+    tables are small, then run with EXPLAIN ANALYZE after ``grow()``. Statistics
+    of ``table`` taken meanwhile would make the server plan anew: autovacuum is
+    off for it. Both runs are rolled back."""
+    sql, names = pg_direct.native(pg_texts.texts()[name])
+    args = [params[n] for n in names]
+    marks = ", ".join(["%s"] * len(args))
+    with psycopg.connect(_dsn(url), autocommit=True) as conn:
+        conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = off)")
+        conn.execute(pg_direct.NO_SEQSCAN)  # as on the kept connections
+        conn.execute(f"PREPARE planned AS {sql}")
+        cur = psycopg.ClientCursor(conn)
+        conn.execute("BEGIN")
+        cur.execute(f"EXECUTE planned({marks})", args)  # planned now, on few rows
+        assert len(cur.fetchall()) == first_rows
+        conn.execute("ROLLBACK")
+        await grow()
+        conn.execute("BEGIN")
+        cur.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE planned({marks})", args)
+        row = cur.fetchone()
+        conn.execute("ROLLBACK")
+    assert row is not None
+    plan: dict[str, Any] = row[0][0]
+    return plan
+
+
+async def _submit(url: str, requests: list[dict[str, Any]]) -> None:
+    async with conveyor.connect(url, listen=False) as st:
+        for start in range(0, len(requests), 1000):
+            await st.submit_many(requests[start : start + 1000])
+
+
 async def test_a_claim_planned_on_few_streams_holds_its_streams_by_key_after_many_more(
     young_db: str,
 ) -> None:
@@ -493,34 +534,14 @@ async def test_a_claim_planned_on_few_streams_holds_its_streams_by_key_after_man
     by looking each up by its primary key once the queue has 3,000 more: before,
     that plan read every stream of the group for them (68-94 ms per claim at 10,000
     partitions, against ~1.5 ms)."""
-    async with conveyor.connect(young_db, listen=False) as st:
-        await st.submit_many(
-            [{"name": "t", "queue": "q", "partition": f"p{i % 10}"} for i in range(40)]
-        )
-    sql, names = pg_direct.native(pg_texts.texts()["claim_one"])
+    await _submit(
+        young_db, [{"name": "t", "queue": "q", "partition": f"p{i % 10}"} for i in range(40)]
+    )
     params = {**_claim_params("w"), "limit": 20, "per_stream": 2, "streams": 20, "mix": True}
-    args = [params[n] for n in names]
-    marks = ", ".join(["%s"] * len(args))
-    with psycopg.connect(_dsn(young_db), autocommit=True) as conn:
-        # Statistics taken meanwhile would make the server plan anew.
-        conn.execute("ALTER TABLE conveyor_streams SET (autovacuum_enabled = off)")
-        conn.execute(pg_direct.NO_SEQSCAN)  # as on the kept connections
-        conn.execute(f"PREPARE claim AS {sql}")
-        cur = psycopg.ClientCursor(conn)
-        conn.execute("BEGIN")
-        cur.execute(f"EXECUTE claim({marks})", args)  # planned now, on ten streams
-        assert len(cur.fetchall()) == 20
-        conn.execute("ROLLBACK")
-        async with conveyor.connect(young_db, listen=False) as st:
-            await st.submit_many(
-                [{"name": "t", "queue": "q", "partition": f"more{i}"} for i in range(3000)]
-            )
-        conn.execute("BEGIN")
-        cur.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE claim({marks})", args)
-        row = cur.fetchone()
-        conn.execute("ROLLBACK")
-    assert row is not None
-    plan: dict[str, Any] = row[0][0]
+    more = [{"name": "t", "queue": "q", "partition": f"more{i}"} for i in range(3000)]
+    plan = await _planned_small_run_grown(
+        young_db, "claim_one", params, "conveyor_streams", 20, lambda: _submit(young_db, more)
+    )
     assert plan["Plan"]["Actual Rows"] == 20
     held = [
         node
@@ -539,46 +560,25 @@ async def test_children_find_their_parents_by_id(young_db: str) -> None:
     missing-parent check and the root), never a walk of the table."""
     async with conveyor.connect(young_db, listen=False) as st:
         parents = await st.submit_many([{"name": "p", "queue": "q"} for _ in range(3)])
-    ids = [p.id for p in parents]
     n = 50
-
-    def args(names: tuple[str, ...]) -> list[Any]:
-        params: dict[str, Any] = {
-            "ids": [f"child{i:021d}" for i in range(n)],
-            "names": ["c"] * n,
-            "queues": ["q"] * n,
-            "payloads": ["null"] * n,
-            "metadatas": ["{}"] * n,
-            "priorities": [0] * n,
-            "max_attempts": None,
-            "backoffs": None,
-            "delays": None,
-            "run_ats": None,
-            "correlation_ids": None,
-            "parent_ids": [ids[i % 3] for i in range(n)],
-            "offset_us": 0,
-        }
-        return [params[name] for name in names]
-
-    sql, names = pg_direct.native(pg_texts.texts()["submit_children"])
-    marks = ", ".join(["%s"] * len(names))
-    with psycopg.connect(_dsn(young_db), autocommit=True) as conn:
-        conn.execute("ALTER TABLE conveyor_tasks SET (autovacuum_enabled = off)")
-        conn.execute(pg_direct.NO_SEQSCAN)  # as on the kept connections
-        conn.execute(f"PREPARE children AS {sql}")
-        cur = psycopg.ClientCursor(conn)
-        conn.execute("BEGIN")
-        cur.execute(f"EXECUTE children({marks})", args(names))  # planned now, on 3 tasks
-        assert len(cur.fetchall()) == n
-        conn.execute("ROLLBACK")
-        async with conveyor.connect(young_db, listen=False) as st:
-            for _ in range(5):
-                await st.submit_many([{"name": "t", "queue": "q"} for _ in range(1000)])
-        conn.execute("BEGIN")
-        cur.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE children({marks})", args(names))
-        row = cur.fetchone()
-        conn.execute("ROLLBACK")
-    assert row is not None
-    plan: dict[str, Any] = row[0][0]
+    params: dict[str, Any] = {
+        "ids": [f"child{i:021d}" for i in range(n)],
+        "names": ["c"] * n,
+        "queues": ["q"] * n,
+        "payloads": ["null"] * n,
+        "metadatas": ["{}"] * n,
+        "priorities": [0] * n,
+        "max_attempts": None,
+        "backoffs": None,
+        "delays": None,
+        "run_ats": None,
+        "correlation_ids": None,
+        "parent_ids": [parents[i % 3].id for i in range(n)],
+        "offset_us": 0,
+    }
+    more = [{"name": "t", "queue": "q"} for _ in range(5000)]
+    plan = await _planned_small_run_grown(
+        young_db, "submit_children", params, "conveyor_tasks", n, lambda: _submit(young_db, more)
+    )
     assert plan["Plan"]["Actual Rows"] == n
     assert _rows_read(plan, "conveyor_tasks") <= 2 * n
