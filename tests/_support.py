@@ -289,3 +289,20 @@ async def plan(store: TaskStore, stmt: Any) -> str:
         return "\n".join(str(row[0]) for row in rows)
 
     return await store._run(work)
+
+
+def sqlite_statements(store: TaskStore) -> list[str]:
+    """Every statement a SQLite store runs through SQLAlchemy from now on, on its
+    connection thread's engine (the built texts run on the driver's cursor, by
+    :meth:`~conveyor.store.transactions.InlineConnection.run_text`, unseen here)."""
+    from sqlalchemy import event
+
+    seen: list[str] = []
+    thread: Any = store._connection_runner()
+    assert thread is not None
+
+    def _seen(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        seen.append(statement)
+
+    event.listen(thread._engine, "before_cursor_execute", _seen)
+    return seen

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event
+from tests._support import sqlite_statements
 
 import conveyor
 from conveyor.store.base import TaskStore
@@ -22,14 +22,7 @@ HISTORY_WALKS = {"y", "z", "r", "x", "d", "t", "s", "conveyor_deliveries", "conv
 def _count_statements(store: TaskStore, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every statement the store runs from now on: through SQLAlchemy, or on the
     driver's cursor (the built-once texts)."""
-    seen: list[str] = []
-    thread: Any = store._connection_runner()
-    assert thread is not None
-
-    @event.listens_for(thread._engine, "before_cursor_execute")
-    def _seen(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        seen.append(statement)
-
+    seen = sqlite_statements(store)
     for name in ("run_text", "run_text_many"):
         run = getattr(InlineConnection, name)
 

@@ -5,27 +5,11 @@ clock and settings, the rows; nothing built by SQLAlchemy per call."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
-from sqlalchemy import event
+from tests._support import sqlite_statements
 
 import conveyor
-from conveyor.store.base import TaskStore
-
-
-def _sqlalchemy_statements(store: TaskStore) -> list[str]:
-    """Every statement the store runs through SQLAlchemy from now on (the built
-    texts run on the driver's cursor and are not seen here)."""
-    seen: list[str] = []
-    thread: Any = store._connection_runner()
-    assert thread is not None
-
-    @event.listens_for(thread._engine, "before_cursor_execute")
-    def _seen(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        seen.append(statement)
-
-    return seen
 
 
 async def test_children_go_through_the_built_statements(tmp_path: Path) -> None:
@@ -35,7 +19,7 @@ async def test_children_go_through_the_built_statements(tmp_path: Path) -> None:
     async with conveyor.connect(f"sqlite:///{tmp_path / 's.db'}") as store:
         root = await store.submit("root", queue="q")
         await store.submit("warm", queue="q", parent=root)
-        seen = _sqlalchemy_statements(store)
+        seen = sqlite_statements(store)
         child = await store.submit("child", queue="q", parent=root, priority=2)
         batch = await store.submit_many(
             [
@@ -81,7 +65,7 @@ async def test_partitioned_tasks_go_through_the_built_statements(tmp_path: Path)
     async with conveyor.connect(f"sqlite:///{tmp_path / 's.db'}") as store:
         await store.subscribe("q", "audit")
         await store.submit("warm", queue="q", partition="w")
-        seen = _sqlalchemy_statements(store)
+        seen = sqlite_statements(store)
         first = await store.submit("t", queue="q", partition="a")
         batch = await store.submit_many(
             [
