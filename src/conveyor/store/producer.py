@@ -67,7 +67,9 @@ async def submit(st: Seam, reqs: list[Request]) -> list[Task]:
     one-statement submit where there is one, and children without keys or
     partitions through its one-statement submit of children (partitioned ones and
     one keyed request may go as statements sent together first:
-    :mod:`conveyor.store.pipelined`)."""
+    :mod:`conveyor.store.pipelined`). A dialect without a one-statement submit
+    takes its built-once steps for every request without a key. The rest go step
+    by step (:func:`submit_tx`)."""
     single = len(reqs) == 1
     built = st._texts or await texts.of(st)
     text = built.get("submit_one" if single else "submit_plain")
@@ -352,14 +354,14 @@ async def submit_one_tx(st: Seam, conn: AsyncConnection, r: Request) -> Task:
         built.get("step_fan_out"),
     )
     assert context is not None and insert is not None and fan is not None
-    roots = await parent_roots(st, conn, [r])
+    roots = await steps.parent_roots(st, conn, [r])
     found = (await texts.execute(conn, st, context, {"queue": r.queue})).first()
     conf = found if found.queue is not None else None
     row = task_row(r, int(found.now), conf, r.id if r.parent_id is None else roots[r.parent_id])
     seq = (await texts.execute(conn, st, insert, steps.insert_params(row))).scalar_one()
     await texts.execute(conn, st, fan, {"seq": seq})
     if r.partition is not None:
-        await refresh_after(st, conn, seq - 1)
+        await steps.refresh_after(st, conn, seq - 1)
     await st._notify(conn, {r.queue}, done=False)
     return codec.new_task(row, payload=json.loads(r.payload), metadata=json.loads(r.metadata))
 
@@ -381,7 +383,7 @@ async def submit_plain_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) 
         built.get("step_fan_out_after"),
     )
     assert context is not None and last is not None and insert is not None and fan is not None
-    roots = await parent_roots(st, conn, reqs)
+    roots = await steps.parent_roots(st, conn, reqs)
     settings: dict[str, Any] = {}
     now = 0
     for queue in sorted({r.queue for r in reqs}):
@@ -422,41 +424,13 @@ async def submit_plain_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) 
     await texts.execute_many(conn, st, insert, rows)
     await texts.execute(conn, st, fan, {"after": after})
     if any(r.partition is not None for r in reqs):
-        await refresh_after(st, conn, after)
+        await steps.refresh_after(st, conn, after)
     await st._notify(conn, {r.queue for r in reqs}, done=False)
     tasks = settle(unsettled(reqs), [_Stored(*one) for one in stored])
     for task in tasks:
         if task.parent_id is not None:
             codec.settle_root(task, roots[task.parent_id])
     return tasks
-
-
-async def refresh_after(st: Seam, conn: AsyncConnection, after: int) -> None:
-    """Recompute the streams the delivery rows of the tasks above ``after`` joined
-    (those this transaction inserted, under the single writer lock), read with the
-    built ``step_touched_after``; a missing stream row is created."""
-    touched = st._texts.get("step_touched_after") if st._texts is not None else None
-    assert touched is not None
-    rows = await texts.execute(conn, st, touched, {"after": after})
-    await streams.refresh(st, conn, [tuple(row) for row in rows])
-
-
-async def parent_roots(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> dict[str, str]:
-    """The root of each parent of ``reqs``, by parent id, read with the built
-    ``step_parent_root``; a parent that is not a task raises, as
-    :func:`insert_tasks` does (the first missing one in sorted order)."""
-    parents = sorted({r.parent_id for r in reqs if r.parent_id is not None})
-    if not parents:
-        return {}
-    lookup = st._texts.get("step_parent_root") if st._texts is not None else None
-    assert lookup is not None
-    roots: dict[str, str] = {}
-    for parent in parents:
-        root = (await texts.execute(conn, st, lookup, {"parent": parent})).scalar()
-        if root is None:
-            raise InvalidArgument("parent", f"no task has id {parent!r}")
-        roots[parent] = root
-    return roots
 
 
 async def insert_tasks(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> dict[str, Task]:

@@ -31,10 +31,12 @@ from sqlalchemy import bindparam, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import statements as q
+from conveyor.errors import InvalidArgument
 from conveyor.models import Task
 from conveyor.schema import deliveries as d
 from conveyor.schema import tasks as t
 from conveyor.store import streams, texts, upkeep
+from conveyor.store.requests import Request
 from conveyor.store.seam import Seam
 
 #: Bind parameters of the built-once steps (typed ``Any``: they stand where the
@@ -150,6 +152,34 @@ def _finish(st: Seam) -> Any:
     if not _steps(st):
         return None
     return q.finish_row(_GRP, texts.now(st))
+
+
+async def refresh_after(st: Seam, conn: AsyncConnection, after: int) -> None:
+    """Recompute the streams the delivery rows of the tasks above ``after`` joined
+    (those this transaction inserted, under the single writer lock), read with the
+    built ``step_touched_after``; a missing stream row is created."""
+    touched = st._texts.get("step_touched_after") if st._texts is not None else None
+    assert touched is not None
+    rows = await texts.execute(conn, st, touched, {"after": after})
+    await streams.refresh(st, conn, [tuple(row) for row in rows])
+
+
+async def parent_roots(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> dict[str, str]:
+    """The root of each parent of ``reqs``, by parent id, read with the built
+    ``step_parent_root``; a parent that is not a task raises, as
+    :func:`conveyor.store.producer.insert_tasks` does (the first missing one in sorted order)."""
+    parents = sorted({r.parent_id for r in reqs if r.parent_id is not None})
+    if not parents:
+        return {}
+    lookup = st._texts.get("step_parent_root") if st._texts is not None else None
+    assert lookup is not None
+    roots: dict[str, str] = {}
+    for parent in parents:
+        root = (await texts.execute(conn, st, lookup, {"parent": parent})).scalar()
+        if root is None:
+            raise InvalidArgument("parent", f"no task has id {parent!r}")
+        roots[parent] = root
+    return roots
 
 
 async def ready(st: Seam, names: Sequence[str]) -> bool:
