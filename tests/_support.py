@@ -5,6 +5,7 @@ as a script by multi-process tests::
 
     python tests/_support.py claim URL QUEUE WORKER LEASE ABANDON_EVERY
     python tests/_support.py submit_key URL KEY COUNT
+    python tests/_support.py submit_keys URL SEED KEYS
     python tests/_support.py open URL
 
 Each child opens its own store, prints ``ready``, waits for a line on stdin (so
@@ -248,6 +249,33 @@ async def _submit_key(url: str, key: str, count: int) -> None:
     print(json.dumps([t.id for t in tasks]), flush=True)
 
 
+async def _submit_keys(url: str, seed: int, keys: int) -> None:
+    """Batches of keyed submits over the same ``keys`` keys, each batch in its own
+    shuffled order (half of them in a partition), all at once: key -> task id."""
+    import random
+
+    rng = random.Random(seed)
+    names = [f"k{i}" for i in range(keys)]
+    batches = []
+    for _ in range(4):
+        rng.shuffle(names)
+        batches.append(
+            [
+                {"name": "keyed", "key": key, **({"partition": "p"} if i % 2 else {})}
+                for i, key in enumerate(names)
+            ]
+        )
+    async with conveyor.connect(url) as store:
+        _handshake()
+        answers = await asyncio.gather(*(store.submit_many(batch) for batch in batches))
+    held: dict[str, str] = {}
+    for batch in answers:
+        for task in batch:
+            assert task.key is not None
+            assert held.setdefault(task.key, task.id) == task.id, task.key
+    print(json.dumps(held), flush=True)
+
+
 async def _open(url: str) -> None:
     _handshake()
     store = conveyor.connect(url)
@@ -264,6 +292,9 @@ def main(argv: list[str]) -> None:
     elif mode == "submit_key":
         key, count = rest
         asyncio.run(_submit_key(url, key, int(count)))
+    elif mode == "submit_keys":
+        seed, keys = rest
+        asyncio.run(_submit_keys(url, int(seed), int(keys)))
     elif mode == "open":
         asyncio.run(_open(url))
     else:

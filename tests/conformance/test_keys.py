@@ -135,3 +135,19 @@ async def test_submits_of_one_key_from_two_processes_make_one_task(
     assert len(set(ids)) == 1
     items = (await store.list()).items
     assert [t.id for t in items] == ids[:1]
+
+
+async def test_keyed_batches_from_two_processes_make_one_task_per_key(
+    store: TaskStore, store_url: str
+) -> None:
+    """Two processes, each sending four batches at once over the same 30 keys in
+    shuffled orders (some partitioned): every key makes one task, and every answer
+    for a key, in either process, is that task."""
+    outputs = await asyncio.to_thread(
+        run_together, [["submit_keys", store_url, str(seed), "30"] for seed in (1, 2)]
+    )
+    first, second = (json.loads(line) for line in outputs)
+    assert first == second and len(first) == 30
+    items = (await store.list(limit=100)).items
+    assert sorted(t.id for t in items) == sorted(first.values())
+    assert {t.key: t.id for t in items} == first
