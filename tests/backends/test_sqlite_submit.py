@@ -90,3 +90,31 @@ async def test_partitioned_tasks_go_through_the_built_statements(tmp_path: Path)
                         got[task.partition].append(task.id)
                     await store.succeed(task.id, worker_id="w", group=group)
             assert got == order
+
+
+async def test_keyed_tasks_are_written_by_the_built_statements(tmp_path: Path) -> None:
+    """A keyed submit claims its keys step by step, then writes its new tasks with
+    the built statements of a plain submit: no SQLAlchemy statement writes a task
+    or delivery row (before: a multi-row INSERT and the fan-out built per call).
+    New keys make tasks with their key, a held key answers with its holder, and a
+    replaced holder is withdrawn."""
+    async with conveyor.connect(f"sqlite:///{tmp_path / 's.db'}") as store:
+        held = await store.submit("t", queue="q", key="held")
+        seen = sqlite_statements(store)
+        one = await store.submit("t", queue="q", key="one", partition="p")
+        batch = await store.submit_many(
+            [
+                {"name": "t", "queue": "q", "key": "held"},
+                {"name": "t", "queue": "q", "key": "two", "parent": one.id},
+            ]
+        )
+        swapped = await store.submit("t", queue="q", key="held", conflict="replace")
+        writes = [s for s in seen if "INSERT INTO conveyor_tasks" in s or "deliveries" in s]
+        assert [s for s in writes if "INSERT" in s] == []
+        assert (one.key, one.partition) == ("one", "p")
+        assert batch[0].id == held.id and batch[1].key == "two"
+        assert batch[1].root_id == one.id
+        for task in (one, batch[1], swapped):
+            assert task == await store.get(task.id) == await store.get_by_key(task.key or "")
+        gone = await store.get(held.id)
+        assert gone is not None and gone.status is conveyor.Status.CANCELLED

@@ -38,7 +38,18 @@ from conveyor.collector import settle_collector
 from conveyor.errors import ConveyorError, InvalidArgument, NotFound
 from conveyor.models import Backoff, ConsumerGroup, Page, QueueStats, Status, Task
 from conveyor.schema import keys as k
-from conveyor.store import bulk, codec, groups, pipelined, producer, streams, texts, upkeep, wake
+from conveyor.store import (
+    bulk,
+    codec,
+    groups,
+    pipelined,
+    producer,
+    streams,
+    texts,
+    upkeep,
+    wake,
+    withdrawals,
+)
 from conveyor.store import transactions as tx
 from conveyor.store.inspect import InspectReads
 from conveyor.store.leases import MAX_LIMIT, LeaseOps
@@ -318,7 +329,7 @@ class TaskStore(LeaseOps, InspectReads):
         task_id = v.name("task_id", task_id)
 
         async def work(conn: AsyncConnection) -> Task | None:
-            await producer.cancel_tx(self, conn, [task_id])
+            await withdrawals.cancel_tx(self, conn, [task_id])
             return (await codec.fetch_tasks(conn, q.QUEUE_MODE, ids=[task_id])).get(task_id)
 
         task = await self._run(work)
@@ -343,7 +354,7 @@ class TaskStore(LeaseOps, InspectReads):
         task_id = v.name("task_id", task_id)
 
         task = await self._run(
-            lambda conn: producer.retry_tx(self, conn, task_id, grp, reset_attempts)
+            lambda conn: withdrawals.retry_tx(self, conn, task_id, grp, reset_attempts)
         )
         wake.wake_local(self, work=True)
         return task

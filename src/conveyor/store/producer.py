@@ -1,12 +1,12 @@
-"""Producer: inserting tasks with their delivery rows (fan-out at submit),
-idempotency keys, and the operator's cancel and retry. The requests come validated
-(:mod:`conveyor.store.requests`).
+"""Producer: inserting tasks with their delivery rows (fan-out at submit) and
+idempotency keys. The requests come validated (:mod:`conveyor.store.requests`); a
+replaced key's holder is withdrawn (:mod:`conveyor.store.withdrawals`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -22,7 +22,7 @@ from conveyor.schema import deliveries as d
 from conveyor.schema import groups as g
 from conveyor.schema import keys as k
 from conveyor.schema import tasks as t
-from conveyor.store import codec, external, steps, streams, texts, upkeep, wake
+from conveyor.store import codec, external, steps, streams, texts, wake, withdrawals
 from conveyor.store import transactions as tx
 from conveyor.store.requests import Request
 from conveyor.store.seam import Seam
@@ -151,7 +151,7 @@ def answers(reqs: list[Request], rows: list[Any]) -> list[Task]:
 
 
 def unsettled(reqs: list[Request]) -> list[Task]:
-    """The answering tasks of requests without a key, in
+    """The answering tasks of new requests (their keys claimed, if any), in
     request order, but for what the database decides: ``max_attempts``,
     ``created_at`` and ``run_at`` are left unset until :func:`settle`. Two steps, so
     a batch sent in runs (:mod:`conveyor.store.bulk`) builds them while the server
@@ -175,7 +175,7 @@ def unsettled(reqs: list[Request]) -> list[Task]:
             max_attempts=None,
             run_at=None,
             created_at=None,
-            key=None,
+            key=r.key,
             parent_id=r.parent_id,
             root_id=r.id,  # a child's: its parent's root, once settled
             correlation_id=r.correlation_id,
@@ -281,10 +281,12 @@ async def submit_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> lis
         if r.key is None or (chosen[r.key] == r.id):
             new.append(r)
     if replaced:
-        await cancel_tx(st, conn, replaced)
+        await withdrawals.cancel_tx(st, conn, replaced)
 
     found: dict[str, Task] = {}
-    if new:
+    if new and inserts_by_steps(st, conn):
+        found.update({task.id: task for task in await insert_by_steps(st, conn, new)})
+    elif new:
         found.update(await insert_tasks(st, conn, new))
     ids = [r.id if r.key is None else chosen[r.key] for r in reqs]
     reused = [i for i in ids if i not in found]
@@ -368,7 +370,31 @@ async def submit_one_tx(st: Seam, conn: AsyncConnection, r: Request) -> Task:
 
 async def submit_plain_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> list[Task]:
     """:func:`submit_tx` of requests without keys on the statements built once
-    (:mod:`.steps`): the parents' roots, each queue's settings and the clock,
+    (:mod:`.steps`): :func:`insert_by_steps`, then the announcement."""
+    tasks = await insert_by_steps(st, conn, reqs)
+    await st._notify(conn, {r.queue for r in reqs}, done=False)
+    return tasks
+
+
+def inserts_by_steps(st: Seam, conn: AsyncConnection) -> bool:
+    """Whether :func:`insert_by_steps` serves on ``conn``: the dialect has the steps
+    (no one-statement submit) and ``conn`` is the store's own, whose write
+    transactions hold the single writer lock from their start (a caller's
+    transaction may not yet: another writer could slip rows in above the seq it
+    reads)."""
+    built = st._texts
+    return (
+        built is not None
+        and "step_submit_insert_many" in built
+        and "step_parent_root" in built
+        and "step_touched_after" in built
+        and getattr(conn, "run_text", None) is not None
+    )
+
+
+async def insert_by_steps(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> list[Task]:
+    """Insert the requests (their keys already claimed) on the statements built
+    once (:mod:`.steps`): the parents' roots, each queue's settings and the clock,
     the largest seq so far, the task rows (one statement run per row), and the
     delivery rows of every task above that seq — the rows just inserted, since
     this transaction holds the single writer lock — and the streams they joined
@@ -414,7 +440,7 @@ async def submit_plain_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) 
                 "v_backoff": r.backoff or (conf.backoff if conf is not None else None),
                 "v_created_at": now,
                 "v_run_at": run_at,
-                "v_key": None,
+                "v_key": r.key,
                 "v_parent_id": r.parent_id,
                 "v_root_id": r.id if r.parent_id is None else roots[r.parent_id],
                 "v_correlation_id": r.correlation_id,
@@ -425,7 +451,6 @@ async def submit_plain_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) 
     await texts.execute(conn, st, fan, {"after": after})
     if any(r.partition is not None for r in reqs):
         await steps.refresh_after(st, conn, after)
-    await st._notify(conn, {r.queue for r in reqs}, done=False)
     tasks = settle(unsettled(reqs), [_Stored(*one) for one in stored])
     for task in tasks:
         if task.parent_id is not None:
@@ -516,69 +541,3 @@ _ROW_COLUMNS = (
     "id name queue partition payload metadata priority max_attempts backoff created_at "
     "run_at key parent_id root_id correlation_id"
 ).split()
-
-
-async def cancel_tx(st: Seam, conn: AsyncConnection, task_ids: Sequence[str]) -> None:
-    """Withdraw the tasks for queue mode and every group (active rows only)."""
-    await streams.lock_task_streams(st, conn, task_ids, None)  # the lock order
-    now = tx.now(st)
-    rows = await conn.execute(
-        update(d)
-        .where(
-            d.c.task_seq.in_(select(t.c.seq).where(t.c.id.in_(task_ids))),
-            d.c.status.in_(q.ACTIVE),
-        )
-        .values(status="cancelled", finished_at=now, lease_expires_at=None)
-        .returning(d.c.queue, d.c.grp, d.c.partition)
-    )
-    changed = list(rows)
-    await streams.refresh(st, conn, [tuple(r) for r in changed if r.partition is not None])
-    if changed:
-        await st._notify(conn, {r.queue for r in changed}, done=True, task_ids=task_ids)
-
-
-async def retry_tx(
-    st: Seam, conn: AsyncConnection, task_id: str, grp: str, reset_attempts: bool
-) -> Task | None:
-    """Queue a failed, cancelled or evicted row of ``grp`` again; the task as ``grp``
-    sees it afterwards (``None`` if unknown)."""
-    now = tx.now(st)
-    values: dict[str, Any] = {
-        "status": q.QUEUED,
-        "run_at": now,
-        "finished_at": None,
-        "lease_expires_at": None,
-        "worker_id": None,
-    }
-    if reset_attempts:
-        # A fresh budget of the task's max_attempts, counted on from the current
-        # attempt: attempt numbers never repeat, so the fence of a stale run can
-        # never match a newer one.
-        budget = select(t.c.max_attempts).where(t.c.seq == d.c.task_seq)
-        values["max_attempts"] = d.c.attempt + budget.scalar_subquery()
-    retryable = (
-        d.c.task_seq == q.task_seq_of(task_id),
-        d.c.grp == grp,
-        d.c.status.in_(("failed", "cancelled", "evicted")),
-    )
-    await streams.lock_task_streams(st, conn, [task_id], grp)  # the lock order
-    # A finished row already rolled up into the counts leaves them again.
-    before = (
-        await conn.execute(
-            st._lock_rows(select(d.c.queue, d.c.status, d.c.rolled).where(*retryable))
-        )
-    ).first()
-    if before is not None and before.rolled:
-        await upkeep.add_counts(st, conn, {(before.queue, grp, before.status): -1})
-    rows = list(
-        await conn.execute(
-            update(d)
-            .where(*retryable)
-            .values(rolled=0, **values)
-            .returning(d.c.queue, d.c.grp, d.c.partition)
-        )
-    )
-    await streams.refresh(st, conn, [tuple(r) for r in rows if r.partition is not None])
-    if rows:
-        await st._notify(conn, {rows[0].queue}, done=False)
-    return (await codec.fetch_tasks(conn, grp, ids=[task_id])).get(task_id)
