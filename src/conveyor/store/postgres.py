@@ -379,8 +379,8 @@ class PostgresStore(TaskStore):
         params = pg_listen.notify_params(queues, done, task_ids)
         if params is None:
             return
-        built = self._texts.get("notify") if self._texts is not None else None
-        if built is not None and texts.runs_on(conn, self):
+        built = texts.usable(self, conn, "notify")
+        if built is not None:
             await texts.execute(conn, self, built, params)  # built once (pg_texts)
         else:
             await conn.execute(pg_listen.NOTIFY, params)

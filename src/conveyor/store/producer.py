@@ -76,11 +76,7 @@ async def submit(st: Seam, reqs: list[Request]) -> list[Task]:
     plain = is_plain(reqs)
     # Dialects without a one-statement submit take the built-once steps for every
     # request without a key: parents' roots and touched streams are steps too.
-    stepped = plain or (
-        not any(r.key is not None for r in reqs)
-        and "step_parent_root" in built
-        and "step_touched_after" in built
-    )
+    stepped = plain or (not any(r.key is not None for r in reqs) and has_steps(built))
     if text is None and single and stepped and "step_submit_insert" in built:
         # The same steps, each statement built once (dialects without a
         # one-statement submit).
@@ -238,7 +234,7 @@ async def submit_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> lis
         won: set[str] = set()
         existing: dict[str, str] = {}
         pending = sorted(first)
-        claim, hold = _built(st, conn, "claim_keys"), _built(st, conn, "lock_keys")
+        claim, hold = texts.usable(st, conn, "claim_keys"), texts.usable(st, conn, "lock_keys")
         while pending:
             if claim is not None:
                 ids = [first[key].id for key in pending]
@@ -295,12 +291,6 @@ async def submit_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> lis
     if new:
         await st._notify(conn, {r.queue for r in new}, done=False)
     return [found[i] for i in ids]
-
-
-def _built(st: Seam, conn: AsyncConnection, name: str) -> texts.Text | None:
-    """The dialect's built text ``name``, if it has one that runs on ``conn``."""
-    built = st._texts.get(name) if st._texts is not None else None
-    return built if built is not None and texts.runs_on(conn, st) else None
 
 
 async def submit_in(st: Seam, connection: Any, reqs: list[Request]) -> list[Task]:
@@ -383,13 +373,16 @@ def inserts_by_steps(st: Seam, conn: AsyncConnection) -> bool:
     transaction may not yet: another writer could slip rows in above the seq it
     reads)."""
     built = st._texts
-    return (
-        built is not None
-        and "step_submit_insert_many" in built
-        and "step_parent_root" in built
-        and "step_touched_after" in built
-        and getattr(conn, "run_text", None) is not None
-    )
+    return built is not None and has_steps(built) and getattr(conn, "run_text", None) is not None
+
+
+def has_steps(built: texts.Texts) -> bool:
+    """Whether the dialect has the built steps that insert any request whose key is
+    claimed (or that has none): parents' roots and touched streams included."""
+    return all(name in built for name in _STEPS)
+
+
+_STEPS = ("step_submit_insert_many", "step_parent_root", "step_touched_after")
 
 
 async def insert_by_steps(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> list[Task]:
@@ -477,7 +470,7 @@ async def insert_tasks(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> 
         # rows before stream rows). Unsubscribe locks the row, so it waits for the
         # producers in flight and later ones see the group inactive: no delivery row
         # is ever written for a group whose state unsubscribe already dropped.
-        share = _built(st, conn, "share_groups")
+        share = texts.usable(st, conn, "share_groups")
         if share is not None:
             await texts.execute(conn, st, share, {"queues": json.dumps(queues)})
         else:
@@ -490,7 +483,7 @@ async def insert_tasks(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> 
             )
     stream_keys = {(r.queue, p) for r in reqs if (p := r.partition) is not None}
     await streams.serialize_producers(st, conn, stream_keys)
-    built_context = _built(st, conn, "submit_context")
+    built_context = texts.usable(st, conn, "submit_context")
     if built_context is not None:
         context = list(await texts.execute(conn, st, built_context, {"queues": queues}))
     else:
@@ -510,8 +503,8 @@ async def insert_tasks(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> 
         r.id: codec.new_task(row, payload=json.loads(r.payload), metadata=json.loads(r.metadata))
         for r, row in zip(reqs, params, strict=True)
     }
-    built = st._texts.get("insert_rows") if st._texts is not None else None
-    if built is not None and texts.runs_on(conn, st):
+    built = texts.usable(st, conn, "insert_rows")
+    if built is not None:
         # The task rows and their delivery rows in one statement of the dialect's
         # (see ``insert_rows`` in Seam._statement_texts); it returns the streams the
         # new rows joined.

@@ -72,8 +72,8 @@ async def serialize_producers(
     stream_keys = sorted(set(keys))
     if not stream_keys:
         return
-    built = st._texts.get("lock_streams") if st._texts is not None else None
-    if built is not None and texts.runs_on(conn, st):
+    built = texts.usable(st, conn, "lock_streams")
+    if built is not None:
         # The same lock as below, built once: queue mode's grp sorts first, so
         # (queue, partition) order is the lock order of these rows.
         keys_json = json.dumps([[qn, q.QUEUE_MODE, p] for qn, p in stream_keys])
@@ -151,12 +151,12 @@ async def refresh(st: Seam, conn: AsyncConnection, keys: Iterable[tuple[Any, ...
     whose single writer lock makes the lock-then-read order moot): two statements
     however many streams, where the steps below take three or four per stream.
     """
-    built = st._texts.get("refresh_streams") if st._texts is not None else None
-    if built is not None and texts.runs_on(conn, st):
+    built = texts.usable(st, conn, "refresh_streams")
+    if built is not None:
         ordered = sorted(set(keys), key=lock_order)
         if ordered:
             params = {"keys": json.dumps([list(key) for key in ordered])}
-            lock = st._texts.get("lock_streams") if st._texts is not None else None
+            lock = texts.usable(st, conn, "lock_streams")
             if lock is not None:
                 # Its own statement: the refresh's snapshot then has every change
                 # committed to these streams before their locks were granted.

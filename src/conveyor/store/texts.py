@@ -189,6 +189,13 @@ def runs_on(conn: AsyncConnection, st: Seam) -> bool:
     return bool(conn.dialect.paramstyle == st._engine.dialect.paramstyle)
 
 
+def usable(st: Seam, conn: AsyncConnection, name: str) -> Text | None:
+    """The store's built statement ``name``, if it has one and it runs on ``conn``
+    (:func:`runs_on`); ``None`` sends the caller its SQLAlchemy way."""
+    built = st._texts.get(name) if st._texts is not None else None
+    return built if built is not None and runs_on(conn, st) else None
+
+
 async def execute(conn: AsyncConnection, st: Seam, text: Text, params: Mapping[str, Any]) -> Any:
     """Run ``text`` on ``conn`` inside the caller's transaction; its result (iterate
     it for rows; ``first()``, ``one()``, ``scalar_one()``, ``all()`` as SQLAlchemy's).
