@@ -105,6 +105,25 @@ def scratch_pg_database(prefix: str, options: str = "") -> Iterator[str]:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def pg_deadlocks(url: str, settle: bool = False) -> int:
+    """Deadlocks the server has broken in the database of ``url`` so far (each one
+    rolled back a transaction, which the store then retried unseen). ``settle``:
+    first give backends that exited time to report theirs."""
+    import time
+
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    if settle:
+        time.sleep(1.5)
+    dsn = make_url(url).set(drivername="postgresql").render_as_string(False)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row: Any = conn.execute(
+            "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+    return int(row[0])
+
+
 @asynccontextmanager
 async def running(worker: Worker) -> AsyncIterator[Worker]:
     """Run ``worker`` in the background for the block; stop it and wait at the end."""
@@ -276,6 +295,40 @@ async def _submit_keys(url: str, seed: int, keys: int) -> None:
     print(json.dumps(held), flush=True)
 
 
+async def _submit_mixed(url: str, seed: int, keys: int, rounds: int) -> None:
+    """Single submits over the same ``keys`` keys, all at once, in three kinds per
+    key and round: with a partition (conflict "reuse"), with a parent ("reuse"),
+    and with a partition, replacing the holder. Prints ``[key, task id, kind]``
+    for each answer."""
+    import random
+
+    rng = random.Random(seed)
+    async with conveyor.connect(url) as store:
+        root = await store.submit("root", queue="mixed")
+        calls: list[tuple[str, str, Any]] = []
+        for n in range(rounds):
+            for i in rng.sample(range(keys), keys):
+                key, partition = f"k{i}", f"p{i % 3}"
+                kind = ("partition", "parent", "replace")[(i + n + seed) % 3]
+                if kind == "partition":
+                    call = store.submit("mixed", queue="mixed", key=key, partition=partition)
+                elif kind == "parent":
+                    call = store.submit("mixed", queue="mixed", key=key, parent=root)
+                else:
+                    call = store.submit(
+                        "mixed", queue="mixed", key=key, partition=partition, conflict="replace"
+                    )
+                calls.append((key, kind, call))
+        _handshake()
+        tasks = await asyncio.gather(*(call for _, _, call in calls))
+    print(
+        json.dumps(
+            [[key, task.id, kind] for (key, kind, _), task in zip(calls, tasks, strict=True)]
+        ),
+        flush=True,
+    )
+
+
 async def _open(url: str) -> None:
     _handshake()
     store = conveyor.connect(url)
@@ -295,6 +348,9 @@ def main(argv: list[str]) -> None:
     elif mode == "submit_keys":
         seed, keys = rest
         asyncio.run(_submit_keys(url, int(seed), int(keys)))
+    elif mode == "submit_mixed":
+        seed, keys, rounds = rest
+        asyncio.run(_submit_mixed(url, int(seed), int(keys), int(rounds)))
     elif mode == "open":
         asyncio.run(_open(url))
     else:

@@ -22,7 +22,7 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
-from tests._support import scratch_pg_database
+from tests._support import pg_deadlocks, scratch_pg_database
 
 import conveyor
 from conveyor import statements as q
@@ -112,7 +112,7 @@ async def test_a_batch_ack_and_a_submit_over_the_same_streams_never_deadlock(
         await store.submit("t", queue="q", partition=p)
     held = await store.claim("q", worker_id="w", limit=2, per_stream=1)
     assert sorted(t.partition or "" for t in held) == ["B", "a"]
-    before = _deadlocks(icu_url)
+    before = pg_deadlocks(icu_url)
     producer = conveyor.connect(icu_url)
     await producer.open()
     try:
@@ -141,17 +141,7 @@ async def test_a_batch_ack_and_a_submit_over_the_same_streams_never_deadlock(
     nxt = await store.claim("q", worker_id="w2", limit=2, per_stream=1)
     assert sorted(t.id for t in nxt) == sorted(t.id for t in added)
     await store.close()
-    assert _deadlocks(icu_url, settle=True) == before
-
-
-def _deadlocks(url: str, settle: bool = False) -> int:
-    if settle:
-        time.sleep(1.5)  # backends that exited have flushed their statistics
-    with psycopg.connect(dsn(url), autocommit=True) as conn:
-        row: Any = conn.execute(
-            "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
-        ).fetchone()
-    return int(row[0])
+    assert pg_deadlocks(icu_url, settle=True) == before
 
 
 async def _waiters(url: str, n: int, timeout: float = 10.0) -> None:

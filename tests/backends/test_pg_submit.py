@@ -67,6 +67,75 @@ async def test_a_key_whose_holder_went_meanwhile_is_tried_again_step_by_step(
         assert await st.get_by_key("k") == task == await st.get(task.id)
 
 
+async def test_a_keyed_child_is_two_statements_sent_together(db: str) -> None:
+    """A child with a key, won, reused and refused: each one steps run of two
+    statements, nothing through SQLAlchemy (before: a transaction of a round trip
+    per step); the answer is the task the store reads back, with its parent's
+    root, and the key made one task."""
+    async with conveyor.connect(db, listen=False) as st:
+        root = await st.submit("root", queue="q")
+        middle = await st.submit("middle", queue="q", parent=root)
+        await st.submit("warm", queue="q", parent=root, key="warm")  # plans, connections
+        with pg_round_trips(st) as (runs, seen):
+            first = await st.submit("t", {"n": 1}, queue="q", parent=middle, key="k", priority=2)
+            again = await st.submit("t", {"n": 2}, queue="q", parent=root, key="k")
+            with pytest.raises(AlreadyExists) as refused:
+                await st.submit("t", queue="q", parent=root, key="k", conflict="reject")
+        assert runs == [2, 2, 2] and seen == []
+        assert refused.value.task_id == first.id
+        assert first == again == await st.get(first.id) == await st.get_by_key("k")
+        assert (first.parent_id, first.root_id, first.key) == (middle.id, root.id, "k")
+        assert (first.payload, first.priority) == ({"n": 1}, 2)
+        [stats] = await st.stats("q")
+        assert stats.counts["queued"] == 4
+
+
+async def test_a_keyed_child_of_a_missing_parent_writes_nothing(db: str) -> None:
+    """The parent is not a task: the error names it, no task is written and the
+    key stays free (claimed in the statement that would write the child, it
+    would name a task that does not exist); a later submit takes the key."""
+    async with conveyor.connect(db, listen=False) as st:
+        root = await st.submit("root", queue="q")
+        missing = "01ARZ3NDEKTSV4RRFFQ69G5FAZ"
+        with pytest.raises(conveyor.InvalidArgument) as bad:
+            await st.submit("t", queue="q", parent=missing, key="k")
+        assert bad.value.field == "parent" and missing in str(bad.value)
+        assert await st.get_by_key("k") is None
+        [stats] = await st.stats("q")
+        assert stats.counts["queued"] == 1
+        task = await st.submit("t", queue="q", parent=root, key="k")
+        assert await st.get_by_key("k") == task and task.root_id == root.id
+
+
+async def test_a_keyed_partitioned_submit_is_eight_statements_sent_together(db: str) -> None:
+    """A partitioned task with a key, won, reused and refused: each one steps run of
+    eight statements, nothing through SQLAlchemy (before: a transaction of a round
+    trip per step). Its stream keeps submit order around it, for queue mode and a
+    group; the refused submit wrote nothing."""
+    async with conveyor.connect(db, listen=False) as st:
+        await st.subscribe("q", "g")
+        await st.submit("t", queue="q", partition="warm", key="warm")  # plans, connections
+        before = await st.submit("t", {"n": 0}, queue="q", partition="p")
+        with pg_round_trips(st) as (runs, seen):
+            first = await st.submit("t", {"n": 1}, queue="q", partition="p", key="k")
+            again = await st.submit("t", {"n": 2}, queue="q", partition="other", key="k")
+            with pytest.raises(AlreadyExists) as refused:
+                await st.submit("t", queue="q", partition="p", key="k", conflict="reject")
+        assert runs == [8, 8, 8] and seen == []
+        assert refused.value.task_id == first.id
+        assert first == again == await st.get(first.id) == await st.get_by_key("k")
+        assert (first.partition, first.key, first.payload) == ("p", "k", {"n": 1})
+        after = await st.submit("t", {"n": 3}, queue="q", partition="p")
+        for group in (None, "g"):
+            order = []
+            while got := await st.claim("q", worker_id="w", group=group, partition="p"):
+                order += [t.id for t in got]
+                await st.ack_many(
+                    [{"task_id": t.id, "worker_id": "w", "group": group} for t in got]
+                )
+            assert order == [before.id, first.id, after.id]
+
+
 async def test_children_are_submitted_in_one_statement(db: str) -> None:
     """A child alone, and a batch of children and tasks without a parent: each one
     statement of the store's own, nothing through SQLAlchemy (before: a
@@ -141,7 +210,7 @@ async def test_a_keyed_batch_claims_and_locks_its_keys_with_built_statements(db:
 
 
 async def test_a_step_by_step_submit_reads_its_context_with_built_statements(db: str) -> None:
-    """A submit with a key and a partition goes step by step; the active groups
+    """A batch with keys and a partition goes step by step; the active groups
     shared, its stream locked, the clock and queue settings read and the new work
     announced are statements built once (before: SQLAlchemy built each anew on
     every call). The task takes its queue's settings."""
@@ -150,7 +219,12 @@ async def test_a_step_by_step_submit_reads_its_context_with_built_statements(db:
         await st.subscribe("q", "audit")
         await st.submit("t", queue="q", key="warm", partition="p")
         with pg_round_trips(st) as (_runs, seen):
-            task = await st.submit("t", queue="q", key="k", partition="p")
+            task, _ = await st.submit_many(
+                [
+                    {"name": "t", "queue": "q", "key": "k", "partition": "p"},
+                    {"name": "t", "queue": "q", "key": "k2", "partition": "p"},
+                ]
+            )
         built = pg_texts.texts()
         for name in ("share_groups", "lock_streams", "submit_context", "notify"):
             assert built[name] in seen

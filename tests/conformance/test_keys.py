@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from _support import run_together
+from _support import pg_deadlocks, run_together
 from conveyor import AlreadyExists, ConveyorError, Status, TaskCancelled
 from conveyor.store.base import TaskStore
 
@@ -151,3 +151,32 @@ async def test_keyed_batches_from_two_processes_make_one_task_per_key(
     items = (await store.list(limit=100)).items
     assert sorted(t.id for t in items) == sorted(first.values())
     assert {t.key: t.id for t in items} == first
+
+
+async def test_single_keyed_submits_of_every_kind_from_two_processes_keep_one_task_per_key(
+    store: TaskStore, store_url: str, backend: str
+) -> None:
+    """Two processes submit over the same 12 keys at once, each call alone, three
+    rounds: with a partition (reuse), with a parent (reuse), or with a partition
+    replacing the holder. Every key ends with one live task, the one that holds
+    it; every other task either process was answered with for that key was
+    replaced (cancelled). On Postgres no deadlock was broken on the way: those
+    kinds take the key, the groups and the streams in one order."""
+    before = pg_deadlocks(store_url) if backend == "postgres" else 0
+    outputs = await asyncio.to_thread(
+        run_together, [["submit_mixed", store_url, str(seed), "12", "3"] for seed in (1, 2)]
+    )
+    answers = [tuple(entry) for line in outputs for entry in json.loads(line)]
+    assert len(answers) == 2 * 12 * 3
+    assert {kind for _, _, kind in answers} == {"partition", "parent", "replace"}
+    for key in {key for key, _, _ in answers}:
+        holder = await store.get_by_key(key)
+        assert holder is not None and holder.status is Status.QUEUED, key
+        for _, task_id, _ in [a for a in answers if a[0] == key and a[1] != holder.id]:
+            task = await store.get(task_id)
+            assert task is not None and task.status is Status.CANCELLED, (key, task_id)
+    page = await store.list(queue="mixed", limit=500)
+    live = [t for t in page.items if t.key is not None and t.status is not Status.CANCELLED]
+    assert sorted(t.key for t in live if t.key) == sorted(f"k{i}" for i in range(12))
+    if backend == "postgres":
+        assert pg_deadlocks(store_url, settle=True) == before

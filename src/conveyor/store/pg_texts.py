@@ -256,6 +256,38 @@ _SUBMIT_KEYED = _edited(
 )
 
 
+# One partitioned task with an idempotency key (conflict "reuse" or "reject"; no
+# parent): _SUBMIT_PARTITIONED with the key, writing the task only if the key is
+# this request's. The fifth of eight statements sent together (see store.pipelined),
+# in producer.submit_tx's lock order: the key claimed (claim_keys) and its row
+# locked (lock_keys) before the groups and streams; so this statement's snapshot
+# has the key row as it stays until the commit. Claimed inside this statement, as
+# _SUBMIT_KEYED does, the key would be locked after the streams: a replace of the
+# same key, which locks the key and then the streams, could deadlock with it.
+_SUBMIT_KEYED_PARTITIONED = _edited(
+    _SUBMIT_PARTITIONED,
+    (
+        "%(partitions)s::text[]\n    )",
+        "%(partitions)s::text[], %(keys)s::text[]\n    )",
+    ),
+    (
+        "correlation_id, partition, n)",
+        "correlation_id, partition, key, n)",
+    ),
+    (
+        "coalesce(r.delay_us, 0)), NULL, NULL, r.id,",
+        "coalesce(r.delay_us, 0)), r.key, NULL, r.id,",
+    ),
+    (
+        "LEFT JOIN conveyor_queues AS s ON s.queue = r.queue\n    ORDER BY r.n",
+        "LEFT JOIN conveyor_queues AS s ON s.queue = r.queue\n"
+        "    WHERE EXISTS (\n"
+        "        SELECT 1 FROM conveyor_keys AS k WHERE k.key = r.key AND k.task_id = r.id\n"
+        "    )\n    ORDER BY r.n",
+    ),
+)
+
+
 # Tasks with parents (no key or partition): the plain statement with each task's
 # ``parent_id`` (None: no parent), whose ``root_id`` is its parent's root, read in
 # the statement's snapshot as producer.insert_tasks reads it. If any parent is not
@@ -315,6 +347,33 @@ def _with_parents(text: str, one: bool) -> str:
 
 _SUBMIT_CHILD = _with_parents(_submit_text(_SUBMIT_ONE), one=True)
 _SUBMIT_CHILDREN = _with_parents(_submit_text(_SUBMIT_MANY), one=False)
+
+# One child with an idempotency key (conflict "reuse" or "reject"; no partition):
+# the one-child statement, with the key claimed as _SUBMIT_KEYED claims it, but
+# only when the parent is a task. A missing parent claims nothing and writes
+# nothing: the key's holder (_KEY_HOLDER, sent with it) is then whoever held the
+# key before, or nobody, and the step-by-step submit raises on the parent.
+_SUBMIT_KEYED_CHILD = _edited(
+    _SUBMIT_CHILD,
+    (
+        "%(parent_id)s::text AS parent_id, 1 AS n",
+        "%(parent_id)s::text AS parent_id, %(key)s::text AS key, 1 AS n",
+    ),
+    (
+        "),\nclock AS (",
+        "),\nk AS (\n    INSERT INTO conveyor_keys (key, task_id)\n"
+        "    SELECT r.key, r.id FROM req AS r WHERE NOT EXISTS (SELECT 1 FROM orphans)\n"
+        "    ON CONFLICT (key) DO NOTHING RETURNING key\n),\nclock AS (",
+    ),
+    (
+        "coalesce(r.delay_us, 0)), NULL, r.parent_id,",
+        "coalesce(r.delay_us, 0)), r.key, r.parent_id,",
+    ),
+    (
+        "WHERE NOT EXISTS (SELECT 1 FROM orphans)\n    ORDER BY r.n",
+        "WHERE NOT EXISTS (SELECT 1 FROM orphans) AND EXISTS (SELECT 1 FROM k)\n    ORDER BY r.n",
+    ),
+)
 
 # Idempotency keys of a submit that goes step by step (producer.submit_tx), in the
 # lock order (``keys`` sorted by code point, as Python sorts them; ``ids``: the
@@ -394,6 +453,8 @@ def texts(durable_claims: bool = False) -> Mapping[str, str]:
         "submit_keyed": _SUBMIT_KEYED,
         "submit_child": _SUBMIT_CHILD,
         "submit_children": _SUBMIT_CHILDREN,
+        "submit_keyed_child": _SUBMIT_KEYED_CHILD,
+        "submit_keyed_partitioned": _SUBMIT_KEYED_PARTITIONED,
         "key_holder": _KEY_HOLDER,
         "claim_keys": _CLAIM_KEYS,
         "submit_context": _SUBMIT_CONTEXT,

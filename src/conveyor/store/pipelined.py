@@ -2,17 +2,17 @@
 
 A submit with keys or partitions (or parents with either) is a transaction of
 several statements (:func:`conveyor.store.producer.submit_tx`), one round trip
-each; children alone are one statement (:func:`conveyor.store.producer.submit`). Two
+each; children alone are one statement (:func:`conveyor.store.producer.submit`). Some
 common kinds need no answer from one statement to build the next, so where the
 dialect has their texts (Postgres: ``submit_partitioned`` and its stream
-statements, ``submit_keyed`` and ``key_holder``; see
-:meth:`~conveyor.store.seam.Seam._statement_texts`) they go together, pipelined in
-one transaction (:func:`conveyor.store.texts.together`), with the same statements
-in the same lock order:
+statements, ``submit_keyed``, ``submit_keyed_child``, ``submit_keyed_partitioned``
+and ``key_holder``; see :meth:`~conveyor.store.seam.Seam._statement_texts`) they
+go together, pipelined in one transaction (:func:`conveyor.store.texts.together`),
+with the same statements in the same lock order:
 
 * partitioned tasks without keys or parents (:func:`submit_partitioned`);
-* one task with a key, conflict ``"reuse"`` or ``"reject"``, no partition or
-  parent (:func:`submit_keyed`).
+* one task with a key, conflict ``"reuse"`` or ``"reject"``, and no partition or
+  parent (:func:`submit_keyed`), or one of the two (:func:`submit_keyed_with`).
 
 :func:`submit` picks one or answers ``None`` (the producer's usual way then).
 """
@@ -20,6 +20,7 @@ in the same lock order:
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from conveyor import statements as q
 from conveyor.errors import AlreadyExists
@@ -38,6 +39,9 @@ async def submit(st: Seam, reqs: list[Request]) -> list[Task] | None:
         if keyed is not None:
             return [keyed]
         return None
+    if len(reqs) == 1 and keyed_with_one(reqs[0]):
+        keyed = await submit_keyed_with(st, built, reqs[0])
+        return None if keyed is None else [keyed]
     partitioned = any(r.partition is not None for r in reqs)
     if partitioned and no_key_or_parent(reqs) and built.get("submit_partitioned") is not None:
         return await submit_partitioned(st, built, reqs)
@@ -52,6 +56,64 @@ def keyed_alone(r: Request) -> bool:
         and r.partition is None
         and r.parent_id is None
     )
+
+
+def keyed_with_one(r: Request) -> bool:
+    """Whether ``r`` has a key (conflict "reuse" or "reject") and either a partition
+    or a parent, not both."""
+    return (
+        r.key is not None
+        and r.conflict != "replace"
+        and (r.partition is None) != (r.parent_id is None)
+    )
+
+
+async def submit_keyed_with(st: Seam, built: texts.Texts, r: Request) -> Task | None:
+    """One request with a key (conflict "reuse" or "reject") and a parent or a
+    partition, as statements sent together, ending with ``key_holder``: the task
+    holding the key, this request's if its claim won. ``None`` when the dialect has
+    no such texts, or when no task holds the key at the end (its holder went
+    meanwhile, or the parent is not a task): the step-by-step submit then decides.
+
+    With a parent, two statements: ``submit_keyed_child`` claims the key, if the
+    parent is a task, and writes the child if the claim won. With a partition,
+    eight, in :func:`~conveyor.store.producer.submit_tx`'s lock order: the key
+    claimed (``claim_keys``) and its row locked (``lock_keys``), then what
+    :func:`submit_partitioned` sends, the task written only if the key is its own
+    (``submit_keyed_partitioned``)."""
+    holder = built.get("key_holder")
+    key = str(r.key)
+    steps: _Steps
+    if r.parent_id is not None:
+        child = built.get("submit_keyed_child")
+        if holder is None or child is None:
+            return None
+        params = {**producer.one_params(r), "parent_id": r.parent_id, "key": key}
+        steps = [(child, params)]
+    else:
+        names = ("claim_keys", "lock_keys", "submit_keyed_partitioned")
+        claim, lock_key, submit = (built.get(name) for name in names)
+        stream_steps = _stream_steps(built, [r])
+        if holder is None or claim is None or lock_key is None or submit is None:
+            return None
+        if stream_steps is None:  # a dialect with some of the texts only
+            return None
+        before, after = stream_steps
+        params = {**producer.many_params([r]), "partitions": [r.partition], "keys": [key]}
+        steps = [
+            (claim, {"keys": [key], "ids": [r.id]}),
+            (lock_key, {"keys": [key]}),
+            *before,
+            (submit, params),
+            *after,
+        ]
+    rows = await texts.together(st, [*steps, (holder, {"key": key})])
+    if not rows:
+        return None
+    task = codec.row_to_task(rows[0])
+    if task.id != r.id and r.conflict == "reject":
+        raise AlreadyExists(key, task.id)
+    return task
 
 
 async def submit_keyed(st: Seam, built: texts.Texts, r: Request) -> Task | None:
@@ -88,22 +150,43 @@ async def submit_partitioned(st: Seam, built: texts.Texts, reqs: list[Request]) 
     their commit order); the tasks and their delivery rows; the partitions' streams
     of queue mode and every active group locked; and recomputed.
     One round trip where the dialect pipelines, instead of one per statement."""
-    names = ("share_groups", "lock_streams", "submit_partitioned")
-    share, lock, submit = (built.get(name) for name in names)
-    lock_all, refresh = built.get("lock_group_streams"), built.get("refresh_group_streams")
-    assert share and lock and submit and lock_all and refresh
+    submit = built.get("submit_partitioned")
+    stream_steps = _stream_steps(built, reqs)
+    assert submit is not None and stream_steps is not None
+    before, after = stream_steps
+    params = {**producer.many_params(reqs), "partitions": [r.partition for r in reqs]}
+    steps = [*before, (submit, params), *after]
+    return producer.answers(reqs, await texts.together(st, steps, rows_of=len(before)))
+
+
+_Steps = list[tuple[texts.Text, Mapping[str, object]]]
+
+
+def _stream_steps(built: texts.Texts, reqs: list[Request]) -> tuple[_Steps, _Steps] | None:
+    """The statements a write of partitioned ``reqs`` goes between: before it, the
+    queues' active groups shared and the partitions' queue-mode streams locked
+    (created as needed); after it, the partitions' streams of queue mode and every
+    active group locked and recomputed. ``None`` when the dialect lacks a text."""
+    names = ("share_groups", "lock_streams", "lock_group_streams", "refresh_group_streams")
+    share, lock, lock_all, refresh = (built.get(name) for name in names)
+    if share is None or lock is None or lock_all is None or refresh is None:
+        return None
     pairs = sorted({(r.queue, r.partition) for r in reqs if r.partition is not None})
     keyed = {"pairs": json.dumps([list(pair) for pair in pairs])}
-    params = {**producer.many_params(reqs), "partitions": [r.partition for r in reqs]}
-    steps = [
+    before: _Steps = [
         (share, {"queues": json.dumps(sorted({r.queue for r in reqs}))}),
         # The lock order: group, queue, partition (the pairs are sorted; one group).
         (lock, {"keys": json.dumps([[queue, q.QUEUE_MODE, p] for queue, p in pairs])}),
-        (submit, params),
-        (lock_all, keyed),
-        (refresh, keyed),
     ]
-    return producer.answers(reqs, await texts.together(st, steps, rows_of=2))
+    return before, [(lock_all, keyed), (refresh, keyed)]
 
 
-__all__ = ["keyed_alone", "no_key_or_parent", "submit", "submit_keyed", "submit_partitioned"]
+__all__ = [
+    "keyed_alone",
+    "keyed_with_one",
+    "no_key_or_parent",
+    "submit",
+    "submit_keyed",
+    "submit_keyed_with",
+    "submit_partitioned",
+]

@@ -307,7 +307,15 @@ class Seam(abc.ABC):
         parameters and ``key``: the key claimed, the task written only if the
         claim won) and ``key_holder`` (``key``: the columns of
         :func:`conveyor.statements.view_columns` of the task holding it, in queue
-        mode, its key row locked; no row when none does).
+        mode, its key row locked; no row when none does). One task with a key
+        (``"reuse"`` or ``"reject"``) and a parent: ``submit_keyed_child``
+        (``submit_child``'s parameters and ``key``: the key claimed only if the
+        parent is a task, the task written only if the claim won), then
+        ``key_holder``. One with a key and a partition: ``claim_keys`` and
+        ``lock_keys`` of its key, ``share_groups``, ``lock_streams``,
+        ``submit_keyed_partitioned`` (``submit_partitioned``'s parameters and
+        ``keys``, a list: each task written only if its key's row names it),
+        ``lock_group_streams``, ``refresh_group_streams``, then ``key_holder``.
 
         ``succeed_plain``: one ``succeed()`` of an unpartitioned leased row, fenced
         (``id``, ``grp``, ``worker_id``, ``attempt`` or ``None``), with ``result``
