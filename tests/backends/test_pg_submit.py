@@ -4,6 +4,7 @@ holder read), not as a transaction of one round trip per statement."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -134,6 +135,41 @@ async def test_a_keyed_partitioned_submit_is_eight_statements_sent_together(db: 
                     [{"task_id": t.id, "worker_id": "w", "group": group} for t in got]
                 )
             assert order == [before.id, first.id, after.id]
+
+
+async def test_a_replace_is_statements_sent_together(db: str) -> None:
+    """A replace, of a partitioned holder in queue mode and a group, and of a key
+    nobody holds: each one steps run (eight statements, twelve with a partition),
+    nothing through SQLAlchemy (before: a transaction of a round trip per step).
+    The holder is cancelled for queue mode and the group, a wait() for it
+    returns, the task behind it in its stream becomes the stream's head, and the
+    key names the new task."""
+    async with conveyor.connect(db, listen=False) as st:
+        await st.subscribe("q", "g")
+        await st.submit("t", queue="q", key="warm", conflict="replace")  # plans, connections
+        old = await st.submit("t", {"n": 0}, queue="q", partition="p", key="k")
+        behind = await st.submit("t", {"n": 1}, queue="q", partition="p")
+        waiting = asyncio.ensure_future(st.wait(old.id, timeout=10))
+        with pg_round_trips(st) as (runs, seen):
+            new = await st.submit("t", {"n": 2}, queue="q", key="k", conflict="replace")
+            newer = await st.submit(
+                "t", {"n": 3}, queue="q", partition="p2", key="k", conflict="replace"
+            )
+            fresh = await st.submit("t", queue="q", key="fresh", conflict="replace")
+        assert runs == [8, 12, 8] and seen == []
+        assert (await waiting).status is conveyor.Status.CANCELLED
+        for group in (None, "g"):
+            assert (await st.get(old.id, group=group)).status is conveyor.Status.CANCELLED
+            assert (await st.get(new.id, group=group)).status is conveyor.Status.CANCELLED
+            got = await st.claim("q", worker_id="w", group=group, partition="p")
+            assert [t.id for t in got] == [behind.id]
+        assert newer == await st.get_by_key("k")
+        assert (newer.partition, newer.payload, newer.status) == (
+            "p2",
+            {"n": 3},
+            conveyor.Status.QUEUED,
+        )
+        assert fresh == await st.get_by_key("fresh")
 
 
 async def test_children_are_submitted_in_one_statement(db: str) -> None:

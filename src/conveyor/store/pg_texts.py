@@ -288,6 +288,71 @@ _SUBMIT_KEYED_PARTITIONED = _edited(
 )
 
 
+# A single submit that replaces the holder of its key (conflict "replace"; no
+# parent): statements sent together (see store.pipelined), in the order of
+# producer.submit_tx's: the key claimed (claim_keys) and its row locked
+# (lock_keys); then, if another task holds it, that task's streams locked in the
+# lock order, its active rows cancelled (a registered wait() told), its streams
+# recomputed, and the key handed over; then the task written as every submit of
+# its kind writes it, only if the key names it by then; last, key_holder.
+# ``key`` and ``id`` (the new task's) throughout: the holder is read from the key
+# row, which names it until the hand-over.
+_HOLDER = """
+    SELECT t.seq, t.id, t.queue, t.partition
+    FROM conveyor_keys AS k JOIN conveyor_tasks AS t ON t.id = k.task_id
+    WHERE k.key = %(key)s AND k.task_id <> %(id)s"""
+# The holder's streams: those of its delivery rows (queue mode and each group).
+_HOLDER_STREAMS = f"""
+    SELECT DISTINCT d.queue, d.grp, d.partition
+    FROM ({_HOLDER}
+    ) AS h JOIN conveyor_deliveries AS d ON d.task_seq = h.seq
+    WHERE d.partition IS NOT NULL"""
+_REPLACE_LOCK = f"""
+SELECT 1 FROM conveyor_streams AS s
+JOIN ({_HOLDER_STREAMS}
+) AS k ON s.queue = k.queue AND s.grp = k.grp AND s.partition = k.partition
+ORDER BY s.grp COLLATE "C", s.queue COLLATE "C", s.partition COLLATE "C"
+FOR UPDATE OF s
+"""
+_REPLACE_CANCEL = f"""
+WITH holder AS ({_HOLDER}
+),
+gone AS (
+    UPDATE conveyor_deliveries AS d SET
+        status = 'cancelled', finished_at = {_NOW}, lease_expires_at = NULL
+    FROM holder AS h
+    WHERE d.task_seq = h.seq AND d.status IN ('queued', 'running')
+    RETURNING h.id
+)
+SELECT count(pg_notify('{pg_listen.DONE_CHANNEL}', g.id))
+FROM (SELECT DISTINCT id FROM gone) AS g
+WHERE EXISTS (SELECT 1 FROM conveyor_waiters AS w WHERE w.task_id = g.id)
+"""
+_REPLACE_REFRESH = pg_claim.refresh_streams_text(_HOLDER_STREAMS)
+_REPLACE_KEY = """
+UPDATE conveyor_keys SET task_id = %(id)s WHERE key = %(key)s AND task_id <> %(id)s
+"""
+# The new task when it has no partition: the one-task statement, with its key,
+# written only if the key row names it (the claim won, or the key was handed over).
+_SUBMIT_KEY_OWNED = _edited(
+    _submit_text(_SUBMIT_ONE),
+    (
+        "%(correlation_id)s::text AS correlation_id,\n        1 AS n",
+        "%(correlation_id)s::text AS correlation_id,\n        %(key)s::text AS key, 1 AS n",
+    ),
+    (
+        "coalesce(r.delay_us, 0)), NULL, NULL, r.id,",
+        "coalesce(r.delay_us, 0)), r.key, NULL, r.id,",
+    ),
+    (
+        "LEFT JOIN conveyor_queues AS s ON s.queue = r.queue\n    ORDER BY r.n",
+        "LEFT JOIN conveyor_queues AS s ON s.queue = r.queue\n"
+        "    WHERE EXISTS (\n"
+        "        SELECT 1 FROM conveyor_keys AS k WHERE k.key = r.key AND k.task_id = r.id\n"
+        "    )\n    ORDER BY r.n",
+    ),
+)
+
 # Tasks with parents (no key or partition): the plain statement with each task's
 # ``parent_id`` (None: no parent), whose ``root_id`` is its parent's root, read in
 # the statement's snapshot as producer.insert_tasks reads it. If any parent is not
@@ -455,6 +520,11 @@ def texts(durable_claims: bool = False) -> Mapping[str, str]:
         "submit_children": _SUBMIT_CHILDREN,
         "submit_keyed_child": _SUBMIT_KEYED_CHILD,
         "submit_keyed_partitioned": _SUBMIT_KEYED_PARTITIONED,
+        "submit_key_owned": _SUBMIT_KEY_OWNED,
+        "replace_lock": _REPLACE_LOCK,
+        "replace_cancel": _REPLACE_CANCEL,
+        "replace_refresh": _REPLACE_REFRESH,
+        "replace_key": _REPLACE_KEY,
         "key_holder": _KEY_HOLDER,
         "claim_keys": _CLAIM_KEYS,
         "submit_context": _SUBMIT_CONTEXT,

@@ -12,7 +12,9 @@ with the same statements in the same lock order:
 
 * partitioned tasks without keys or parents (:func:`submit_partitioned`);
 * one task with a key, conflict ``"reuse"`` or ``"reject"``, and no partition or
-  parent (:func:`submit_keyed`), or one of the two (:func:`submit_keyed_with`).
+  parent (:func:`submit_keyed`), or one of the two (:func:`submit_keyed_with`);
+* one task with a key, conflict ``"replace"``, and no parent
+  (:func:`submit_replacing`).
 
 :func:`submit` picks one or answers ``None`` (the producer's usual way then).
 """
@@ -41,6 +43,9 @@ async def submit(st: Seam, reqs: list[Request]) -> list[Task] | None:
         return None
     if len(reqs) == 1 and keyed_with_one(reqs[0]):
         keyed = await submit_keyed_with(st, built, reqs[0])
+        return None if keyed is None else [keyed]
+    if len(reqs) == 1 and replacing(reqs[0]):
+        keyed = await submit_replacing(st, built, reqs[0])
         return None if keyed is None else [keyed]
     partitioned = any(r.partition is not None for r in reqs)
     if partitioned and no_key_or_parent(reqs) and built.get("submit_partitioned") is not None:
@@ -81,23 +86,20 @@ async def submit_keyed_with(st: Seam, built: texts.Texts, r: Request) -> Task | 
     claimed (``claim_keys``) and its row locked (``lock_keys``), then what
     :func:`submit_partitioned` sends, the task written only if the key is its own
     (``submit_keyed_partitioned``)."""
-    holder = built.get("key_holder")
     key = str(r.key)
     steps: _Steps
     if r.parent_id is not None:
-        child = built.get("submit_keyed_child")
-        if holder is None or child is None:
+        found = built.every("submit_keyed_child", "key_holder")
+        if found is None:
             return None
-        params = {**producer.one_params(r), "parent_id": r.parent_id, "key": key}
-        steps = [(child, params)]
+        child, holder = found
+        steps = [(child, {**producer.one_params(r), "parent_id": r.parent_id, "key": key})]
     else:
-        names = ("claim_keys", "lock_keys", "submit_keyed_partitioned")
-        claim, lock_key, submit = (built.get(name) for name in names)
+        found = built.every("claim_keys", "lock_keys", "submit_keyed_partitioned", "key_holder")
         stream_steps = _stream_steps(built, [r])
-        if holder is None or claim is None or lock_key is None or submit is None:
+        if found is None or stream_steps is None:
             return None
-        if stream_steps is None:  # a dialect with some of the texts only
-            return None
+        claim, lock_key, submit, holder = found
         before, after = stream_steps
         params = {**producer.many_params([r]), "partitions": [r.partition], "keys": [key]}
         steps = [
@@ -114,6 +116,56 @@ async def submit_keyed_with(st: Seam, built: texts.Texts, r: Request) -> Task | 
     if task.id != r.id and r.conflict == "reject":
         raise AlreadyExists(key, task.id)
     return task
+
+
+def replacing(r: Request) -> bool:
+    """Whether ``r`` has a key, conflict "replace", and no parent."""
+    return r.key is not None and r.conflict == "replace" and r.parent_id is None
+
+
+async def submit_replacing(st: Seam, built: texts.Texts, r: Request) -> Task | None:
+    """One request with a key, conflict "replace" (a partition or none; no parent),
+    as statements sent together, in :func:`~conveyor.store.producer.submit_tx`'s
+    order: the key claimed (``claim_keys``) and its row locked (``lock_keys``);
+    if another task holds it, that task withdrawn as
+    :func:`~conveyor.store.withdrawals.cancel_tx` withdraws it (``replace_lock``:
+    its streams locked; ``replace_cancel``: its active rows cancelled, a ``wait()``
+    for it told; ``replace_refresh``: its streams recomputed) and the key handed
+    over (``replace_key``); then the task written, only if the key names it by
+    then (``submit_key_owned``, or what :func:`submit_partitioned` sends with
+    ``submit_keyed_partitioned``); last ``key_holder``, the answer. ``None`` when
+    the dialect lacks a text or no task holds the key at the end (retention took
+    the key between its claim and its lock): the step-by-step submit then decides."""
+    names = ("claim_keys", "lock_keys", "replace_lock", "replace_cancel", "replace_refresh")
+    found = built.every(*names, "replace_key", "key_holder")
+    if found is None:
+        return None
+    claim, lock_key, lock_holder, cancel, refresh, hand_over, holder = found
+    key = str(r.key)
+    ids = {"key": key, "id": r.id}
+    steps: _Steps = [
+        (claim, {"keys": [key], "ids": [r.id]}),
+        (lock_key, {"keys": [key]}),
+        (lock_holder, ids),
+        (cancel, ids),
+        (refresh, ids),
+        (hand_over, ids),
+    ]
+    if r.partition is None:
+        owned = built.get("submit_key_owned")
+        if owned is None:
+            return None
+        steps.append((owned, {**producer.one_params(r), "key": key}))
+    else:
+        submit = built.get("submit_keyed_partitioned")
+        stream_steps = _stream_steps(built, [r])
+        if submit is None or stream_steps is None:
+            return None
+        before, after = stream_steps
+        params = {**producer.many_params([r]), "partitions": [r.partition], "keys": [key]}
+        steps += [*before, (submit, params), *after]
+    rows = await texts.together(st, [*steps, (holder, {"key": key})])
+    return codec.row_to_task(rows[0]) if rows else None
 
 
 async def submit_keyed(st: Seam, built: texts.Texts, r: Request) -> Task | None:
@@ -167,10 +219,12 @@ def _stream_steps(built: texts.Texts, reqs: list[Request]) -> tuple[_Steps, _Ste
     queues' active groups shared and the partitions' queue-mode streams locked
     (created as needed); after it, the partitions' streams of queue mode and every
     active group locked and recomputed. ``None`` when the dialect lacks a text."""
-    names = ("share_groups", "lock_streams", "lock_group_streams", "refresh_group_streams")
-    share, lock, lock_all, refresh = (built.get(name) for name in names)
-    if share is None or lock is None or lock_all is None or refresh is None:
+    found = built.every(
+        "share_groups", "lock_streams", "lock_group_streams", "refresh_group_streams"
+    )
+    if found is None:
         return None
+    share, lock, lock_all, refresh = found
     pairs = sorted({(r.queue, r.partition) for r in reqs if r.partition is not None})
     keyed = {"pairs": json.dumps([list(pair) for pair in pairs])}
     before: _Steps = [
@@ -185,8 +239,10 @@ __all__ = [
     "keyed_alone",
     "keyed_with_one",
     "no_key_or_parent",
+    "replacing",
     "submit",
     "submit_keyed",
     "submit_keyed_with",
     "submit_partitioned",
+    "submit_replacing",
 ]

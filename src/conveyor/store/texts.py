@@ -112,6 +112,12 @@ class Texts:
         """The statement ``name``, or ``None`` where the backend has none."""
         return self._items.get(name)
 
+    def every(self, *names: str) -> list[Text] | None:
+        """The statements ``names``, in that order, or ``None`` where the backend
+        lacks any of them."""
+        found = [self._items.get(name) for name in names]
+        return None if None in found else [text for text in found if text is not None]
+
     def __contains__(self, name: object) -> bool:
         return name in self._items
 
