@@ -32,11 +32,12 @@ def db(pg_url: str) -> Iterator[str]:
 
 
 async def _statements_of_batch(url: str, partitions: int) -> int:
-    """Statements a submit_many of 200 keyed tasks over ``partitions`` streams runs
-    (keys: the step-by-step submit, through SQLAlchemy)."""
+    """Statements a submit_many of 200 children over ``partitions`` streams runs
+    (partitioned children: the step-by-step submit, through SQLAlchemy)."""
     async with conveyor.connect(url, listen=False) as st:
         await st.subscribe("q", "g")  # every stream twice: queue mode and the group
         await st.submit_many([{"name": "t", "queue": "q", "partition": "warm"}])
+        root = await st.submit("root", queue="q")
         seen: list[str] = []
         assert st._engine is not None
 
@@ -50,7 +51,7 @@ async def _statements_of_batch(url: str, partitions: int) -> int:
                     "name": "t",
                     "queue": "q",
                     "partition": f"p{i % partitions}",
-                    "key": f"k{partitions}-{i}",
+                    "parent": root.id,
                 }
                 for i in range(200)
             ]

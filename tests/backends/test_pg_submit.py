@@ -14,7 +14,7 @@ from tests._support import pg_round_trips, scratch_pg_database
 
 import conveyor
 from conveyor import AlreadyExists
-from conveyor.store import pg_texts, texts
+from conveyor.store import pg_listen, pg_texts, texts
 
 
 @pytest.fixture
@@ -141,15 +141,13 @@ async def test_a_replace_is_statements_sent_together(db: str) -> None:
     """A replace, of a partitioned holder in queue mode and a group, and of a key
     nobody holds: each one steps run (eight statements, twelve with a partition),
     nothing through SQLAlchemy (before: a transaction of a round trip per step).
-    The holder is cancelled for queue mode and the group, a wait() for it
-    returns, the task behind it in its stream becomes the stream's head, and the
-    key names the new task."""
+    The holder is cancelled for queue mode and the group, the task behind it in
+    its stream becomes the stream's head, and the key names the new task."""
     async with conveyor.connect(db, listen=False) as st:
         await st.subscribe("q", "g")
         await st.submit("t", queue="q", key="warm", conflict="replace")  # plans, connections
         old = await st.submit("t", {"n": 0}, queue="q", partition="p", key="k")
         behind = await st.submit("t", {"n": 1}, queue="q", partition="p")
-        waiting = asyncio.ensure_future(st.wait(old.id, timeout=10))
         with pg_round_trips(st) as (runs, seen):
             new = await st.submit("t", {"n": 2}, queue="q", key="k", conflict="replace")
             newer = await st.submit(
@@ -157,19 +155,32 @@ async def test_a_replace_is_statements_sent_together(db: str) -> None:
             )
             fresh = await st.submit("t", queue="q", key="fresh", conflict="replace")
         assert runs == [8, 12, 8] and seen == []
-        assert (await waiting).status is conveyor.Status.CANCELLED
         for group in (None, "g"):
             assert (await st.get(old.id, group=group)).status is conveyor.Status.CANCELLED
             assert (await st.get(new.id, group=group)).status is conveyor.Status.CANCELLED
             got = await st.claim("q", worker_id="w", group=group, partition="p")
             assert [t.id for t in got] == [behind.id]
         assert newer == await st.get_by_key("k")
-        assert (newer.partition, newer.payload, newer.status) == (
-            "p2",
-            {"n": 3},
-            conveyor.Status.QUEUED,
-        )
+        assert (newer.partition, newer.payload) == ("p2", {"n": 3})
+        assert newer.status is conveyor.Status.QUEUED
         assert fresh == await st.get_by_key("fresh")
+
+
+async def test_a_replace_announces_the_holder_to_its_waiters(db: str) -> None:
+    """A wait() on the holder is registered: the replace announces the holder on
+    the channel of finished tasks (heard here by a connection of its own), and
+    the wait() returns it cancelled."""
+    dsn = db.replace("postgresql+psycopg://", "postgresql://")
+    async with conveyor.connect(db) as st:
+        holder = await st.submit("t", queue="q", key="k")
+        waiting = asyncio.ensure_future(st.wait(holder.id, timeout=10))
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as ear:
+            await ear.execute(f"LISTEN {pg_listen.DONE_CHANNEL}")
+            await asyncio.sleep(0.3)  # the wait() has registered
+            await st.submit("t", queue="q", key="k", conflict="replace")
+            heard = [n.payload async for n in ear.notifies(timeout=5, stop_after=1)]
+        assert heard == [holder.id]
+        assert (await waiting).status is conveyor.Status.CANCELLED
 
 
 async def test_children_are_submitted_in_one_statement(db: str) -> None:
@@ -220,47 +231,135 @@ async def test_children_of_a_missing_parent_write_nothing(db: str) -> None:
         assert stats.counts["queued"] == 1  # the root alone
 
 
-async def test_a_keyed_batch_claims_and_locks_its_keys_with_built_statements(db: str) -> None:
-    """A batch with keys goes step by step, but its keys are claimed and their
-    holders locked by statements built once, from arrays: nothing through
-    SQLAlchemy builds a statement of conveyor_keys (before: a multi-row VALUES of two
-    placeholders per key, parsed anew on every call). New keys make new tasks,
-    held ones answer with their holder, in request order."""
+async def test_a_keyed_batch_is_statements_sent_together(db: str) -> None:
+    """A batch with keys ("reuse"), without and with partitions: one steps run
+    each (four statements, eight with partitions), nothing through SQLAlchemy
+    (before: a transaction of a round trip per step). New keys make new tasks,
+    held ones answer with their holder, a key twice in the batch makes one task,
+    in request order; partitioned tasks keep their streams' order."""
     async with conveyor.connect(db, listen=False) as st:
+        await st.subscribe("q", "g")
         held = await st.submit_many([{"name": "t", "queue": "q", "key": f"k{i}"} for i in range(3)])
-        with pg_round_trips(st) as (_runs, seen):
+        await st.submit_many([{"name": "t", "queue": "q", "key": "w", "partition": "w"}] * 2)
+        with pg_round_trips(st) as (runs, seen):
             batch = await st.submit_many(
                 [{"name": "t", "queue": "q", "key": f"k{i}"} for i in range(1, 6)]
                 + [{"name": "t", "queue": "q", "key": "k5"}, {"name": "t", "queue": "q"}]
             )
-        built = pg_texts.texts()
-        keyed = [s for s in seen if "conveyor_keys" in s]
-        assert keyed == [built["claim_keys"], built["lock_keys"]]
+            streamed = await st.submit_many(
+                [
+                    {"name": "t", "queue": "q", "key": f"s{i % 3}", "partition": f"p{i % 2}"}
+                    for i in range(6)
+                ]
+                + [{"name": "t", "queue": "q", "partition": "p0", "payload": {"last": True}}]
+            )
+        assert runs == [4, 8] and seen == []
         assert [t.id for t in batch[:2]] == [held[1].id, held[2].id]
         assert len({t.id for t in batch[2:5]}) == 3 and batch[5].id == batch[4].id
         for i, task in enumerate(batch[:5], start=1):
             assert task.key == f"k{i}"
-            assert await st.get_by_key(f"k{i}") == task
+            assert await st.get_by_key(f"k{i}") == task == await st.get(task.id)
+        assert batch[6].key is None and batch[6] == await st.get(batch[6].id)
+        assert [t.id for t in streamed[3:6]] == [t.id for t in streamed[:3]]
+        assert [t.partition for t in streamed[:3]] == ["p0", "p1", "p0"]
         [stats] = await st.stats("q")
-        assert stats.counts["queued"] == 3 + 3 + 1
+        assert stats.counts["queued"] == 3 + 1 + 3 + 1 + 3 + 1
+        for group in (None, "g"):
+            order = []
+            while got := await st.claim("q", worker_id="w", group=group, partition="p0"):
+                order += [t.id for t in got]
+                await st.ack_many(
+                    [{"task_id": t.id, "worker_id": "w", "group": group} for t in got]
+                )
+            assert order == [streamed[0].id, streamed[2].id, streamed[6].id]
+
+
+async def test_a_key_of_a_batch_whose_holder_went_meanwhile_is_submitted_again(db: str) -> None:
+    """A batch finds key "k" held; before it locks the key (a connection of its own
+    holds the key row), the key row is deleted (retention): the batch's request
+    for "k" was not written, and goes again the usual way, so "k" makes a task,
+    the rest of the batch is written once, and the answers are the stored tasks."""
+    dsn = db.replace("postgresql+psycopg://", "postgresql://")
+    async with conveyor.connect(db, listen=False) as st:
+        gone = await st.submit("t", queue="q", key="k")
+        async with await psycopg.AsyncConnection.connect(dsn) as retention:
+            await retention.execute("SELECT 1 FROM conveyor_keys WHERE key = 'k' FOR UPDATE")
+            with pg_round_trips(st) as (runs, _):
+                batch = asyncio.ensure_future(
+                    st.submit_many(
+                        [
+                            {"name": "t", "queue": "q", "key": "a"},
+                            {"name": "t", "queue": "q", "key": "k", "payload": {"n": 1}},
+                            {"name": "t", "queue": "q"},
+                        ]
+                    )
+                )
+                await _lock_waiters(dsn, 1)
+                await retention.execute("DELETE FROM conveyor_keys WHERE key = 'k'")
+                await retention.commit()
+                a, k, plain = await asyncio.wait_for(batch, 10)
+        assert runs[0] == 4  # sent together first; "k" then went step by step
+        assert k.id != gone.id and k.payload == {"n": 1}
+        assert await st.get_by_key("k") == k == await st.get(k.id)
+        assert await st.get_by_key("a") == a and plain == await st.get(plain.id)
+        [stats] = await st.stats("q")
+        assert stats.counts["queued"] == 4
+
+
+async def _lock_waiters(dsn: str, n: int) -> None:
+    """Return once ``n`` backends of this database wait on a lock."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        for _ in range(200):
+            cur = await conn.execute(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+            row = await cur.fetchone()
+            if row is not None and row[0] >= n:
+                return
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"fewer than {n} lock waiters")
+
+
+async def test_a_refusing_keyed_batch_claims_and_locks_its_keys_with_built_statements(
+    db: str,
+) -> None:
+    """A batch with keys and conflict "reject" goes step by step (one refused key
+    must leave the whole batch unwritten), but its keys are claimed and their
+    holders locked by statements built once, from arrays: nothing through
+    SQLAlchemy builds a statement of conveyor_keys (before: a multi-row VALUES of
+    two placeholders per key, parsed anew on every call)."""
+    async with conveyor.connect(db, listen=False) as st:
+        held = await st.submit_many([{"name": "t", "queue": "q", "key": f"k{i}"} for i in range(3)])
+        with pg_round_trips(st) as (_runs, seen):
+            with pytest.raises(AlreadyExists) as refused:
+                await st.submit_many(
+                    [
+                        {"name": "t", "queue": "q", "key": f"k{i}", "conflict": "reject"}
+                        for i in range(2, 6)
+                    ]
+                )
+        built = pg_texts.texts()
+        keyed = [s for s in seen if "conveyor_keys" in s]
+        assert keyed == [built["claim_keys"], built["lock_keys"]]
+        assert refused.value.key == "k2" and refused.value.task_id == held[2].id
+        assert await st.get_by_key("k3") is None
+        [stats] = await st.stats("q")
+        assert stats.counts["queued"] == 3
 
 
 async def test_a_step_by_step_submit_reads_its_context_with_built_statements(db: str) -> None:
-    """A batch with keys and a partition goes step by step; the active groups
+    """A partitioned child with a key goes step by step; the active groups
     shared, its stream locked, the clock and queue settings read and the new work
     announced are statements built once (before: SQLAlchemy built each anew on
     every call). The task takes its queue's settings."""
     async with conveyor.connect(db) as st:
         await st.configure_queue("q", max_attempts=7)
         await st.subscribe("q", "audit")
-        await st.submit("t", queue="q", key="warm", partition="p")
+        root = await st.submit("root", queue="q")
+        await st.submit("t", queue="q", key="warm", partition="p", parent=root)
         with pg_round_trips(st) as (_runs, seen):
-            task, _ = await st.submit_many(
-                [
-                    {"name": "t", "queue": "q", "key": "k", "partition": "p"},
-                    {"name": "t", "queue": "q", "key": "k2", "partition": "p"},
-                ]
-            )
+            task = await st.submit("t", queue="q", key="k", partition="p", parent=root)
         built = pg_texts.texts()
         for name in ("share_groups", "lock_streams", "submit_context", "notify"):
             assert built[name] in seen

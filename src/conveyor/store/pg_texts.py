@@ -281,11 +281,60 @@ _SUBMIT_KEYED_PARTITIONED = _edited(
     (
         "LEFT JOIN conveyor_queues AS s ON s.queue = r.queue\n    ORDER BY r.n",
         "LEFT JOIN conveyor_queues AS s ON s.queue = r.queue\n"
-        "    WHERE EXISTS (\n"
+        "    WHERE r.key IS NULL OR EXISTS (\n"
         "        SELECT 1 FROM conveyor_keys AS k WHERE k.key = r.key AND k.task_id = r.id\n"
         "    )\n    ORDER BY r.n",
     ),
 )
+
+# A batch with keys (conflict "reuse"; no parent) and no partition: the plain
+# batch with its ``keys`` list (None entries: no key), each keyed task written only
+# if its key's row names it; claimed and locked before, as for _SUBMIT_KEYED_PARTITIONED.
+_SUBMIT_KEYED_MANY = _edited(
+    _submit_text(_SUBMIT_MANY),
+    (
+        "%(correlation_ids)s::text[]\n    )",
+        "%(correlation_ids)s::text[], %(keys)s::text[]\n    )",
+    ),
+    (
+        "backoff, delay_us, run_at_us, correlation_id, n)",
+        "backoff, delay_us, run_at_us, correlation_id, key, n)",
+    ),
+    (
+        "coalesce(r.delay_us, 0)), NULL, NULL, r.id,",
+        "coalesce(r.delay_us, 0)), r.key, NULL, r.id,",
+    ),
+    (
+        "LEFT JOIN conveyor_queues AS s ON s.queue = r.queue\n    ORDER BY r.n",
+        "LEFT JOIN conveyor_queues AS s ON s.queue = r.queue\n"
+        "    WHERE r.key IS NULL OR EXISTS (\n"
+        "        SELECT 1 FROM conveyor_keys AS k WHERE k.key = r.key AND k.task_id = r.id\n"
+        "    )\n    ORDER BY r.n",
+    ),
+)
+
+# The answers of a batch with keys, as queue mode sees them: the tasks ``ids``
+# (the requests without a key) with ``holds`` NULL, and the task holding each of
+# ``keys``, with ``holds`` its key. The last of the statements sent together.
+# Driven by the arrays, a lookup per element (LIMIT 1 keeps each a lookup): joined
+# as tables, the generic plan without statistics scanned every delivery row (16 ms
+# for 100 keys at 5,000 tasks).
+_KEY_ANSWERS = f"""
+SELECT a.holds, {pg_claim.view("d", "t")}
+FROM (
+    SELECT NULL::text AS holds, i.id FROM unnest(%(ids)s::text[]) AS i(id)
+    UNION ALL
+    SELECT k.key, k.task_id FROM unnest(%(keys)s::text[]) AS u(key)
+    CROSS JOIN LATERAL (
+        SELECT k.key, k.task_id FROM conveyor_keys AS k WHERE k.key = u.key LIMIT 1
+    ) AS k
+) AS a
+CROSS JOIN LATERAL (SELECT * FROM conveyor_tasks AS t WHERE t.id = a.id LIMIT 1) AS t
+CROSS JOIN LATERAL (
+    SELECT * FROM conveyor_deliveries AS d
+    WHERE d.task_seq = t.seq AND d.grp = '{q.QUEUE_MODE}' LIMIT 1
+) AS d
+"""
 
 
 # A single submit that replaces the holder of its key (conflict "replace"; no
@@ -521,6 +570,8 @@ def texts(durable_claims: bool = False) -> Mapping[str, str]:
         "submit_keyed_child": _SUBMIT_KEYED_CHILD,
         "submit_keyed_partitioned": _SUBMIT_KEYED_PARTITIONED,
         "submit_key_owned": _SUBMIT_KEY_OWNED,
+        "submit_keyed_many": _SUBMIT_KEYED_MANY,
+        "key_answers": _KEY_ANSWERS,
         "replace_lock": _REPLACE_LOCK,
         "replace_cancel": _REPLACE_CANCEL,
         "replace_refresh": _REPLACE_REFRESH,

@@ -14,7 +14,9 @@ with the same statements in the same lock order:
 * one task with a key, conflict ``"reuse"`` or ``"reject"``, and no partition or
   parent (:func:`submit_keyed`), or one of the two (:func:`submit_keyed_with`);
 * one task with a key, conflict ``"replace"``, and no parent
-  (:func:`submit_replacing`).
+  (:func:`submit_replacing`);
+* a batch with keys, every one conflict ``"reuse"``, and no parent
+  (:func:`submit_reusing`).
 
 :func:`submit` picks one or answers ``None`` (the producer's usual way then).
 """
@@ -50,7 +52,68 @@ async def submit(st: Seam, reqs: list[Request]) -> list[Task] | None:
     partitioned = any(r.partition is not None for r in reqs)
     if partitioned and no_key_or_parent(reqs) and built.get("submit_partitioned") is not None:
         return await submit_partitioned(st, built, reqs)
+    if len(reqs) > 1 and reusing(reqs):
+        return await submit_reusing(st, built, reqs)
     return None
+
+
+def reusing(reqs: list[Request]) -> bool:
+    """Whether some of ``reqs`` have keys, every key conflict "reuse", and none of
+    them a parent."""
+    return any(r.key is not None for r in reqs) and all(
+        r.parent_id is None and (r.key is None or r.conflict == "reuse") for r in reqs
+    )
+
+
+async def submit_reusing(st: Seam, built: texts.Texts, reqs: list[Request]) -> list[Task] | None:
+    """A batch with keys, every conflict "reuse" and no parent, as statements sent
+    together, in :func:`~conveyor.store.producer.submit_tx`'s lock order: the keys
+    claimed (``claim_keys``: each for the first request that has it) and locked
+    (``lock_keys``), in code-point order; the tasks written, each keyed one only
+    if its key's row names it (``submit_keyed_many``, or, with partitions, what
+    :func:`submit_partitioned` sends with ``submit_keyed_partitioned``); then the
+    answers (``key_answers``): each request without a key its own task, each with
+    one the task holding it. A key found without a holder at the end (retention
+    took it between its claim and its lock: its request was not written) has its
+    requests submitted again the usual way. ``None`` when the dialect lacks a text."""
+    partitioned = any(r.partition is not None for r in reqs)
+    names = ("claim_keys", "lock_keys", "key_answers")
+    found = built.every(*names, "submit_keyed_partitioned" if partitioned else "submit_keyed_many")
+    stream_steps = _stream_steps(built, reqs) if partitioned else ([], [])
+    if found is None or stream_steps is None:
+        return None
+    claim, lock_key, answer, submit = found
+    first: dict[str, str] = {}
+    for r in reqs:
+        if r.key is not None:
+            first.setdefault(r.key, r.id)
+    keys = sorted(first)  # the lock order: by code point
+    params = {**producer.many_params(reqs), "keys": [r.key for r in reqs]}
+    if partitioned:
+        params["partitions"] = [r.partition for r in reqs]
+    before, after = stream_steps
+    steps: _Steps = [
+        (claim, {"keys": keys, "ids": [first[key] for key in keys]}),
+        (lock_key, {"keys": keys}),
+        *before,
+        (submit, params),
+        *after,
+        (answer, {"ids": [r.id for r in reqs if r.key is None], "keys": keys}),
+    ]
+    rows = await texts.together(st, steps)
+    by_id: dict[str, Task] = {}
+    by_key: dict[str, Task] = {}
+    for row in rows:
+        task = codec.row_to_task(row)
+        if row.holds is None:
+            by_id[task.id] = task
+        else:
+            by_key[row.holds] = task
+    lost = [r for r in reqs if r.key is not None and r.key not in by_key]
+    if lost:
+        again = await producer.submit(st, lost)
+        by_key.update({str(r.key): task for r, task in zip(lost, again, strict=True)})
+    return [by_id[r.id] if r.key is None else by_key[r.key] for r in reqs]
 
 
 def keyed_alone(r: Request) -> bool:
@@ -240,9 +303,11 @@ __all__ = [
     "keyed_with_one",
     "no_key_or_parent",
     "replacing",
+    "reusing",
     "submit",
     "submit_keyed",
     "submit_keyed_with",
     "submit_partitioned",
     "submit_replacing",
+    "submit_reusing",
 ]

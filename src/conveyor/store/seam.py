@@ -316,6 +316,22 @@ class Seam(abc.ABC):
         ``submit_keyed_partitioned`` (``submit_partitioned``'s parameters and
         ``keys``, a list: each task written only if its key's row names it),
         ``lock_group_streams``, ``refresh_group_streams``, then ``key_holder``.
+        One with a key and conflict ``"replace"`` (no parent): ``claim_keys`` and
+        ``lock_keys``; ``replace_lock``, ``replace_cancel``, ``replace_refresh``
+        and ``replace_key`` (``key`` and ``id``, the new task's: the holder named
+        by the key row, if not ``id``, has its streams locked in the lock order,
+        its active rows cancelled and a registered ``wait()`` told, its streams
+        recomputed, and the key row then names ``id``); the task written by
+        ``submit_key_owned`` (``submit_one``'s parameters and ``key``: written
+        only if the key's row names it) or, with a partition, as above; then
+        ``key_holder``. A batch with keys (``"reuse"``, no parent): ``claim_keys``
+        and ``lock_keys`` of its keys; ``submit_keyed_many`` (``submit_plain``'s
+        parameters and ``keys``, a list with ``None`` for no key) or, with
+        partitions, ``submit_keyed_partitioned`` between the stream statements;
+        then ``key_answers`` (``ids`` and ``keys``, lists: the columns of
+        :func:`conveyor.statements.view_columns` of each task of ``ids`` with
+        ``holds`` ``NULL``, and of the task holding each of ``keys`` with
+        ``holds`` its key).
 
         ``succeed_plain``: one ``succeed()`` of an unpartitioned leased row, fenced
         (``id``, ``grp``, ``worker_id``, ``attempt`` or ``None``), with ``result``
