@@ -32,8 +32,9 @@ def db(pg_url: str) -> Iterator[str]:
 
 
 async def _statements_of_batch(url: str, partitions: int) -> int:
-    """Statements a submit_many of 200 children over ``partitions`` streams runs
-    (partitioned children: the step-by-step submit, through SQLAlchemy)."""
+    """Statements a submit_many of 200 keyed children over ``partitions`` streams
+    runs (children with keys and partitions: the step-by-step submit, through
+    SQLAlchemy)."""
     async with conveyor.connect(url, listen=False) as st:
         await st.subscribe("q", "g")  # every stream twice: queue mode and the group
         await st.submit_many([{"name": "t", "queue": "q", "partition": "warm"}])
@@ -52,6 +53,7 @@ async def _statements_of_batch(url: str, partitions: int) -> int:
                     "queue": "q",
                     "partition": f"p{i % partitions}",
                     "parent": root.id,
+                    "key": f"k{partitions}-{i}",
                 }
                 for i in range(200)
             ]

@@ -211,6 +211,64 @@ async def test_children_are_submitted_in_one_statement(db: str) -> None:
         assert {t.id for t in await st.children(root.id)} >= {child.id, sibling.id}
 
 
+async def test_partitioned_children_are_statements_sent_together(db: str) -> None:
+    """A partitioned child alone, and a batch of partitioned children and plain
+    tasks: each one steps run of five statements, nothing through SQLAlchemy
+    (before: a transaction of a round trip per step). Each answer is the task the
+    store reads back, with its parent's root; the children keep their streams'
+    order, in queue mode and a group."""
+    async with conveyor.connect(db, listen=False) as st:
+        await st.subscribe("q", "g")
+        root = await st.submit("root", queue="q")
+        middle = await st.submit("middle", queue="q", parent=root)
+        await st.submit("warm", queue="q", parent=root, partition="warm")  # plans, connections
+        with pg_round_trips(st) as (runs, seen):
+            one = await st.submit("c", {"n": 0}, queue="q", parent=middle, partition="p")
+            batch = await st.submit_many(
+                [
+                    {"name": "c", "queue": "q", "parent": root.id, "partition": f"p{i % 2}"}
+                    for i in range(1, 5)
+                ]
+                + [{"name": "plain", "queue": "q"}]
+            )
+        assert runs == [5, 5] and seen == []
+        assert (one.parent_id, one.root_id, one.partition) == (middle.id, root.id, "p")
+        for task in (one, *batch):
+            assert task == await st.get(task.id)
+        assert [t.root_id for t in batch] == [root.id] * 4 + [batch[4].id]
+        for group in (None, "g"):
+            order = []
+            while got := await st.claim("q", worker_id="w", group=group, partition="p0"):
+                order += [t.id for t in got]
+                await st.ack_many(
+                    [{"task_id": t.id, "worker_id": "w", "group": group} for t in got]
+                )
+            assert order == [batch[1].id, batch[3].id]
+
+
+async def test_partitioned_children_of_a_missing_parent_write_nothing(db: str) -> None:
+    """One unknown parent in a batch of partitioned children: the error names it,
+    and neither a task nor a stream of the batch is written."""
+    dsn = db.replace("postgresql+psycopg://", "postgresql://")
+    async with conveyor.connect(db, listen=False) as st:
+        await st.subscribe("q", "g")
+        root = await st.submit("root", queue="q")
+        missing = "01ARZ3NDEKTSV4RRFFQ69G5FAZ"
+        with pytest.raises(conveyor.InvalidArgument) as bad:
+            await st.submit_many(
+                [
+                    {"name": "ok", "queue": "q", "parent": root.id, "partition": "new"},
+                    {"name": "lost", "queue": "q", "parent": missing, "partition": "new"},
+                ]
+            )
+        assert bad.value.field == "parent" and missing in str(bad.value)
+        [stats] = await st.stats("q")
+        assert stats.counts["queued"] == 1
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            cur = await conn.execute("SELECT count(*) FROM conveyor_streams")
+            assert await cur.fetchone() == (0,)
+
+
 async def test_children_of_a_missing_parent_write_nothing(db: str) -> None:
     """One unknown parent in a batch: the error names it and no task of the batch
     is written, in one statement as well."""

@@ -450,12 +450,25 @@ WITH keys AS MATERIALIZED ({keys}
 """
 
 
+#: Keys (``_KEYS`` or ``_GROUP_KEYS``) only while every one of ``parent_ids`` (a
+#: list; ``None`` entries for no parent) is a task: a submit of children whose
+#: parent is missing writes nothing, so it must not create their stream rows either.
+_IF_PARENTS = """
+    WHERE NOT EXISTS (
+        SELECT 1 FROM unnest(%(parent_ids)s::text[]) AS m(id)
+        WHERE m.id IS NOT NULL
+          AND NOT EXISTS (SELECT 1 FROM conveyor_tasks AS t WHERE t.id = m.id)
+    )"""
+
 #: :func:`lock_streams_text` and :func:`refresh_streams_text` of a JSON array of keys.
 LOCK_STREAMS = lock_streams_text(_KEYS)
 REFRESH_STREAMS = refresh_streams_text(_KEYS)
 #: The same of the streams of partitions ``pairs`` (:data:`_GROUP_KEYS`).
 LOCK_GROUP_STREAMS = lock_streams_text(_GROUP_KEYS)
 REFRESH_GROUP_STREAMS = refresh_streams_text(_GROUP_KEYS)
+#: The two locks, for children: nothing locked or created when a parent is missing.
+LOCK_STREAMS_IF_PARENTS = lock_streams_text(_KEYS + _IF_PARENTS)
+LOCK_GROUP_STREAMS_IF_PARENTS = lock_streams_text(_GROUP_KEYS + _IF_PARENTS)
 
 
 def ack_streams_text(done_channel: str, work_channel: str) -> str:
@@ -503,7 +516,9 @@ FROM note LEFT JOIN (
 __all__ = [
     "ACK_LOCK_TEXT",
     "LOCK_GROUP_STREAMS",
+    "LOCK_GROUP_STREAMS_IF_PARENTS",
     "LOCK_STREAMS",
+    "LOCK_STREAMS_IF_PARENTS",
     "NOW",
     "QUICK_COMMIT",
     "REFRESH_GROUP_STREAMS",

@@ -402,6 +402,7 @@ _SUBMIT_KEY_OWNED = _edited(
     ),
 )
 
+
 # Tasks with parents (no key or partition): the plain statement with each task's
 # ``parent_id`` (None: no parent), whose ``root_id`` is its parent's root, read in
 # the statement's snapshot as producer.insert_tasks reads it. If any parent is not
@@ -461,6 +462,31 @@ def _with_parents(text: str, one: bool) -> str:
 
 _SUBMIT_CHILD = _with_parents(_submit_text(_SUBMIT_ONE), one=True)
 _SUBMIT_CHILDREN = _with_parents(_submit_text(_SUBMIT_MANY), one=False)
+
+# Children with partitions (no key): _SUBMIT_CHILDREN with a ``partitions`` list,
+# each task and delivery row in its partition; between the stream statements, as
+# _SUBMIT_PARTITIONED is (see store.pipelined), whose locks are then taken only if
+# every parent is a task.
+_SUBMIT_PARTITIONED_CHILDREN = _edited(
+    _SUBMIT_CHILDREN,
+    (
+        "%(correlation_ids)s::text[], %(parent_ids)s::text[]\n    )",
+        "%(correlation_ids)s::text[], %(parent_ids)s::text[], %(partitions)s::text[]\n    )",
+    ),
+    (
+        "correlation_id, parent_id, n)",
+        "correlation_id, parent_id, partition, n)",
+    ),
+    (
+        "SELECT r.id, r.name, r.queue, NULL, r.payload",
+        "SELECT r.id, r.name, r.queue, r.partition, r.payload",
+    ),
+    (
+        "RETURNING seq, id, queue, priority, max_attempts, created_at, run_at, root_id",
+        "RETURNING seq, id, queue, partition, priority, max_attempts, created_at, run_at, root_id",
+    ),
+    ("i.queue, NULL, i.priority", "i.queue, i.partition, i.priority", 2),
+)
 
 # One child with an idempotency key (conflict "reuse" or "reject"; no partition):
 # the one-child statement, with the key claimed as _SUBMIT_KEYED claims it, but
@@ -567,6 +593,9 @@ def texts(durable_claims: bool = False) -> Mapping[str, str]:
         "submit_keyed": _SUBMIT_KEYED,
         "submit_child": _SUBMIT_CHILD,
         "submit_children": _SUBMIT_CHILDREN,
+        "submit_partitioned_children": _SUBMIT_PARTITIONED_CHILDREN,
+        "lock_streams_if_parents": pg_claim.LOCK_STREAMS_IF_PARENTS,
+        "lock_group_streams_if_parents": pg_claim.LOCK_GROUP_STREAMS_IF_PARENTS,
         "submit_keyed_child": _SUBMIT_KEYED_CHILD,
         "submit_keyed_partitioned": _SUBMIT_KEYED_PARTITIONED,
         "submit_key_owned": _SUBMIT_KEY_OWNED,

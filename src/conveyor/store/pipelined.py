@@ -10,7 +10,8 @@ and ``key_holder``; see :meth:`~conveyor.store.seam.Seam._statement_texts`) they
 go together, pipelined in one transaction (:func:`conveyor.store.texts.together`),
 with the same statements in the same lock order:
 
-* partitioned tasks without keys or parents (:func:`submit_partitioned`);
+* partitioned tasks without keys or parents (:func:`submit_partitioned`), or
+  with parents (:func:`submit_partitioned_children`);
 * one task with a key, conflict ``"reuse"`` or ``"reject"``, and no partition or
   parent (:func:`submit_keyed`), or one of the two (:func:`submit_keyed_with`);
 * one task with a key, conflict ``"replace"``, and no parent
@@ -52,6 +53,8 @@ async def submit(st: Seam, reqs: list[Request]) -> list[Task] | None:
     partitioned = any(r.partition is not None for r in reqs)
     if partitioned and no_key_or_parent(reqs) and built.get("submit_partitioned") is not None:
         return await submit_partitioned(st, built, reqs)
+    if partitioned and not any(r.key is not None for r in reqs):
+        return await submit_partitioned_children(st, built, reqs)
     if len(reqs) > 1 and reusing(reqs):
         return await submit_reusing(st, built, reqs)
     return None
@@ -274,6 +277,49 @@ async def submit_partitioned(st: Seam, built: texts.Texts, reqs: list[Request]) 
     return producer.answers(reqs, await texts.together(st, steps, rows_of=len(before)))
 
 
+async def submit_partitioned_children(
+    st: Seam, built: texts.Texts, reqs: list[Request]
+) -> list[Task] | None:
+    """Requests with partitions and parents (no key) as :func:`submit_partitioned`
+    sends partitioned ones, the tasks written by ``submit_partitioned_children``
+    (each child's root its parent's), the streams locked by
+    ``lock_streams_if_parents`` and ``lock_group_streams_if_parents``: a parent
+    that is not a task writes nothing, no stream row either, and raises. ``None``
+    when the dialect lacks a text."""
+    found = built.every(
+        "share_groups",
+        "lock_streams_if_parents",
+        "submit_partitioned_children",
+        "lock_group_streams_if_parents",
+        "refresh_group_streams",
+    )
+    if found is None:
+        return None
+    share, lock, submit, lock_all, refresh = found
+    parents = [r.parent_id for r in reqs]
+    pairs = sorted({(r.queue, r.partition) for r in reqs if r.partition is not None})
+    keyed = {"pairs": json.dumps([list(pair) for pair in pairs])}
+    params = {
+        **producer.many_params(reqs),
+        "partitions": [r.partition for r in reqs],
+        "parent_ids": parents,
+    }
+    steps: _Steps = [
+        (share, {"queues": json.dumps(sorted({r.queue for r in reqs}))}),
+        (
+            lock,
+            {
+                "keys": json.dumps([[queue, q.QUEUE_MODE, p] for queue, p in pairs]),
+                "parent_ids": parents,
+            },
+        ),
+        (submit, params),
+        (lock_all, {**keyed, "parent_ids": parents}),
+        (refresh, keyed),
+    ]
+    return producer.family_answers(reqs, await texts.together(st, steps, rows_of=2))
+
+
 _Steps = list[tuple[texts.Text, Mapping[str, object]]]
 
 
@@ -308,6 +354,7 @@ __all__ = [
     "submit_keyed",
     "submit_keyed_with",
     "submit_partitioned",
+    "submit_partitioned_children",
     "submit_replacing",
     "submit_reusing",
 ]

@@ -110,7 +110,13 @@ async def submit_children(st: Seam, text: texts.Text, reqs: list[Request]) -> li
         params = {**one_params(reqs[0]), "parent_id": reqs[0].parent_id}
     else:
         params = {**many_params(reqs), "parent_ids": [r.parent_id for r in reqs]}
-    rows = await texts.alone(st, text, params)
+    return family_answers(reqs, await texts.alone(st, text, params))
+
+
+def family_answers(reqs: list[Request], rows: list[Any]) -> list[Task]:
+    """The tasks of requests with parents (no key), from the rows a submit of
+    children returned (:func:`answers`' columns, ``root_id`` and ``orphan``): raises
+    on a parent that is not a task (nothing was written)."""
     orphans = [row.orphan for row in rows if row.orphan is not None]
     if orphans:
         raise InvalidArgument("parent", f"no task has id {min(orphans)!r}")

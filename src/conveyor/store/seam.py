@@ -331,7 +331,12 @@ class Seam(abc.ABC):
         then ``key_answers`` (``ids`` and ``keys``, lists: the columns of
         :func:`conveyor.statements.view_columns` of each task of ``ids`` with
         ``holds`` ``NULL``, and of the task holding each of ``keys`` with
-        ``holds`` its key).
+        ``holds`` its key). Partitioned tasks with parents (no key): as
+        partitioned ones without, through ``submit_partitioned_children``
+        (``submit_children``'s parameters and ``partitions``; its rows as
+        ``submit_children``'s) and the stream locks ``lock_streams_if_parents`` and
+        ``lock_group_streams_if_parents`` (``parent_ids`` too: nothing locked or
+        created unless every parent is a task).
 
         ``succeed_plain``: one ``succeed()`` of an unpartitioned leased row, fenced
         (``id``, ``grp``, ``worker_id``, ``attempt`` or ``None``), with ``result``
