@@ -2,13 +2,12 @@
 
 A submit with keys or partitions (or parents with either) is a transaction of
 several statements (:func:`conveyor.store.producer.submit_tx`), one round trip
-each; children alone are one statement (:func:`conveyor.store.producer.submit`). Some
-common kinds need no answer from one statement to build the next, so where the
-dialect has their texts (Postgres: ``submit_partitioned`` and its stream
-statements, ``submit_keyed``, ``submit_keyed_child``, ``submit_keyed_partitioned``
-and ``key_holder``; see :meth:`~conveyor.store.seam.Seam._statement_texts`) they
-go together, pipelined in one transaction (:func:`conveyor.store.texts.together`),
-with the same statements in the same lock order:
+each; children alone are one statement (:func:`conveyor.store.producer.submit`).
+Most kinds need no answer from one statement to build the next, so where the
+dialect has their texts (Postgres; see
+:meth:`~conveyor.store.seam.Seam._statement_texts`) they go together, pipelined in
+one transaction (:func:`conveyor.store.texts.together`), with the same statements
+in the same lock order (keys, then groups, then streams):
 
 * partitioned tasks without keys or parents (:func:`submit_partitioned`), or
   with parents (:func:`submit_partitioned_children`);
@@ -282,66 +281,59 @@ async def submit_partitioned_children(
 ) -> list[Task] | None:
     """Requests with partitions and parents (no key) as :func:`submit_partitioned`
     sends partitioned ones, the tasks written by ``submit_partitioned_children``
-    (each child's root its parent's), the streams locked by
-    ``lock_streams_if_parents`` and ``lock_group_streams_if_parents``: a parent
-    that is not a task writes nothing, no stream row either, and raises. ``None``
-    when the dialect lacks a text."""
-    found = built.every(
-        "share_groups",
-        "lock_streams_if_parents",
-        "submit_partitioned_children",
-        "lock_group_streams_if_parents",
-        "refresh_group_streams",
-    )
-    if found is None:
-        return None
-    share, lock, submit, lock_all, refresh = found
+    (each child's root its parent's), the streams locked only if every parent is a
+    task: a parent that is not writes nothing, no stream row either, and raises.
+    ``None`` when the dialect lacks a text."""
+    submit = built.get("submit_partitioned_children")
     parents = [r.parent_id for r in reqs]
-    pairs = sorted({(r.queue, r.partition) for r in reqs if r.partition is not None})
-    keyed = {"pairs": json.dumps([list(pair) for pair in pairs])}
+    stream_steps = _stream_steps(built, reqs, parents)
+    if submit is None or stream_steps is None:
+        return None
+    before, after = stream_steps
     params = {
         **producer.many_params(reqs),
         "partitions": [r.partition for r in reqs],
         "parent_ids": parents,
     }
-    steps: _Steps = [
-        (share, {"queues": json.dumps(sorted({r.queue for r in reqs}))}),
-        (
-            lock,
-            {
-                "keys": json.dumps([[queue, q.QUEUE_MODE, p] for queue, p in pairs]),
-                "parent_ids": parents,
-            },
-        ),
-        (submit, params),
-        (lock_all, {**keyed, "parent_ids": parents}),
-        (refresh, keyed),
-    ]
-    return producer.family_answers(reqs, await texts.together(st, steps, rows_of=2))
+    steps = [*before, (submit, params), *after]
+    rows = await texts.together(st, steps, rows_of=len(before))
+    return producer.family_answers(reqs, rows)
 
 
 _Steps = list[tuple[texts.Text, Mapping[str, object]]]
 
 
-def _stream_steps(built: texts.Texts, reqs: list[Request]) -> tuple[_Steps, _Steps] | None:
+def _stream_steps(
+    built: texts.Texts, reqs: list[Request], parents: list[str | None] | None = None
+) -> tuple[_Steps, _Steps] | None:
     """The statements a write of partitioned ``reqs`` goes between: before it, the
     queues' active groups shared and the partitions' queue-mode streams locked
     (created as needed); after it, the partitions' streams of queue mode and every
-    active group locked and recomputed. ``None`` when the dialect lacks a text."""
+    active group locked and recomputed. With ``parents`` (the requests' parent
+    ids), the locks are taken, and the rows created, only if every parent is a
+    task. ``None`` when the dialect lacks a text."""
+    guard = "_if_parents" if parents is not None else ""
     found = built.every(
-        "share_groups", "lock_streams", "lock_group_streams", "refresh_group_streams"
+        "share_groups",
+        f"lock_streams{guard}",
+        f"lock_group_streams{guard}",
+        "refresh_group_streams",
     )
     if found is None:
         return None
     share, lock, lock_all, refresh = found
     pairs = sorted({(r.queue, r.partition) for r in reqs if r.partition is not None})
     keyed = {"pairs": json.dumps([list(pair) for pair in pairs])}
+    guarded: dict[str, object] = {} if parents is None else {"parent_ids": parents}
     before: _Steps = [
         (share, {"queues": json.dumps(sorted({r.queue for r in reqs}))}),
         # The lock order: group, queue, partition (the pairs are sorted; one group).
-        (lock, {"keys": json.dumps([[queue, q.QUEUE_MODE, p] for queue, p in pairs])}),
+        (
+            lock,
+            {"keys": json.dumps([[queue, q.QUEUE_MODE, p] for queue, p in pairs]), **guarded},
+        ),
     ]
-    return before, [(lock_all, keyed), (refresh, keyed)]
+    return before, [(lock_all, {**keyed, **guarded}), (refresh, keyed)]
 
 
 __all__ = [
