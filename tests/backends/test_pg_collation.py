@@ -88,7 +88,7 @@ async def test_lock_statements_sort_streams_by_code_point(icu_url: str, store: T
     await store.submit("t", queue="q", key="a")
     await store.submit("t", queue="q", key="B")
     with psycopg.connect(dsn(icu_url)) as conn:
-        keys = [row[0] for row in conn.execute(texts()["lock_keys"], {"keys": ["a", "B"]})]
+        keys = [row[0] for row in conn.execute(texts()["lock_keys"], {"keys": '["a", "B"]'})]
         assert keys == expected
         conn.rollback()
         items = json.dumps([[a.id, "w", ""], [b.id, "w", ""]])

@@ -229,23 +229,25 @@ _SUBMIT_KEYED_CHILD = edited(
     ),
 )
 
-# Idempotency keys of a submit that goes step by step (producer.submit_tx), in the
-# lock order (``keys`` sorted by code point, as Python sorts them; ``ids``: the
-# task each key would go to): claimed (those won come back), then the holders of
-# the keys not won locked and read. Arrays, not a multi-row VALUES of two
-# placeholders per key: psycopg parsed such a text anew in Python on every call (a
-# batch of 1,000 keys: 2,000 placeholders), most of a keyed batch's client time.
+# Idempotency keys of a submit (producer.submit_tx, and the submits sent together),
+# in the lock order (``keys``, a JSON array sorted by code point, as Python sorts
+# them; ``ids``, a JSON array as long: the task each key would go to): claimed
+# (those won come back), then the holders locked and read. JSON arrays, as SQLite's
+# texts of the same names take them, not a multi-row VALUES of two placeholders per
+# key: psycopg parsed such a text anew in Python on every call (a batch of 1,000
+# keys: 2,000 placeholders), most of a keyed batch's client time.
 _CLAIM_KEYS = """
 INSERT INTO conveyor_keys (key, task_id)
-SELECT e.key, e.task_id
-FROM unnest(%(keys)s::text[], %(ids)s::text[]) WITH ORDINALITY AS e(key, task_id, n)
-ORDER BY e.n
+SELECT k.key, i.task_id
+FROM json_array_elements_text(%(keys)s::json) WITH ORDINALITY AS k(key, n)
+JOIN json_array_elements_text(%(ids)s::json) WITH ORDINALITY AS i(task_id, n) USING (n)
+ORDER BY n
 ON CONFLICT (key) DO NOTHING
 RETURNING key
 """
 _LOCK_KEYS = """
 SELECT key, task_id FROM conveyor_keys
-WHERE key = ANY(%(keys)s::text[])
+WHERE key IN (SELECT json_array_elements_text(%(keys)s::json))
 ORDER BY key COLLATE "C"
 FOR UPDATE
 """

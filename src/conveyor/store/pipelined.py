@@ -95,8 +95,8 @@ async def submit_reusing(st: Seam, built: texts.Texts, reqs: list[Request]) -> l
         params["partitions"] = [r.partition for r in reqs]
     before, after = stream_steps
     steps: _Steps = [
-        (claim, {"keys": keys, "ids": [first[key] for key in keys]}),
-        (lock_key, {"keys": keys}),
+        (claim, {"keys": json.dumps(keys), "ids": json.dumps([first[key] for key in keys])}),
+        (lock_key, {"keys": json.dumps(keys)}),
         *before,
         (submit, params),
         *after,
@@ -168,8 +168,8 @@ async def submit_keyed_with(st: Seam, built: texts.Texts, r: Request) -> Task | 
         before, after = stream_steps
         params = {**producer.many_params([r]), "partitions": [r.partition], "keys": [key]}
         steps = [
-            (claim, {"keys": [key], "ids": [r.id]}),
-            (lock_key, {"keys": [key]}),
+            (claim, {"keys": json.dumps([key]), "ids": json.dumps([r.id])}),
+            (lock_key, {"keys": json.dumps([key])}),
             *before,
             (submit, params),
             *after,
@@ -209,8 +209,8 @@ async def submit_replacing(st: Seam, built: texts.Texts, r: Request) -> Task | N
     key = str(r.key)
     ids = {"key": key, "id": r.id}
     steps: _Steps = [
-        (claim, {"keys": [key], "ids": [r.id]}),
-        (lock_key, {"keys": [key]}),
+        (claim, {"keys": json.dumps([key]), "ids": json.dumps([r.id])}),
+        (lock_key, {"keys": json.dumps([key])}),
         (lock_holder, ids),
         (cancel, ids),
         (refresh, ids),

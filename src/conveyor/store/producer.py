@@ -243,8 +243,11 @@ async def submit_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> lis
         claim, hold = texts.usable(st, conn, "claim_keys"), texts.usable(st, conn, "lock_keys")
         while pending:
             if claim is not None:
-                ids = [first[key].id for key in pending]
-                claimed = await texts.execute(conn, st, claim, {"keys": pending, "ids": ids})
+                bound = {
+                    "keys": json.dumps(pending),
+                    "ids": json.dumps([first[key].id for key in pending]),
+                }
+                claimed = await texts.execute(conn, st, claim, bound)
                 won |= {row.key for row in claimed}
             else:
                 ins = (
@@ -258,7 +261,7 @@ async def submit_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> lis
             if not lost:
                 break
             if hold is not None:
-                rows = await texts.execute(conn, st, hold, {"keys": lost})
+                rows = await texts.execute(conn, st, hold, {"keys": json.dumps(lost)})
             else:
                 holders = (
                     select(k.c.key, k.c.task_id)

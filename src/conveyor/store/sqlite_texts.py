@@ -213,6 +213,24 @@ WHERE d.status = 'running' AND d.worker_id = :w_id
 """
 
 
+#: Idempotency keys claimed for their tasks (``:keys`` and ``:ids``, JSON arrays
+#: of one length, the keys sorted by code point), those already held left alone;
+#: a row per key won. ``WHERE true``: an INSERT … SELECT needs a WHERE before its
+#: ON CONFLICT, or SQLite reads the ON as a join's.
+CLAIM_KEYS = (
+    "INSERT INTO conveyor_keys (key, task_id) "
+    "SELECT k.value, i.value FROM json_each(:keys) AS k "
+    "JOIN json_each(:ids) AS i ON i.key = k.key WHERE true ORDER BY k.key "
+    "ON CONFLICT (key) DO NOTHING RETURNING key"
+)
+#: The holders of ``:keys`` (a JSON array). No row locks on SQLite: the writer
+#: lock the transaction holds keeps them as they are until it ends.
+LOCK_KEYS = (
+    "SELECT key, task_id FROM conveyor_keys "
+    "WHERE key IN (SELECT value FROM json_each(:keys)) ORDER BY key"
+)
+
+
 def texts() -> dict[str, ClauseElement | str]:
     """SQLite's own built-once statements, by name (see
     :meth:`conveyor.store.seam.Seam._statement_texts`)."""
@@ -223,13 +241,17 @@ def texts() -> dict[str, ClauseElement | str]:
         "step_lease_seqs": lease_seqs(),
         "step_view_seqs": VIEW_SEQS,
         "refresh_streams": REFRESH_STREAMS,
+        "claim_keys": CLAIM_KEYS,
+        "lock_keys": LOCK_KEYS,
     }
 
 
 __all__ = [
     "ACK_HELD",
     "CANDIDATES",
+    "CLAIM_KEYS",
     "HOLD_STREAMS",
+    "LOCK_KEYS",
     "REFRESH_STREAMS",
     "VIEW_SEQS",
     "lease_seqs",
