@@ -115,6 +115,34 @@ async def test_commit_makes_tasks_claimable_and_wakes_an_idle_worker(
             await worker_store.close()
 
 
+async def test_a_missing_parent_leaves_the_callers_transaction_usable(
+    store: TaskStore, engine: AsyncEngine
+) -> None:
+    """Children of a parent that is not a task, in the caller's transaction: the
+    error names it, nothing of the batch is written, and the caller's own work
+    before and after it commits."""
+    root = await store.submit("root", queue="q")
+    async with engine.connect() as conn:
+        await conn.execute(text("CREATE TABLE IF NOT EXISTS orders (n integer)"))
+        await conn.execute(text("INSERT INTO orders (n) VALUES (1)"))
+        with pytest.raises(conveyor.InvalidArgument) as bad:
+            await store.submit_many(
+                [
+                    {"name": "c", "queue": "q", "parent": root.id},
+                    {"name": "c", "queue": "q", "parent": "01ARZ3NDEKTSV4RRFFQ69G5FAZ"},
+                ],
+                connection=conn,
+            )
+        assert bad.value.field == "parent"
+        child = await store.submit("c", queue="q", parent=root, connection=conn)
+        await conn.execute(text("INSERT INTO orders (n) VALUES (2)"))
+        await conn.commit()
+        rows = (await conn.execute(text("SELECT n FROM orders ORDER BY n"))).all()
+    assert [r[0] for r in rows] == [1, 2]
+    assert [t.id for t in (await store.list(queue="q")).items] == [root.id, child.id]
+    assert (await store.get(child.id)) == child and child.root_id == root.id
+
+
 async def test_key_conflicts_inside_the_callers_transaction(
     store: TaskStore, engine: AsyncEngine
 ) -> None:

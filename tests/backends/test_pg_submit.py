@@ -426,3 +426,42 @@ async def test_a_step_by_step_submit_reads_its_context_with_built_statements(db:
         assert [s for s in others if any(w in s for w in words)] == []
         assert (task.max_attempts, task.partition, task.key) == (7, "p", "k")
         assert await st.get(task.id, group="audit") is not None
+
+
+async def test_a_submit_in_the_callers_transaction_is_one_statement(db: str) -> None:
+    """In the caller's transaction, a plain task, a batch and a child each go as
+    the one-statement submit on the caller's connection, with no savepoint (before:
+    a savepoint, then a statement per step through SQLAlchemy); the answers are
+    what the store reads back once the caller commits."""
+    from sqlalchemy import event
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    async with conveyor.connect(db, listen=False) as st:
+        root = await st.submit("root", queue="q")
+        engine = create_async_engine(db)
+        seen: list[str] = []
+
+        def count(*args: Any) -> None:
+            seen.append(args[2])
+
+        try:
+            async with engine.connect() as conn:
+                # The connection checked once (its database), before counting.
+                await st.submit("warm", queue="w", connection=conn)
+                event.listen(engine.sync_engine, "before_cursor_execute", count)
+                one = await st.submit("t", {"n": 1}, queue="q", connection=conn)
+                batch = await st.submit_many(
+                    [{"name": "t", "queue": "q"}, {"name": "t", "queue": "other"}],
+                    connection=conn,
+                )
+                child = await st.submit("c", queue="q", parent=root, connection=conn)
+                await conn.commit()
+        finally:
+            event.remove(engine.sync_engine, "before_cursor_execute", count)
+            await engine.dispose()
+        built = pg_texts.texts()
+        names = ["submit_one_in", "submit_plain_in", "submit_child_in"]
+        assert seen == [built[name] for name in names]
+        for task in (one, *batch, child):
+            assert task == await st.get(task.id)
+        assert child.root_id == root.id

@@ -81,6 +81,21 @@ def submit_text(req: str) -> str:
     return _SUBMIT_TEXT.replace("{req}", req).replace("{work}", pg_listen.WORK_CHANNEL)
 
 
+def in_callers_transaction(text: str) -> str:
+    """``text`` (a one-statement submit) for a caller's transaction
+    (``submit(..., connection=...)``): it always announces its queues. The gate
+    would hold the listeners' lock until the caller commits, however long that
+    takes, and a listener starting meanwhile would wait for it; the caller's
+    transaction pays for a ``NOTIFY`` instead, as the step-by-step submit does."""
+    return edited(
+        text,
+        (
+            f"gate AS (SELECT {pg_listen.NOBODY_LISTENS} AS nobody)",
+            "gate AS (SELECT false AS nobody)",
+        ),
+    )
+
+
 def edited(text: str, *edits: tuple[str, str] | tuple[str, str, int]) -> str:
     """``text`` with each edit's old fragment replaced by its new one; each fragment
     must occur exactly as often as the edit says (once by default), so a change to
@@ -219,6 +234,7 @@ __all__ = [
     "SUBMIT_PARTITIONED",
     "SUBMIT_PARTITIONED_CHILDREN",
     "edited",
+    "in_callers_transaction",
     "submit_text",
     "with_parents",
 ]

@@ -20,6 +20,7 @@ from conveyor.store.pg_submit_texts import (
     SUBMIT_PARTITIONED,
     SUBMIT_PARTITIONED_CHILDREN,
     edited,
+    in_callers_transaction,
     submit_text,
 )
 
@@ -170,6 +171,10 @@ def texts(durable_claims: bool = False) -> Mapping[str, str]:
         "submit_children": SUBMIT_CHILDREN,
         "submit_partitioned": SUBMIT_PARTITIONED,
         "submit_partitioned_children": SUBMIT_PARTITIONED_CHILDREN,
+        "submit_one_in": in_callers_transaction(submit_text(SUBMIT_ONE)),
+        "submit_plain_in": in_callers_transaction(submit_text(SUBMIT_MANY)),
+        "submit_child_in": in_callers_transaction(SUBMIT_CHILD),
+        "submit_children_in": in_callers_transaction(SUBMIT_CHILDREN),
         "ack_plain": _ACK_TEXT.replace("{done}", pg_listen.DONE_CHANNEL),
         "succeed_plain": _succeed_text(),
         "waiter_add": _WAITER_ADD,
