@@ -331,7 +331,12 @@ class Seam(abc.ABC):
         then ``key_answers`` (``ids`` and ``keys``, lists: the columns of
         :func:`conveyor.statements.view_columns` of each task of ``ids`` with
         ``holds`` ``NULL``, and of the task holding each of ``keys`` with
-        ``holds`` its key). Partitioned tasks with parents (no key): as
+        ``holds`` its key). ``submit_one_in``, ``submit_plain_in``,
+        ``submit_child_in`` and ``submit_children_in``: ``submit_one``,
+        ``submit_plain``, ``submit_child`` and ``submit_children`` for a caller's
+        transaction (``submit(..., connection=...)``), announcing their queues
+        whether or not anyone listens (no lock held until the caller commits).
+        Partitioned tasks with parents (no key): as
         partitioned ones without, through ``submit_partitioned_children``
         (``submit_children``'s parameters and ``partitions``; its rows as
         ``submit_children``'s) and the stream locks ``lock_streams_if_parents`` and
