@@ -465,3 +465,61 @@ async def test_a_submit_in_the_callers_transaction_is_one_statement(db: str) -> 
         for task in (one, *batch, child):
             assert task == await st.get(task.id)
         assert child.root_id == root.id
+
+
+async def test_keyed_submits_in_the_callers_transaction_run_the_built_statements(
+    db: str,
+) -> None:
+    """In the caller's transaction, a keyed submit and a keyed partitioned one run
+    the statements they are sent together as outside it, one after another on the
+    caller's connection in a savepoint (before: a statement per step through
+    SQLAlchemy), their variants for a caller's transaction: until the caller
+    commits, it holds no lock of the listeners' (a listener starting meanwhile
+    would wait for it)."""
+    from sqlalchemy import event
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    dsn = db.replace("postgresql+psycopg://", "postgresql://")
+    async with conveyor.connect(db, listen=False) as st:
+        engine = create_async_engine(db)
+        seen: list[str] = []
+
+        def count(*args: Any) -> None:
+            seen.append(args[2])
+
+        try:
+            async with engine.connect() as conn:
+                await st.submit("warm", queue="w", connection=conn)  # the connection checked
+                event.listen(engine.sync_engine, "before_cursor_execute", count)
+                keyed = await st.submit("t", queue="q", key="k", connection=conn)
+                streamed = await st.submit("t", queue="q", key="s", partition="p", connection=conn)
+                event.remove(engine.sync_engine, "before_cursor_execute", count)
+                async with await psycopg.AsyncConnection.connect(dsn) as other:
+                    cur = await other.execute(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                        "AND objid = %s AND granted",
+                        [pg_listen.LISTENING_LOCK],
+                    )
+                    assert await cur.fetchone() == (0,)
+                await conn.commit()
+        finally:
+            await engine.dispose()
+        built = pg_texts.texts()
+        own = [s for s in seen if "SAVEPOINT" not in s]
+        assert own[:2] == [built["submit_keyed_in"], built["key_holder"]]
+        assert own[2:] == [
+            built[name]
+            for name in (
+                "claim_keys",
+                "lock_keys",
+                "share_groups",
+                "lock_streams",
+                "submit_keyed_partitioned_in",
+                "lock_group_streams",
+                "refresh_group_streams",
+                "key_holder",
+            )
+        ]
+        assert len(seen) - len(own) == 4  # a savepoint and its release, each
+        assert await st.get_by_key("k") == keyed == await st.get(keyed.id)
+        assert await st.get_by_key("s") == streamed and streamed.partition == "p"

@@ -42,6 +42,7 @@ from conveyor.store import (
     bulk,
     codec,
     groups,
+    joined,
     pipelined,
     producer,
     streams,
@@ -252,7 +253,7 @@ class TaskStore(LeaseOps, InspectReads):
         self, prepared: builtins.list[Request], connection: Any
     ) -> builtins.list[Task]:
         if connection is not None:
-            return await producer.submit_in(self, connection, prepared)
+            return await joined.submit(self, connection, prepared)
         tasks = await pipelined.submit(self, prepared)
         if tasks is None:
             tasks = await producer.submit(self, prepared)

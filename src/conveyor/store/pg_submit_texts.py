@@ -16,6 +16,12 @@ from conveyor.store import pg_claim, pg_listen
 _NOW = pg_claim.NOW
 
 
+#: The step of a submit text that asks whether anyone listens (see
+#: :data:`conveyor.store.pg_listen.NOBODY_LISTENS`): its announcement is skipped
+#: when nobody does.
+GATE = f"gate AS (SELECT {pg_listen.NOBODY_LISTENS} AS nobody)"
+
+
 # Submit plain tasks (no key, partition or parent) in one statement: insert the
 # task rows, fan out their delivery rows (queue mode and every active group) and
 # announce the queues when some listener can hear it (``gate``, see
@@ -65,7 +71,7 @@ fan AS (
     FROM ins AS i JOIN conveyor_groups AS g ON g.queue = i.queue AND g.active
         AND (g.start_at IS NULL OR g.start_at <= i.created_at)
 ),
-gate AS (SELECT {pg_listen.NOBODY_LISTENS} AS nobody),
+{GATE},
 note AS (
     SELECT count(pg_notify('{{work}}', w.queue)) AS n
     FROM (SELECT DISTINCT queue FROM ins) AS w, gate
@@ -87,13 +93,7 @@ def in_callers_transaction(text: str) -> str:
     would hold the listeners' lock until the caller commits, however long that
     takes, and a listener starting meanwhile would wait for it; the caller's
     transaction pays for a ``NOTIFY`` instead, as the step-by-step submit does."""
-    return edited(
-        text,
-        (
-            f"gate AS (SELECT {pg_listen.NOBODY_LISTENS} AS nobody)",
-            "gate AS (SELECT false AS nobody)",
-        ),
-    )
+    return edited(text, (GATE, "gate AS (SELECT false AS nobody)"))
 
 
 def edited(text: str, *edits: tuple[str, str] | tuple[str, str, int]) -> str:
@@ -227,6 +227,7 @@ SUBMIT_PARTITIONED_CHILDREN = edited(
 
 
 __all__ = [
+    "GATE",
     "SUBMIT_CHILD",
     "SUBMIT_CHILDREN",
     "SUBMIT_MANY",

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from conveyor import statements as q
 from conveyor.store import pg_claim, pg_keyed, pg_listen
 from conveyor.store.pg_submit_texts import (
+    GATE,
     SUBMIT_CHILD,
     SUBMIT_CHILDREN,
     SUBMIT_MANY,
@@ -23,6 +24,7 @@ from conveyor.store.pg_submit_texts import (
     in_callers_transaction,
     submit_text,
 )
+from conveyor.store.texts import IN_CALLERS
 
 # The clock of the one-statement texts below (the statement's moment, moved by the
 # store's clock_offset): the same fragment as the claim's.
@@ -161,7 +163,17 @@ FOR SHARE
 
 def texts(durable_claims: bool = False) -> Mapping[str, str]:
     """Every Postgres text, by statement name (``durable_claims``: the claim's commit
-    waits for the WAL flush, see :data:`conveyor.store.pg_claim.QUICK_COMMIT`)."""
+    waits for the WAL flush, see :data:`conveyor.store.pg_claim.QUICK_COMMIT`); and,
+    for each submit that announces its queues only when someone listens, its
+    variant for a caller's transaction, named with :data:`IN_CALLERS` after it."""
+    out = _texts(durable_claims)
+    for name, sql in list(out.items()):
+        if GATE in sql:
+            out[name + IN_CALLERS] = in_callers_transaction(sql)
+    return out
+
+
+def _texts(durable_claims: bool) -> dict[str, str]:
     return {
         "claim_one": pg_claim.claim_text(True, durable_claims),
         "claim_any": pg_claim.claim_text(False, durable_claims),
@@ -171,10 +183,6 @@ def texts(durable_claims: bool = False) -> Mapping[str, str]:
         "submit_children": SUBMIT_CHILDREN,
         "submit_partitioned": SUBMIT_PARTITIONED,
         "submit_partitioned_children": SUBMIT_PARTITIONED_CHILDREN,
-        "submit_one_in": in_callers_transaction(submit_text(SUBMIT_ONE)),
-        "submit_plain_in": in_callers_transaction(submit_text(SUBMIT_MANY)),
-        "submit_child_in": in_callers_transaction(SUBMIT_CHILD),
-        "submit_children_in": in_callers_transaction(SUBMIT_CHILDREN),
         "ack_plain": _ACK_TEXT.replace("{done}", pg_listen.DONE_CHANNEL),
         "succeed_plain": _succeed_text(),
         "waiter_add": _WAITER_ADD,

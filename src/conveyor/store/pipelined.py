@@ -26,6 +26,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
+from sqlalchemy.ext.asyncio import AsyncConnection
+
 from conveyor import statements as q
 from conveyor.errors import AlreadyExists
 from conveyor.models import Task
@@ -34,28 +36,36 @@ from conveyor.store.requests import Request
 from conveyor.store.seam import Seam
 
 
-async def submit(st: Seam, reqs: list[Request]) -> list[Task] | None:
+async def submit(
+    st: Seam, reqs: list[Request], conn: AsyncConnection | None = None
+) -> list[Task] | None:
     """The answering tasks of ``reqs`` submitted as statements sent together, or
-    ``None`` when they are not of a kind that goes so on this dialect."""
+    ``None`` when they are not of a kind that goes so on this dialect. On ``conn``
+    (a caller's, in its transaction) the same statements run one after another
+    there, each in its variant for a caller's transaction where it has one."""
     built = st._texts or await texts.of(st)
+    if conn is not None:
+        if not texts.runs_on(conn, st):
+            return None
+        built = built.in_callers()
     if len(reqs) == 1 and keyed_alone(reqs[0]) and built.get("submit_keyed") is not None:
-        keyed = await submit_keyed(st, built, reqs[0])
+        keyed = await submit_keyed(st, built, reqs[0], conn)
         if keyed is not None:
             return [keyed]
         return None
     if len(reqs) == 1 and keyed_with_one(reqs[0]):
-        keyed = await submit_keyed_with(st, built, reqs[0])
+        keyed = await submit_keyed_with(st, built, reqs[0], conn)
         return None if keyed is None else [keyed]
     if len(reqs) == 1 and replacing(reqs[0]):
-        keyed = await submit_replacing(st, built, reqs[0])
+        keyed = await submit_replacing(st, built, reqs[0], conn)
         return None if keyed is None else [keyed]
     partitioned = any(r.partition is not None for r in reqs)
     if partitioned and no_key_or_parent(reqs) and built.get("submit_partitioned") is not None:
-        return await submit_partitioned(st, built, reqs)
+        return await submit_partitioned(st, built, reqs, conn)
     if partitioned and not any(r.key is not None for r in reqs):
-        return await submit_partitioned_children(st, built, reqs)
+        return await submit_partitioned_children(st, built, reqs, conn)
     if len(reqs) > 1 and reusing(reqs):
-        return await submit_reusing(st, built, reqs)
+        return await submit_reusing(st, built, reqs, conn)
     return None
 
 
@@ -67,7 +77,9 @@ def reusing(reqs: list[Request]) -> bool:
     )
 
 
-async def submit_reusing(st: Seam, built: texts.Texts, reqs: list[Request]) -> list[Task] | None:
+async def submit_reusing(
+    st: Seam, built: texts.Texts, reqs: list[Request], conn: AsyncConnection | None = None
+) -> list[Task] | None:
     """A batch with keys, every conflict "reuse" and no parent, as statements sent
     together, in :func:`~conveyor.store.producer.submit_tx`'s lock order: the keys
     claimed (``claim_keys``: each for the first request that has it) and locked
@@ -102,7 +114,7 @@ async def submit_reusing(st: Seam, built: texts.Texts, reqs: list[Request]) -> l
         *after,
         (answer, {"ids": [r.id for r in reqs if r.key is None], "keys": keys}),
     ]
-    rows = await texts.together(st, steps)
+    rows = await texts.together(st, steps, conn=conn)
     by_id: dict[str, Task] = {}
     by_key: dict[str, Task] = {}
     for row in rows:
@@ -113,7 +125,10 @@ async def submit_reusing(st: Seam, built: texts.Texts, reqs: list[Request]) -> l
             by_key[row.holds] = task
     lost = [r for r in reqs if r.key is not None and r.key not in by_key]
     if lost:
-        again = await producer.submit(st, lost)
+        if conn is not None:
+            again = await producer.submit_tx(st, conn, lost)
+        else:
+            again = await producer.submit(st, lost)
         by_key.update({str(r.key): task for r, task in zip(lost, again, strict=True)})
     return [by_id[r.id] if r.key is None else by_key[r.key] for r in reqs]
 
@@ -138,7 +153,9 @@ def keyed_with_one(r: Request) -> bool:
     )
 
 
-async def submit_keyed_with(st: Seam, built: texts.Texts, r: Request) -> Task | None:
+async def submit_keyed_with(
+    st: Seam, built: texts.Texts, r: Request, conn: AsyncConnection | None = None
+) -> Task | None:
     """One request with a key (conflict "reuse" or "reject") and a parent or a
     partition, as statements sent together, ending with ``key_holder``: the task
     holding the key, this request's if its claim won. ``None`` when the dialect has
@@ -174,7 +191,7 @@ async def submit_keyed_with(st: Seam, built: texts.Texts, r: Request) -> Task | 
             (submit, params),
             *after,
         ]
-    rows = await texts.together(st, [*steps, (holder, {"key": key})])
+    rows = await texts.together(st, [*steps, (holder, {"key": key})], conn=conn)
     if not rows:
         return None
     task = codec.row_to_task(rows[0])
@@ -188,7 +205,9 @@ def replacing(r: Request) -> bool:
     return r.key is not None and r.conflict == "replace" and r.parent_id is None
 
 
-async def submit_replacing(st: Seam, built: texts.Texts, r: Request) -> Task | None:
+async def submit_replacing(
+    st: Seam, built: texts.Texts, r: Request, conn: AsyncConnection | None = None
+) -> Task | None:
     """One request with a key, conflict "replace" (a partition or none; no parent),
     as statements sent together, in :func:`~conveyor.store.producer.submit_tx`'s
     order: the key claimed (``claim_keys``) and its row locked (``lock_keys``);
@@ -229,11 +248,13 @@ async def submit_replacing(st: Seam, built: texts.Texts, r: Request) -> Task | N
         before, after = stream_steps
         params = {**producer.many_params([r]), "partitions": [r.partition], "keys": [key]}
         steps += [*before, (submit, params), *after]
-    rows = await texts.together(st, [*steps, (holder, {"key": key})])
+    rows = await texts.together(st, [*steps, (holder, {"key": key})], conn=conn)
     return codec.row_to_task(rows[0]) if rows else None
 
 
-async def submit_keyed(st: Seam, built: texts.Texts, r: Request) -> Task | None:
+async def submit_keyed(
+    st: Seam, built: texts.Texts, r: Request, conn: AsyncConnection | None = None
+) -> Task | None:
     """One request with a key (conflict "reuse" or "reject"; no partition or parent)
     as two statements sent together: the key claimed and, if the claim won, the task
     written (``submit_keyed``); then the key's holder read, its key row locked
@@ -244,7 +265,7 @@ async def submit_keyed(st: Seam, built: texts.Texts, r: Request) -> Task | None:
     submit, holder = built.get("submit_keyed"), built.get("key_holder")
     assert submit is not None and holder is not None
     params = {**producer.one_params(r), "key": r.key}
-    rows = await texts.together(st, [(submit, params), (holder, {"key": r.key})])
+    rows = await texts.together(st, [(submit, params), (holder, {"key": r.key})], conn=conn)
     if not rows:
         return None
     task = codec.row_to_task(rows[0])
@@ -258,7 +279,9 @@ def no_key_or_parent(reqs: list[Request]) -> bool:
     return not any(r.key is not None or r.parent_id is not None for r in reqs)
 
 
-async def submit_partitioned(st: Seam, built: texts.Texts, reqs: list[Request]) -> list[Task]:
+async def submit_partitioned(
+    st: Seam, built: texts.Texts, reqs: list[Request], conn: AsyncConnection | None = None
+) -> list[Task]:
     """Requests with partitions (no key or parent) as one pipelined transaction of
     five statements, each built once, in the order
     :func:`~conveyor.store.producer.submit_tx` takes its locks: the queues' active
@@ -273,11 +296,12 @@ async def submit_partitioned(st: Seam, built: texts.Texts, reqs: list[Request]) 
     before, after = stream_steps
     params = {**producer.many_params(reqs), "partitions": [r.partition for r in reqs]}
     steps = [*before, (submit, params), *after]
-    return producer.answers(reqs, await texts.together(st, steps, rows_of=len(before)))
+    rows = await texts.together(st, steps, rows_of=len(before), conn=conn)
+    return producer.answers(reqs, rows)
 
 
 async def submit_partitioned_children(
-    st: Seam, built: texts.Texts, reqs: list[Request]
+    st: Seam, built: texts.Texts, reqs: list[Request], conn: AsyncConnection | None = None
 ) -> list[Task] | None:
     """Requests with partitions and parents (no key) as :func:`submit_partitioned`
     sends partitioned ones, the tasks written by ``submit_partitioned_children``
@@ -296,7 +320,7 @@ async def submit_partitioned_children(
         "parent_ids": parents,
     }
     steps = [*before, (submit, params), *after]
-    rows = await texts.together(st, steps, rows_of=len(before))
+    rows = await texts.together(st, steps, rows_of=len(before), conn=conn)
     return producer.family_answers(reqs, rows)
 
 

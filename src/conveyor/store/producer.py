@@ -11,18 +11,17 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from sqlalchemy import select, update
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
 from conveyor import statements as q
-from conveyor.errors import AlreadyExists, InvalidArgument, StoreUnavailable
+from conveyor.errors import AlreadyExists, InvalidArgument
 from conveyor.models import Task
 from conveyor.schema import deliveries as d
 from conveyor.schema import groups as g
 from conveyor.schema import keys as k
 from conveyor.schema import tasks as t
-from conveyor.store import codec, external, steps, streams, texts, wake, withdrawals
+from conveyor.store import codec, steps, streams, texts, withdrawals
 from conveyor.store import transactions as tx
 from conveyor.store.requests import Request
 from conveyor.store.seam import Seam
@@ -300,52 +299,6 @@ async def submit_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> lis
     if new:
         await st._notify(conn, {r.queue for r in new}, done=False)
     return [found[i] for i in ids]
-
-
-async def submit_in(st: Seam, connection: Any, reqs: list[Request]) -> list[Task]:
-    """:func:`submit_tx` in the caller's transaction (``submit(..., connection=...)``):
-    no commit of ours; this process's workers are woken after the caller commits."""
-    conn = await external.resolve(st, connection)
-    single = len(reqs) == 1
-    one: texts.Text | None = None
-    if is_plain(reqs):
-        one = texts.usable(st, conn, "submit_one_in" if single else "submit_plain_in")
-    elif only_parents(reqs):
-        one = texts.usable(st, conn, "submit_child_in" if single else "submit_children_in")
-    try:
-        if one is not None:
-            # The dialect's one-statement submit, as outside a transaction
-            # (announcing its queues even when nobody listens: see the text). No
-            # savepoint: one statement writes all or nothing by itself, and the two
-            # round trips of a savepoint cost about what the statement does.
-            tasks = await _submit_one_statement(st, conn, one, reqs)
-        else:
-            # A savepoint: a refused or failed submit leaves the caller's
-            # transaction as it was (no half-written keys) and usable.
-            async with conn.begin_nested():
-                tasks = await submit_tx(st, conn, reqs)
-    except DBAPIError as exc:
-        raise StoreUnavailable(
-            f"the submit failed in the caller's transaction ({exc.orig}); roll it back"
-        ) from exc
-    external.after_commit(conn, lambda: wake.wake_local(st, work=True))
-    return tasks
-
-
-async def _submit_one_statement(
-    st: Seam, conn: AsyncConnection, text: texts.Text, reqs: list[Request]
-) -> list[Task]:
-    """Plain requests, or children without keys or partitions, by the dialect's
-    one-statement submit ``text`` on ``conn``, in its transaction."""
-    single = len(reqs) == 1
-    params = one_params(reqs[0]) if single else many_params(reqs)
-    if not is_plain(reqs):  # children: each with its parent's root
-        if single:
-            params["parent_id"] = reqs[0].parent_id
-        else:
-            params["parent_ids"] = [r.parent_id for r in reqs]
-        return family_answers(reqs, list(await texts.execute(conn, st, text, params)))
-    return answers(reqs, list(await texts.execute(conn, st, text, params)))
 
 
 def task_row(r: Request, now: int, conf: Any, root: str) -> dict[str, Any]:

@@ -32,7 +32,7 @@ attribute access by column name.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import BigInteger, ClauseElement, ColumnElement, bindparam
@@ -47,6 +47,10 @@ from conveyor.store.seam import Seam
 OFFSET = "offset_us"
 #: The bind parameter a process clock is read into (see :func:`now`).
 CLOCK = "now_us"
+#: The suffix of a statement's variant for a caller's transaction
+#: (``submit(..., connection=...)``), where the dialect has one: see
+#: :meth:`Texts.in_callers`.
+IN_CALLERS = "_in"
 
 Builder = Callable[[Seam], "ClauseElement | str | None"]
 
@@ -107,6 +111,19 @@ class Texts:
 
     def __init__(self, items: Iterable[Text]) -> None:
         self._items = {item.name: item for item in items}
+        self._in_callers: Texts | None = None
+
+    def in_callers(self) -> Texts:
+        """These statements as a submit in a caller's transaction runs them: each
+        under its own name, but its variant (``name`` + :data:`IN_CALLERS`) where
+        the dialect has one."""
+        if self._in_callers is None:
+            self._in_callers = Texts(
+                replace(self._items.get(name + IN_CALLERS, text), name=name)
+                for name, text in self._items.items()
+                if not name.endswith(IN_CALLERS)
+            )
+        return self._in_callers
 
     def get(self, name: str) -> Text | None:
         """The statement ``name``, or ``None`` where the backend has none."""
@@ -233,12 +250,14 @@ async def together(
     *,
     write: bool = True,
     rows_of: int = -1,
+    conn: AsyncConnection | None = None,
 ) -> list[Any]:
     """Run ``steps`` in order in one transaction, with the store's retries; the rows
     of the one at index ``rows_of`` (the last by default). Where the dialect has a
     :meth:`~conveyor.store.seam.Seam._steps_runner` they go to the server together
     (one round trip); else, or when it has no connection free, as an ordinary
-    transaction."""
+    transaction. On ``conn`` (a caller's, in its transaction), one after another
+    there, with no transaction or retry of ours."""
     bound = [(text.sql, text.bind(st, params)) for text, params in steps]
     runner = st._steps_runner()
     chosen = range(len(steps))[rows_of]
@@ -251,6 +270,8 @@ async def together(
                 rows = list(result)
         return rows
 
+    if conn is not None:
+        return await work(conn)
     if runner is None:
         return await tx.run(st, work, write=write)
     return await tx.run(st, work, write=write, together=lambda: runner(bound, rows_of))
