@@ -1,20 +1,24 @@
-"""Postgres: a submit with an idempotency key goes to the server as two statements
-sent together (the key claimed and, if won, the task written; then the key's
-holder read), not as a transaction of one round trip per statement."""
+"""Postgres: every common kind of submit goes to the server as one statement or as
+statements sent together (keys claimed and locked first, then groups, then
+streams), not as a transaction of one round trip per statement through
+SQLAlchemy; in the caller's transaction, the same statements run there."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
 import pytest
+from sqlalchemy.ext.asyncio import AsyncConnection
 from tests._support import pg_round_trips, scratch_pg_database
 
 import conveyor
 from conveyor import AlreadyExists
 from conveyor.store import pg_listen, pg_texts, texts
+from conveyor.store.base import TaskStore
 
 
 @pytest.fixture
@@ -433,32 +437,16 @@ async def test_a_submit_in_the_callers_transaction_is_one_statement(db: str) -> 
     the one-statement submit on the caller's connection, with no savepoint (before:
     a savepoint, then a statement per step through SQLAlchemy); the answers are
     what the store reads back once the caller commits."""
-    from sqlalchemy import event
-    from sqlalchemy.ext.asyncio import create_async_engine
-
     async with conveyor.connect(db, listen=False) as st:
         root = await st.submit("root", queue="q")
-        engine = create_async_engine(db)
-        seen: list[str] = []
-
-        def count(*args: Any) -> None:
-            seen.append(args[2])
-
-        try:
-            async with engine.connect() as conn:
-                # The connection checked once (its database), before counting.
-                await st.submit("warm", queue="w", connection=conn)
-                event.listen(engine.sync_engine, "before_cursor_execute", count)
-                one = await st.submit("t", {"n": 1}, queue="q", connection=conn)
-                batch = await st.submit_many(
-                    [{"name": "t", "queue": "q"}, {"name": "t", "queue": "other"}],
-                    connection=conn,
-                )
-                child = await st.submit("c", queue="q", parent=root, connection=conn)
-                await conn.commit()
-        finally:
-            event.remove(engine.sync_engine, "before_cursor_execute", count)
-            await engine.dispose()
+        async with _callers_connection(st, db) as (conn, seen):
+            one = await st.submit("t", {"n": 1}, queue="q", connection=conn)
+            batch = await st.submit_many(
+                [{"name": "t", "queue": "q"}, {"name": "t", "queue": "other"}],
+                connection=conn,
+            )
+            child = await st.submit("c", queue="q", parent=root, connection=conn)
+            await conn.commit()
         built = pg_texts.texts()
         names = ["submit_one_in", "submit_plain_in", "submit_child_in"]
         assert seen == [built[name] for name in names]
@@ -476,34 +464,19 @@ async def test_keyed_submits_in_the_callers_transaction_run_the_built_statements
     SQLAlchemy), their variants for a caller's transaction: until the caller
     commits, it holds no lock of the listeners' (a listener starting meanwhile
     would wait for it)."""
-    from sqlalchemy import event
-    from sqlalchemy.ext.asyncio import create_async_engine
-
     dsn = db.replace("postgresql+psycopg://", "postgresql://")
     async with conveyor.connect(db, listen=False) as st:
-        engine = create_async_engine(db)
-        seen: list[str] = []
-
-        def count(*args: Any) -> None:
-            seen.append(args[2])
-
-        try:
-            async with engine.connect() as conn:
-                await st.submit("warm", queue="w", connection=conn)  # the connection checked
-                event.listen(engine.sync_engine, "before_cursor_execute", count)
-                keyed = await st.submit("t", queue="q", key="k", connection=conn)
-                streamed = await st.submit("t", queue="q", key="s", partition="p", connection=conn)
-                event.remove(engine.sync_engine, "before_cursor_execute", count)
-                async with await psycopg.AsyncConnection.connect(dsn) as other:
-                    cur = await other.execute(
-                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
-                        "AND objid = %s AND granted",
-                        [pg_listen.LISTENING_LOCK],
-                    )
-                    assert await cur.fetchone() == (0,)
-                await conn.commit()
-        finally:
-            await engine.dispose()
+        async with _callers_connection(st, db) as (conn, seen):
+            keyed = await st.submit("t", queue="q", key="k", connection=conn)
+            streamed = await st.submit("t", queue="q", key="s", partition="p", connection=conn)
+            async with await psycopg.AsyncConnection.connect(dsn) as other:
+                cur = await other.execute(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                    "AND objid = %s AND granted",
+                    [pg_listen.LISTENING_LOCK],
+                )
+                assert await cur.fetchone() == (0,)
+            await conn.commit()
         built = pg_texts.texts()
         own = [s for s in seen if "SAVEPOINT" not in s]
         assert own[:2] == [built["submit_keyed_in"], built["key_holder"]]
@@ -523,3 +496,29 @@ async def test_keyed_submits_in_the_callers_transaction_run_the_built_statements
         assert len(seen) - len(own) == 4  # a savepoint and its release, each
         assert await st.get_by_key("k") == keyed == await st.get(keyed.id)
         assert await st.get_by_key("s") == streamed and streamed.partition == "p"
+
+
+@asynccontextmanager
+async def _callers_connection(
+    st: TaskStore, db: str
+) -> AsyncIterator[tuple[AsyncConnection, list[str]]]:
+    """A caller's connection to ``db`` in a transaction (checked once, by a first
+    submit in it), and every statement it runs from then on."""
+    from sqlalchemy import event
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    engine = create_async_engine(db)
+    seen: list[str] = []
+
+    def count(*args: Any) -> None:
+        seen.append(args[2])
+
+    try:
+        async with engine.connect() as conn:
+            await st.submit("warm", queue="w", connection=conn)
+            event.listen(engine.sync_engine, "before_cursor_execute", count)
+            yield conn, seen
+    finally:
+        if event.contains(engine.sync_engine, "before_cursor_execute", count):
+            event.remove(engine.sync_engine, "before_cursor_execute", count)
+        await engine.dispose()

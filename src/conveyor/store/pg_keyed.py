@@ -25,6 +25,24 @@ from conveyor.store.pg_submit_texts import (
 
 _NOW = pg_claim.NOW
 
+#: The edits of a submit text (with a ``key`` column in its requests) that store
+#: each task's key and write a keyed task only where its key's row names it: the
+#: key claimed and locked by statements before it (claim_keys, lock_keys), or
+#: handed over (replace_key). A task without a key is written as ever.
+_WRITTEN_WHERE_KEY_NAMES_IT = (
+    (
+        "coalesce(r.delay_us, 0)), NULL, NULL, r.id,",
+        "coalesce(r.delay_us, 0)), r.key, NULL, r.id,",
+    ),
+    (
+        "LEFT JOIN conveyor_queues AS s ON s.queue = r.queue\n    ORDER BY r.n",
+        "LEFT JOIN conveyor_queues AS s ON s.queue = r.queue\n"
+        "    WHERE r.key IS NULL OR EXISTS (\n"
+        "        SELECT 1 FROM conveyor_keys AS k WHERE k.key = r.key AND k.task_id = r.id\n"
+        "    )\n    ORDER BY r.n",
+    ),
+)
+
 
 # One task with an idempotency key (conflict "reuse" or "reject"; no partition or
 # parent): the key is claimed first, as producer.submit_tx does, and the task and
@@ -73,17 +91,7 @@ _SUBMIT_KEYED_PARTITIONED = edited(
         "correlation_id, partition, n)",
         "correlation_id, partition, key, n)",
     ),
-    (
-        "coalesce(r.delay_us, 0)), NULL, NULL, r.id,",
-        "coalesce(r.delay_us, 0)), r.key, NULL, r.id,",
-    ),
-    (
-        "LEFT JOIN conveyor_queues AS s ON s.queue = r.queue\n    ORDER BY r.n",
-        "LEFT JOIN conveyor_queues AS s ON s.queue = r.queue\n"
-        "    WHERE r.key IS NULL OR EXISTS (\n"
-        "        SELECT 1 FROM conveyor_keys AS k WHERE k.key = r.key AND k.task_id = r.id\n"
-        "    )\n    ORDER BY r.n",
-    ),
+    *_WRITTEN_WHERE_KEY_NAMES_IT,
 )
 
 # A batch with keys (conflict "reuse"; no parent) and no partition: the plain
@@ -99,17 +107,7 @@ _SUBMIT_KEYED_MANY = edited(
         "backoff, delay_us, run_at_us, correlation_id, n)",
         "backoff, delay_us, run_at_us, correlation_id, key, n)",
     ),
-    (
-        "coalesce(r.delay_us, 0)), NULL, NULL, r.id,",
-        "coalesce(r.delay_us, 0)), r.key, NULL, r.id,",
-    ),
-    (
-        "LEFT JOIN conveyor_queues AS s ON s.queue = r.queue\n    ORDER BY r.n",
-        "LEFT JOIN conveyor_queues AS s ON s.queue = r.queue\n"
-        "    WHERE r.key IS NULL OR EXISTS (\n"
-        "        SELECT 1 FROM conveyor_keys AS k WHERE k.key = r.key AND k.task_id = r.id\n"
-        "    )\n    ORDER BY r.n",
-    ),
+    *_WRITTEN_WHERE_KEY_NAMES_IT,
 )
 
 # The answers of a batch with keys, as queue mode sees them: the tasks ``ids``
@@ -188,17 +186,7 @@ _SUBMIT_KEY_OWNED = edited(
         "%(correlation_id)s::text AS correlation_id,\n        1 AS n",
         "%(correlation_id)s::text AS correlation_id,\n        %(key)s::text AS key, 1 AS n",
     ),
-    (
-        "coalesce(r.delay_us, 0)), NULL, NULL, r.id,",
-        "coalesce(r.delay_us, 0)), r.key, NULL, r.id,",
-    ),
-    (
-        "LEFT JOIN conveyor_queues AS s ON s.queue = r.queue\n    ORDER BY r.n",
-        "LEFT JOIN conveyor_queues AS s ON s.queue = r.queue\n"
-        "    WHERE EXISTS (\n"
-        "        SELECT 1 FROM conveyor_keys AS k WHERE k.key = r.key AND k.task_id = r.id\n"
-        "    )\n    ORDER BY r.n",
-    ),
+    *_WRITTEN_WHERE_KEY_NAMES_IT,
 )
 
 
