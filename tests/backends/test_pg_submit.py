@@ -132,13 +132,7 @@ async def test_a_keyed_partitioned_submit_is_eight_statements_sent_together(db: 
         assert (first.partition, first.key, first.payload) == ("p", "k", {"n": 1})
         after = await st.submit("t", {"n": 3}, queue="q", partition="p")
         for group in (None, "g"):
-            order = []
-            while got := await st.claim("q", worker_id="w", group=group, partition="p"):
-                order += [t.id for t in got]
-                await st.ack_many(
-                    [{"task_id": t.id, "worker_id": "w", "group": group} for t in got]
-                )
-            assert order == [before.id, first.id, after.id]
+            assert await _drained(st, "p", group) == [before.id, first.id, after.id]
 
 
 async def test_a_replace_is_statements_sent_together(db: str) -> None:
@@ -241,13 +235,7 @@ async def test_partitioned_children_are_statements_sent_together(db: str) -> Non
             assert task == await st.get(task.id)
         assert [t.root_id for t in batch] == [root.id] * 4 + [batch[4].id]
         for group in (None, "g"):
-            order = []
-            while got := await st.claim("q", worker_id="w", group=group, partition="p0"):
-                order += [t.id for t in got]
-                await st.ack_many(
-                    [{"task_id": t.id, "worker_id": "w", "group": group} for t in got]
-                )
-            assert order == [batch[1].id, batch[3].id]
+            assert await _drained(st, "p0", group) == [batch[1].id, batch[3].id]
 
 
 async def test_partitioned_children_of_a_missing_parent_write_nothing(db: str) -> None:
@@ -327,13 +315,11 @@ async def test_a_keyed_batch_is_statements_sent_together(db: str) -> None:
         [stats] = await st.stats("q")
         assert stats.counts["queued"] == 3 + 1 + 3 + 1 + 3 + 1
         for group in (None, "g"):
-            order = []
-            while got := await st.claim("q", worker_id="w", group=group, partition="p0"):
-                order += [t.id for t in got]
-                await st.ack_many(
-                    [{"task_id": t.id, "worker_id": "w", "group": group} for t in got]
-                )
-            assert order == [streamed[0].id, streamed[2].id, streamed[6].id]
+            assert await _drained(st, "p0", group) == [
+                streamed[0].id,
+                streamed[2].id,
+                streamed[6].id,
+            ]
 
 
 async def test_a_key_of_a_batch_whose_holder_went_meanwhile_is_submitted_again(db: str) -> None:
@@ -522,3 +508,13 @@ async def _callers_connection(
         if event.contains(engine.sync_engine, "before_cursor_execute", count):
             event.remove(engine.sync_engine, "before_cursor_execute", count)
         await engine.dispose()
+
+
+async def _drained(st: TaskStore, partition: str, group: str | None) -> list[str]:
+    """The ids of queue "q"'s ``partition``, claimed and acknowledged one after
+    another (as ``group``, or queue mode) until none is left: the stream's order."""
+    order: list[str] = []
+    while got := await st.claim("q", worker_id="w", group=group, partition=partition):
+        order += [t.id for t in got]
+        await st.ack_many([{"task_id": t.id, "worker_id": "w", "group": group} for t in got])
+    return order
