@@ -458,7 +458,8 @@ async def test_keyed_submits_in_the_callers_transaction_run_the_built_statements
             async with await psycopg.AsyncConnection.connect(dsn) as other:
                 cur = await other.execute(
                     "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
-                    "AND objid = %s AND granted",
+                    "AND objid = %s AND granted AND database = "
+                    "(SELECT oid FROM pg_database WHERE datname = current_database())",
                     [pg_listen.LISTENING_LOCK],
                 )
                 assert await cur.fetchone() == (0,)
