@@ -296,20 +296,32 @@ async def _submit_keys(url: str, seed: int, keys: int) -> None:
 
 
 async def _submit_mixed(url: str, seed: int, keys: int, rounds: int) -> None:
-    """Single submits over the same ``keys`` keys, all at once, in three kinds per
-    key and round: with a partition (conflict "reuse"), with a parent ("reuse"),
-    and with a partition, replacing the holder. Prints ``[key, task id, kind]``
-    for each answer."""
+    """Submits over the same ``keys`` keys, all at once, in four kinds per key and
+    round: with a partition (conflict "reuse"), with a parent ("reuse"), with a
+    partition replacing the holder, and a batch of three keys from there on (two
+    of them partitioned, "reuse"). Prints ``[key, task id, kind]`` for each
+    answer."""
     import random
 
     rng = random.Random(seed)
     async with conveyor.connect(url) as store:
         root = await store.submit("root", queue="mixed")
-        calls: list[tuple[str, str, Any]] = []
+        calls: list[tuple[list[str], str, Any]] = []
         for n in range(rounds):
             for i in rng.sample(range(keys), keys):
                 key, partition = f"k{i}", f"p{i % 3}"
-                kind = ("partition", "parent", "replace")[(i + n + seed) % 3]
+                kind = ("partition", "parent", "replace", "batch")[(i + n + seed) % 4]
+                if kind == "batch":
+                    names = [f"k{(i + j) % keys}" for j in (0, 2, 1)]
+                    call = store.submit_many(
+                        [
+                            {"name": "mixed", "queue": "mixed", "key": name}
+                            | ({"partition": f"p{j}"} if j else {})
+                            for j, name in enumerate(names)
+                        ]
+                    )
+                    calls.append((names, kind, call))
+                    continue
                 if kind == "partition":
                     call = store.submit("mixed", queue="mixed", key=key, partition=partition)
                 elif kind == "parent":
@@ -318,15 +330,14 @@ async def _submit_mixed(url: str, seed: int, keys: int, rounds: int) -> None:
                     call = store.submit(
                         "mixed", queue="mixed", key=key, partition=partition, conflict="replace"
                     )
-                calls.append((key, kind, call))
+                calls.append(([key], kind, call))
         _handshake()
-        tasks = await asyncio.gather(*(call for _, _, call in calls))
-    print(
-        json.dumps(
-            [[key, task.id, kind] for (key, kind, _), task in zip(calls, tasks, strict=True)]
-        ),
-        flush=True,
-    )
+        answers = await asyncio.gather(*(call for _, _, call in calls))
+    out = []
+    for (names, kind, _), answer in zip(calls, answers, strict=True):
+        tasks = answer if isinstance(answer, list) else [answer]
+        out += [[name, task.id, kind] for name, task in zip(names, tasks, strict=True)]
+    print(json.dumps(out), flush=True)
 
 
 async def _open(url: str) -> None:

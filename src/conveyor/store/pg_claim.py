@@ -404,7 +404,7 @@ _KEYS = f"""
 #: queue mode and every active group of the queue, numbered in the lock order (by
 #: code point, as Python sorts the keys of the other texts): the streams a submit's
 #: new rows can join, for the pipelined submit of partitioned tasks.
-_GROUP_KEYS = """
+GROUP_KEYS = """
     SELECT p.queue, g.grp, p.partition, row_number() OVER (
         ORDER BY g.grp COLLATE "C", p.queue COLLATE "C", p.partition COLLATE "C"
     ) AS n
@@ -419,7 +419,7 @@ _GROUP_KEYS = """
 
 
 def lock_streams_text(keys: str) -> str:
-    """Lock the stream rows of ``keys`` (:data:`_KEYS` or :data:`_GROUP_KEYS`) in the
+    """Lock the stream rows of ``keys`` (:data:`_KEYS` or :data:`GROUP_KEYS`) in the
     lock order, creating those that do not exist yet: one key after another, as
     :func:`conveyor.store.streams.refresh` does step by step. A conflicting row is
     locked though nothing is updated. The first of the two statements of a refresh:
@@ -450,7 +450,7 @@ WITH keys AS MATERIALIZED ({keys}
 """
 
 
-#: Keys (``_KEYS`` or ``_GROUP_KEYS``) only while every one of ``parent_ids`` (a
+#: Keys (``_KEYS`` or ``GROUP_KEYS``) only while every one of ``parent_ids`` (a
 #: list; ``None`` entries for no parent) is a task: a submit of children whose
 #: parent is missing writes nothing, so it must not create their stream rows either.
 _IF_PARENTS = """
@@ -463,12 +463,12 @@ _IF_PARENTS = """
 #: :func:`lock_streams_text` and :func:`refresh_streams_text` of a JSON array of keys.
 LOCK_STREAMS = lock_streams_text(_KEYS)
 REFRESH_STREAMS = refresh_streams_text(_KEYS)
-#: The same of the streams of partitions ``pairs`` (:data:`_GROUP_KEYS`).
-LOCK_GROUP_STREAMS = lock_streams_text(_GROUP_KEYS)
-REFRESH_GROUP_STREAMS = refresh_streams_text(_GROUP_KEYS)
+#: The same of the streams of partitions ``pairs`` (:data:`GROUP_KEYS`).
+LOCK_GROUP_STREAMS = lock_streams_text(GROUP_KEYS)
+REFRESH_GROUP_STREAMS = refresh_streams_text(GROUP_KEYS)
 #: The two locks, for children: nothing locked or created when a parent is missing.
 LOCK_STREAMS_IF_PARENTS = lock_streams_text(_KEYS + _IF_PARENTS)
-LOCK_GROUP_STREAMS_IF_PARENTS = lock_streams_text(_GROUP_KEYS + _IF_PARENTS)
+LOCK_GROUP_STREAMS_IF_PARENTS = lock_streams_text(GROUP_KEYS + _IF_PARENTS)
 
 
 def ack_streams_text(done_channel: str, work_channel: str) -> str:
@@ -515,6 +515,7 @@ FROM note LEFT JOIN (
 
 __all__ = [
     "ACK_LOCK_TEXT",
+    "GROUP_KEYS",
     "LOCK_GROUP_STREAMS",
     "LOCK_GROUP_STREAMS_IF_PARENTS",
     "LOCK_STREAMS",

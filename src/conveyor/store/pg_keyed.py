@@ -153,13 +153,37 @@ _HOLDER_STREAMS = f"""
     FROM ({_HOLDER}
     ) AS h JOIN conveyor_deliveries AS d ON d.task_seq = h.seq
     WHERE d.partition IS NOT NULL"""
-_REPLACE_LOCK = f"""
-SELECT 1 FROM conveyor_streams AS s
-JOIN ({_HOLDER_STREAMS}
-) AS k ON s.queue = k.queue AND s.grp = k.grp AND s.partition = k.partition
-ORDER BY s.grp COLLATE "C", s.queue COLLATE "C", s.partition COLLATE "C"
-FOR UPDATE OF s
+# The groups of the new task's queue and of the holder's, shared (``queues``: a
+# JSON array with the new task's queue), as share_groups does: the lock order puts
+# group rows before stream rows, and the holder's streams in groups are locked next.
+_REPLACE_SHARE = f"""
+SELECT 1 FROM conveyor_groups
+WHERE active AND queue IN (
+    SELECT json_array_elements_text(%(queues)s::json)
+    UNION
+    SELECT h.queue FROM ({_HOLDER}
+    ) AS h
+)
+ORDER BY queue, name
+FOR SHARE
 """
+# Every stream the replace will write, locked in one pass in the lock order
+# (created where missing): the holder's, and those of the new task's partition
+# (``pairs``, as lock_group_streams takes them; an empty array for none) in queue
+# mode and every active group. Locked in two passes, the holder's and then the new
+# task's, a stream of the new task's that sorts before one of the holder's was
+# taken out of order: a batch locking the two in order deadlocked with it.
+_REPLACE_LOCK = pg_claim.lock_streams_text(
+    f"""
+    SELECT u.queue, u.grp, u.partition, row_number() OVER (
+        ORDER BY u.grp COLLATE "C", u.queue COLLATE "C", u.partition COLLATE "C"
+    ) AS n
+    FROM ({_HOLDER_STREAMS}
+        UNION
+        SELECT g.queue, g.grp, g.partition FROM ({pg_claim.GROUP_KEYS}
+        ) AS g
+    ) AS u"""
+)
 _REPLACE_CANCEL = f"""
 WITH holder AS ({_HOLDER}
 ),
@@ -265,6 +289,7 @@ def texts() -> Mapping[str, str]:
         "key_answers": _KEY_ANSWERS,
         "claim_keys": _CLAIM_KEYS,
         "lock_keys": _LOCK_KEYS,
+        "replace_share": _REPLACE_SHARE,
         "replace_lock": _REPLACE_LOCK,
         "replace_cancel": _REPLACE_CANCEL,
         "replace_refresh": _REPLACE_REFRESH,

@@ -209,28 +209,33 @@ async def submit_replacing(
     st: Seam, built: texts.Texts, r: Request, conn: AsyncConnection | None = None
 ) -> Task | None:
     """One request with a key, conflict "replace" (a partition or none; no parent),
-    as statements sent together, in :func:`~conveyor.store.producer.submit_tx`'s
-    order: the key claimed (``claim_keys``) and its row locked (``lock_keys``);
-    if another task holds it, that task withdrawn as
-    :func:`~conveyor.store.withdrawals.cancel_tx` withdraws it (``replace_lock``:
-    its streams locked; ``replace_cancel``: its active rows cancelled, a ``wait()``
-    for it told; ``replace_refresh``: its streams recomputed) and the key handed
-    over (``replace_key``); then the task written, only if the key names it by
-    then (``submit_key_owned``, or what :func:`submit_partitioned` sends with
-    ``submit_keyed_partitioned``); last ``key_holder``, the answer. ``None`` when
-    the dialect lacks a text or no task holds the key at the end (retention took
-    the key between its claim and its lock): the step-by-step submit then decides."""
-    names = ("claim_keys", "lock_keys", "replace_lock", "replace_cancel", "replace_refresh")
-    found = built.every(*names, "replace_key", "key_holder")
+    as statements sent together, in the lock order: the key claimed
+    (``claim_keys``) and its row locked (``lock_keys``); the groups of the new
+    task's queue and of the holder's shared (``replace_share``); every stream the
+    replace writes, the holder's and the new task's, locked in one pass
+    (``replace_lock``); if another task holds the key, that task withdrawn as
+    :func:`~conveyor.store.withdrawals.cancel_tx` withdraws it (``replace_cancel``:
+    its active rows cancelled, a ``wait()`` for it told; ``replace_refresh``: its
+    streams recomputed) and the key handed over (``replace_key``); then the task
+    written, only if the key names it by then (``submit_key_owned``, or
+    ``submit_keyed_partitioned`` and its streams recomputed); last ``key_holder``,
+    the answer. ``None`` when the dialect lacks a text or no task holds the key at
+    the end (retention took the key between its claim and its lock): the
+    step-by-step submit then decides."""
+    names = ("claim_keys", "lock_keys", "replace_share", "replace_lock", "replace_cancel")
+    found = built.every(*names, "replace_refresh", "replace_key", "key_holder")
     if found is None:
         return None
-    claim, lock_key, lock_holder, cancel, refresh, hand_over, holder = found
+    claim, lock_key, share, lock_streams, cancel, refresh, hand_over, holder = found
     key = str(r.key)
     ids = {"key": key, "id": r.id}
+    pairs = [] if r.partition is None else [[r.queue, r.partition]]
     steps: _Steps = [
         (claim, {"keys": json.dumps([key]), "ids": json.dumps([r.id])}),
         (lock_key, {"keys": json.dumps([key])}),
-        (lock_holder, ids),
+        (share, {**ids, "queues": json.dumps([r.queue])}),
+        # The holder's streams and the new task's, in one pass in the lock order.
+        (lock_streams, {**ids, "pairs": json.dumps(pairs)}),
         (cancel, ids),
         (refresh, ids),
         (hand_over, ids),
@@ -245,9 +250,11 @@ async def submit_replacing(
         stream_steps = _stream_steps(built, [r])
         if submit is None or stream_steps is None:
             return None
-        before, after = stream_steps
+        # Its groups and streams are held already: only the writes after it, whose
+        # locks are those of the first pass.
+        _, after = stream_steps
         params = {**producer.many_params([r]), "partitions": [r.partition], "keys": [key]}
-        steps += [*before, (submit, params), *after]
+        steps += [(submit, params), *after]
     rows = await texts.together(st, [*steps, (holder, {"key": key})], conn=conn)
     return codec.row_to_task(rows[0]) if rows else None
 
