@@ -310,12 +310,14 @@ async def _submit_mixed(url: str, seed: int, keys: int, rounds: int) -> None:
         for n in range(rounds):
             for i in rng.sample(range(keys), keys):
                 key, partition = f"k{i}", f"p{i % 3}"
-                kind = ("partition", "parent", "replace", "batch")[(i + n + seed) % 4]
-                if kind == "batch":
+                kinds = ("partition", "parent", "replace", "batch", "batch replace")
+                kind = kinds[(i + n + seed) % len(kinds)]
+                if kind.startswith("batch"):
                     names = [f"k{(i + j) % keys}" for j in (0, 2, 1)]
+                    conflict = "replace" if kind == "batch replace" else "reuse"
                     call = store.submit_many(
                         [
-                            {"name": "mixed", "queue": "mixed", "key": name}
+                            {"name": "mixed", "queue": "mixed", "key": name, "conflict": conflict}
                             | ({"partition": f"p{j}"} if j else {})
                             for j, name in enumerate(names)
                         ]

@@ -285,6 +285,7 @@ async def submit_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> lis
         if r.key is None or (chosen[r.key] == r.id):
             new.append(r)
     if replaced:
+        await lock_replacing(st, conn, replaced, new)
         await withdrawals.cancel_tx(st, conn, replaced)
 
     found: dict[str, Task] = {}
@@ -442,6 +443,53 @@ async def insert_by_steps(st: Seam, conn: AsyncConnection, reqs: list[Request]) 
     return tasks
 
 
+async def share_groups(st: Seam, conn: AsyncConnection, queues: list[str]) -> None:
+    """Share the active group rows of ``queues`` (sorted), held until commit;
+    nothing on a dialect without row locks."""
+    if not st.row_locks or not queues:
+        return
+    share = texts.usable(st, conn, "share_groups")
+    if share is not None:
+        await texts.execute(conn, st, share, {"queues": json.dumps(queues)})
+        return
+    await conn.execute(
+        st._share_rows(
+            select(g.c.queue, g.c.name)
+            .where(g.c.queue.in_(queues), g.c.active.is_(True))
+            .order_by(g.c.queue, g.c.name)
+        )
+    )
+
+
+async def lock_replacing(
+    st: Seam, conn: AsyncConnection, holders: list[str], new: list[Request]
+) -> None:
+    """Before replaced ``holders`` are withdrawn and ``new`` written: the groups of
+    every queue involved shared, then every stream the transaction writes locked in
+    one pass in the lock order (created where missing), the holders' (every
+    group's) and the queue-mode streams of the new tasks' partitions. Locked in
+    the passes that follow one by one (the holders', then the new tasks'), a new
+    task's stream that sorts before a holder's was taken out of order, and a batch
+    locking both in order deadlocked with it. Nothing on a dialect without row
+    locks; the passes that follow then only lock again what is held."""
+    if not st.row_locks:
+        return
+    rows = await conn.execute(
+        select(t.c.queue, t.c.partition).where(
+            t.c.id.in_(sorted(set(holders))), t.c.partition.is_not(None)
+        )
+    )
+    held = {(row.queue, row.partition) for row in rows}
+    fresh = {(r.queue, p) for r in new if (p := r.partition) is not None}
+    if not held | fresh:
+        return
+    await share_groups(st, conn, sorted({qn for qn, _ in held | fresh} | {r.queue for r in new}))
+    existing = await conn.execute(q.partition_streams(sorted(held | fresh), None))
+    keys = {(row.queue, row.grp, row.partition) for row in existing}
+    keys |= {(qn, q.QUEUE_MODE, p) for qn, p in fresh}
+    await streams.lock_or_create(st, conn, keys)
+
+
 async def insert_tasks(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> dict[str, Task]:
     """Insert the task rows and their delivery rows; the new tasks by id."""
     parents: dict[str, str] = {}
@@ -456,22 +504,11 @@ async def insert_tasks(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> 
         if r.parent_id is not None and r.parent_id not in parents:
             parents[r.parent_id] = r.parent_id
     queues = sorted({r.queue for r in reqs})
-    if st.row_locks:
-        # Share the active group rows the fan-out below reads (the lock order: group
-        # rows before stream rows). Unsubscribe locks the row, so it waits for the
-        # producers in flight and later ones see the group inactive: no delivery row
-        # is ever written for a group whose state unsubscribe already dropped.
-        share = texts.usable(st, conn, "share_groups")
-        if share is not None:
-            await texts.execute(conn, st, share, {"queues": json.dumps(queues)})
-        else:
-            await conn.execute(
-                st._share_rows(
-                    select(g.c.queue, g.c.name)
-                    .where(g.c.queue.in_(queues), g.c.active.is_(True))
-                    .order_by(g.c.queue, g.c.name)
-                )
-            )
+    # The active group rows the fan-out below reads (the lock order: group rows
+    # before stream rows). Unsubscribe locks the row, so it waits for the producers
+    # in flight and later ones see the group inactive: no delivery row is ever
+    # written for a group whose state unsubscribe already dropped.
+    await share_groups(st, conn, queues)
     stream_keys = {(r.queue, p) for r in reqs if (p := r.partition) is not None}
     await streams.serialize_producers(st, conn, stream_keys)
     built_context = texts.usable(st, conn, "submit_context")

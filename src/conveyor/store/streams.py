@@ -91,6 +91,25 @@ async def serialize_producers(
     await conn.execute(lock)
 
 
+async def lock_or_create(
+    st: Seam, conn: AsyncConnection, keys: Iterable[tuple[str, str, str]]
+) -> None:
+    """Lock the (queue, grp, partition) stream rows ``keys`` in the lock order,
+    creating those that do not exist, in one statement; held until commit. Where
+    the dialect has no such statement for this connection, the rows that exist are
+    locked (the missing ones are created later, as producers create them)."""
+    if not st.row_locks:
+        return
+    ordered = sorted(set(keys), key=lock_order)
+    if not ordered:
+        return
+    built = texts.usable(st, conn, "lock_streams")
+    if built is not None:
+        await texts.execute(conn, st, built, {"keys": json.dumps([list(k) for k in ordered])})
+    else:
+        await lock_streams(st, conn, ordered)
+
+
 def lock_order(key: tuple[Any, ...]) -> tuple[Any, ...]:
     """Sort key of a (queue, grp, partition) stream in the lock order."""
     queue, grp, partition = key
