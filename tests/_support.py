@@ -342,6 +342,110 @@ async def _submit_mixed(url: str, seed: int, keys: int, rounds: int) -> None:
     print(json.dumps(out), flush=True)
 
 
+async def _chaos(url: str, role: str, seed: int, seconds: float) -> None:
+    """One process of a mixed workload on queue "c" (group "g" subscribed first), four
+    calls at a time for ``seconds``: ``produce`` (keyed and partitioned submits,
+    reusing or replacing, batches, partitioned children, plain replaces),
+    ``consume`` (claims in queue mode or the group, acknowledgements, some
+    failures) or ``operate`` (cancels and retries of listed tasks). Prints the calls
+    made and every ConveyorError met, by type."""
+    import random
+    import time
+
+    rng = random.Random(seed)
+    errors: dict[str, int] = {}
+    calls = 0
+    async with conveyor.connect(url) as store:
+        root = await store.submit("root", queue="c")
+        _handshake()
+        end = time.monotonic() + seconds
+
+        async def produce() -> None:
+            k, p = rng.randrange(20), rng.randrange(6)
+            conflict = rng.choice(["reuse", "replace"])
+            roll = rng.random()
+            if roll < 0.3:
+                await store.submit(
+                    "t", queue="c", key=f"k{k}", partition=f"p{p}", conflict=conflict
+                )
+            elif roll < 0.5:
+                await store.submit_many(
+                    [
+                        {
+                            "name": "t",
+                            "queue": "c",
+                            "key": f"k{(k + j) % 20}",
+                            "partition": f"p{(p + j) % 6}",
+                            "conflict": conflict,
+                        }
+                        for j in range(3)
+                    ]
+                )
+            elif roll < 0.7:
+                await store.submit_many(
+                    [{"name": "t", "queue": "c", "partition": f"p{(p + j) % 6}"} for j in range(4)]
+                )
+            elif roll < 0.85:
+                await store.submit("t", queue="c", partition=f"p{p}", parent=root)
+            else:
+                await store.submit("t", queue="c", key=f"k{k}", conflict="replace")
+
+        async def consume() -> None:
+            group = rng.choice([None, "g"])
+            worker = f"w{seed}"
+            got = await store.claim(
+                "c",
+                worker_id=worker,
+                group=group,
+                limit=rng.randrange(1, 10),
+                per_stream=rng.randrange(1, 3),
+            )
+            items = [
+                {"task_id": t.id, "worker_id": worker, "attempt": t.attempt, "group": group}
+                for t in got
+            ]
+            if got and rng.random() < 0.2:
+                try:
+                    await store.fail(
+                        got[0].id,
+                        worker_id=worker,
+                        error="x",
+                        attempt=got[0].attempt,
+                        group=group,
+                    )
+                except conveyor.TaskCancelled:
+                    pass  # cancelled while held: the fail is refused, as it should be
+                items = items[1:]
+            if items:
+                await store.ack_many(items)
+
+        async def operate() -> None:
+            page = await store.list(queue="c", limit=20)
+            if page.items:
+                task = rng.choice(page.items)
+                if rng.random() < 0.5:
+                    await store.cancel(task.id)
+                else:
+                    try:
+                        await store.retry(task.id)
+                    except conveyor.InvalidArgument:
+                        pass  # not failed, cancelled or evicted: nothing to retry
+
+        act = {"produce": produce, "consume": consume, "operate": operate}[role]
+
+        async def one() -> None:
+            nonlocal calls
+            try:
+                await act()
+                calls += 1
+            except conveyor.ConveyorError as exc:
+                errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+
+        while time.monotonic() < end:
+            await asyncio.gather(*(one() for _ in range(4)))
+    print(json.dumps({"calls": calls, "errors": errors}), flush=True)
+
+
 async def _open(url: str) -> None:
     _handshake()
     store = conveyor.connect(url)
@@ -364,6 +468,9 @@ def main(argv: list[str]) -> None:
     elif mode == "submit_mixed":
         seed, keys, rounds = rest
         asyncio.run(_submit_mixed(url, int(seed), int(keys), int(rounds)))
+    elif mode == "chaos":
+        role, seed, seconds = rest
+        asyncio.run(_chaos(url, role, int(seed), float(seconds)))
     elif mode == "open":
         asyncio.run(_open(url))
     else:

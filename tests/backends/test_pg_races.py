@@ -9,6 +9,7 @@ order shows up in ``pg_stat_database.deadlocks``.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -17,6 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 from sqlalchemy.engine import make_url
+from tests._support import run_together
 
 import conveyor
 from conveyor import ConveyorError, Status, StoreUnavailable
@@ -204,6 +206,40 @@ async def test_cancel_fail_and_claim_on_busy_partitions_never_deadlock(url: str)
     assert errors == []
     assert done["claimed"] > 0 and done["cancelled"] > 0
     assert deadlocks(url) - before == 0
+
+
+async def test_producers_consumers_and_operators_in_five_processes(url: str) -> None:
+    """Five processes at once, four calls each at a time: two submit keyed and
+    partitioned tasks (reusing and replacing, alone and in batches), partitioned
+    children and plain replaces; two claim in queue mode and a group, acknowledge,
+    fail some; one cancels and retries. No call meets an error, the server breaks
+    no deadlock (one lock order), and afterwards every stream drains to the end in
+    queue mode and the group: nothing is left queued or leased."""
+    async with conveyor.connect(url) as st:
+        await st.subscribe("c", "g")
+    await asyncio.sleep(1.5)  # let the statistics of the set-up settle
+    before = deadlocks(url)
+    roles = ["produce", "produce", "consume", "consume", "operate"]
+    outputs = await asyncio.to_thread(
+        run_together, [["chaos", url, role, str(n), "4"] for n, role in enumerate(roles)]
+    )
+    results = [json.loads(line) for line in outputs]
+    assert [r["errors"] for r in results] == [{}] * 5
+    assert all(r["calls"] > 0 for r in results)
+    time.sleep(1.5)  # backends that exited have flushed their statistics
+    assert deadlocks(url) - before == 0
+    async with conveyor.connect(url) as st:
+        for group in (None, "g"):
+            while got := await st.claim(
+                "c", worker_id="drain", group=group, limit=50, per_stream=5
+            ):
+                await st.ack_many(
+                    [{"task_id": t.id, "worker_id": "drain", "group": group} for t in got]
+                )
+        [stats] = await st.stats("c")
+        for counts in (stats.counts, stats.groups["g"].counts):
+            assert counts["queued"] == counts["running"] == 0
+            assert counts["succeeded"] > 0
 
 
 # ---------------------------------------------------------------- item 8
