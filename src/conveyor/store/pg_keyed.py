@@ -135,14 +135,14 @@ CROSS JOIN LATERAL (
 
 
 # A single submit that replaces the holder of its key (conflict "replace"; no
-# parent): statements sent together (see store.pipelined), in the order of
-# producer.submit_tx's: the key claimed (claim_keys) and its row locked
-# (lock_keys); then, if another task holds it, that task's streams locked in the
-# lock order, its active rows cancelled (a registered wait() told), its streams
-# recomputed, and the key handed over; then the task written as every submit of
-# its kind writes it, only if the key names it by then; last, key_holder.
-# ``key`` and ``id`` (the new task's) throughout: the holder is read from the key
-# row, which names it until the hand-over.
+# parent): statements sent together (see store.pipelined), in the lock order: the
+# key claimed (claim_keys) and its row locked (lock_keys); the groups of both
+# queues shared; every stream the replace writes locked in one pass; then, if
+# another task holds the key, that task's active rows cancelled (a registered
+# wait() told), its streams recomputed, and the key handed over; then the task
+# written as every submit of its kind writes it, only if the key names it by then;
+# last, key_holder. ``key`` and ``id`` (the new task's) throughout: the holder is
+# read from the key row, which names it until the hand-over.
 _HOLDER = """
     SELECT t.seq, t.id, t.queue, t.partition
     FROM conveyor_keys AS k JOIN conveyor_tasks AS t ON t.id = k.task_id
