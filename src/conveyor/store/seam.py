@@ -317,13 +317,18 @@ class Seam(abc.ABC):
         ``keys``, a list: each task written only if its key's row names it),
         ``lock_group_streams``, ``refresh_group_streams``, then ``key_holder``.
         One with a key and conflict ``"replace"`` (no parent): ``claim_keys`` and
-        ``lock_keys``; ``replace_lock``, ``replace_cancel``, ``replace_refresh``
-        and ``replace_key`` (``key`` and ``id``, the new task's: the holder named
-        by the key row, if not ``id``, has its streams locked in the lock order,
-        its active rows cancelled and a registered ``wait()`` told, its streams
-        recomputed, and the key row then names ``id``); the task written by
+        ``lock_keys``; ``replace_share`` (``queues``, a JSON array: the active
+        groups of those queues and of the holder's shared), ``replace_lock``
+        (``pairs``, as ``lock_group_streams`` takes them: the holder's streams and
+        those of ``pairs`` in queue mode and every active group locked in one
+        pass in the lock order, created where missing), ``replace_cancel``,
+        ``replace_refresh`` and ``replace_key`` (all with ``key`` and ``id``, the
+        new task's: the holder named by the key row, if not ``id``, has its active
+        rows cancelled and a registered ``wait()`` told, its streams recomputed,
+        and the key row then names ``id``); the task written by
         ``submit_key_owned`` (``submit_one``'s parameters and ``key``: written
-        only if the key's row names it) or, with a partition, as above; then
+        only if the key's row names it) or, with a partition, by
+        ``submit_keyed_partitioned`` and the two stream statements after it; then
         ``key_holder``. A batch with keys (``"reuse"``, no parent): ``claim_keys``
         and ``lock_keys`` of its keys; ``submit_keyed_many`` (``submit_plain``'s
         parameters and ``keys``, a list with ``None`` for no key) or, with
