@@ -101,14 +101,13 @@ async def submit_reusing(
     for r in reqs:
         if r.key is not None:
             first.setdefault(r.key, r.id)
-    keys = sorted(first)  # the lock order: by code point
+    keys = sorted(first)
     params = {**producer.many_params(reqs), "keys": [r.key for r in reqs]}
     if partitioned:
         params["partitions"] = [r.partition for r in reqs]
     before, after = stream_steps
     steps: _Steps = [
-        (claim, {"keys": json.dumps(keys), "ids": json.dumps([first[key] for key in keys])}),
-        (lock_key, {"keys": json.dumps(keys)}),
+        *_key_steps(claim, lock_key, first),
         *before,
         (submit, params),
         *after,
@@ -185,8 +184,7 @@ async def submit_keyed_with(
         before, after = stream_steps
         params = {**producer.many_params([r]), "partitions": [r.partition], "keys": [key]}
         steps = [
-            (claim, {"keys": json.dumps([key]), "ids": json.dumps([r.id])}),
-            (lock_key, {"keys": json.dumps([key])}),
+            *_key_steps(claim, lock_key, {key: r.id}),
             *before,
             (submit, params),
             *after,
@@ -231,8 +229,7 @@ async def submit_replacing(
     ids = {"key": key, "id": r.id}
     pairs = [] if r.partition is None else [[r.queue, r.partition]]
     steps: _Steps = [
-        (claim, {"keys": json.dumps([key]), "ids": json.dumps([r.id])}),
-        (lock_key, {"keys": json.dumps([key])}),
+        *_key_steps(claim, lock_key, {key: r.id}),
         (share, {**ids, "queues": json.dumps([r.queue])}),
         # The holder's streams and the new task's, in one pass in the lock order.
         (lock_streams, {**ids, "pairs": json.dumps(pairs)}),
@@ -332,6 +329,17 @@ async def submit_partitioned_children(
 
 
 _Steps = list[tuple[texts.Text, Mapping[str, object]]]
+
+
+def _key_steps(claim: texts.Text, lock: texts.Text, first: dict[str, str]) -> _Steps:
+    """The idempotency keys ``first`` (key -> the id of the task it would go to)
+    claimed, then their rows locked, in the lock order (by code point): the first
+    statements of every keyed submit sent together."""
+    keys = sorted(first)
+    return [
+        (claim, {"keys": json.dumps(keys), "ids": json.dumps([first[key] for key in keys])}),
+        (lock, {"keys": json.dumps(keys)}),
+    ]
 
 
 def _stream_steps(
