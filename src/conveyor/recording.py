@@ -42,6 +42,7 @@ class Run:
     other work need not), and takes a slot again for its next task."""
 
     holding: bool = True
+    left: int = 0  # its tasks still held by the worker (the stream is claimable at 0)
 
 
 @dataclass(eq=False)

@@ -144,7 +144,11 @@ class Worker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._forced: asyncio.Event | None = None
+        # Set when a slot is freed (or back-pressure eases): room to claim into.
         self._slot_freed: asyncio.Event | None = None
+        # Set when what a claim finds may have changed here: a stream whose last held
+        # task was let go (its next task is claimable), or a drain's last task.
+        self._stream_freed: asyncio.Event | None = None
         # Stream runs waiting to take a slot back for their next task, first come
         # first served, ahead of buffered units.
         self._resume: deque[tuple[asyncio.Future[None], Run]] = deque()
@@ -203,7 +207,7 @@ class Worker:
         self._running = True
         self._loop = asyncio.get_running_loop()
         self._stopping, self._forced = asyncio.Event(), asyncio.Event()
-        self._slot_freed = asyncio.Event()
+        self._slot_freed, self._stream_freed = asyncio.Event(), asyncio.Event()
         for _ in range(self._stop_calls):  # stop() called before run()
             self._request_stop()
         try:
@@ -241,7 +245,8 @@ class Worker:
 
     # ------------------------------------------------------------ claiming
     async def _claim_loop(self) -> None:
-        assert self._stopping is not None and self._slot_freed is not None
+        assert self._stopping is not None
+        assert self._slot_freed is not None and self._stream_freed is not None
         failures = 0
         while not self._stopping.is_set():
             room = self._feed.room()
@@ -250,10 +255,11 @@ class Worker:
                 await self._until(self._slot_freed.wait())
                 continue
             idle_before = not self._held  # drain mode: a claim made while idle decides
-            # Cleared before claiming, not after: a slot freed while the claim is in
-            # flight (its stream's next task just became claimable) must still wake
-            # the wait below.
+            # Cleared before claiming, not after: a stream let go while the claim is
+            # in flight (its next task just became claimable) must still wake the
+            # wait below.
             self._slot_freed.clear()
+            self._stream_freed.clear()
             try:
                 found, took_all = await self._claim_round(room)
             except (ConveyorError, OSError) as exc:
@@ -274,11 +280,13 @@ class Worker:
             elif self.stop_when_idle and idle_before and not self._held:
                 break  # drained: nothing claimable, nothing running or being acked
             # The last claim took fewer tasks than it asked for (or none): another
-            # now would find nothing until new work comes or a slot frees (finishing
-            # a partitioned task can make the next one of its stream claimable).
+            # now would find nothing until new work comes or one of this worker's
+            # streams is let go (its next task becomes claimable). A freed slot
+            # alone changes nothing a claim finds: on one stream, waking for it
+            # cost an empty claim per task.
             await self._until(
                 self.store.wait_for_work(self.queues, self.poll_interval),
-                self._slot_freed.wait(),
+                self._stream_freed.wait(),
             )
         # Stopped: what was claimed but never started goes back at once.
         await asyncio.gather(*(self._record.release(held) for held in self._feed.drain()))
@@ -298,7 +306,7 @@ class Worker:
                 lease=self.lease,
                 limit=room,
                 group=self.group,
-                per_stream=self._feed.per_stream,
+                per_stream=self._feed.per_stream(self._streams_held()),
             )
             took = time.monotonic() - claim_started
             self.instruments.claimed(tasks, took)
@@ -312,6 +320,10 @@ class Worker:
             if took_all or not self._feed.streams:
                 break  # it saw them all, or no stream in it: asking again finds nothing
         return found, took_all
+
+    def _streams_held(self) -> int:
+        """How many streams this worker holds tasks of (claimed and not let go)."""
+        return len({h.task.partition for h in self._held.values() if h.task.partition is not None})
 
     async def _until(self, *waits: Awaitable[Any]) -> None:
         """Wait for the first of ``waits`` or for stop, whichever comes first."""
@@ -337,11 +349,11 @@ class Worker:
         assert self._stopping is not None
         while not self._stopping.is_set() and (unit := self._feed.take()) is not None:
             first = unit[0]
-            if first.task.partition is None:
+            if len(unit) == 1:
                 first.slot = True
                 self._start(self._run_one(first), first.task.id)
             else:
-                run = Run()
+                run = Run(left=len(unit))
                 for held in unit:
                     held.run = run
                 self._start(self._run_stream(unit, run), f"{first.task.partition}:{first.task.id}")
@@ -391,16 +403,19 @@ class Worker:
             self._feed.acking -= 1
         if self._held.get(held.task.id) is held:
             del self._held[held.task.id]
+            if held.run is not None:
+                held.run.left -= 1
             # Wake the claim loop only where this can change what a claim finds: the
-            # next task of the stream, room that back-pressure held back, or a drain
-            # waiting for nothing to be held. (An unpartitioned task's slot was freed
-            # when its handler returned; a claim now would only find nothing again.)
-            if (
-                held.task.partition is not None
-                or held_back
-                or (self.stop_when_idle and not self._held)
+            # next task of the stream, or a drain waiting for nothing to be held; or
+            # where it makes room that back-pressure held back. (An unpartitioned
+            # task's slot was freed when its handler returned; a claim now would only
+            # find nothing again.)
+            assert self._slot_freed is not None and self._stream_freed is not None
+            if (held.task.partition is not None and (held.run is None or held.run.left == 0)) or (
+                self.stop_when_idle and not self._held
             ):
-                assert self._slot_freed is not None
+                self._stream_freed.set()
+            if held_back:
                 self._slot_freed.set()
 
     # ------------------------------------------------------------- running

@@ -46,6 +46,47 @@ async def test_one_partition_advances_on_ack_not_on_poll(app: conveyor.App) -> N
     assert took < POLL, f"the stream advanced by polling ({took:.1f} s for {TASKS} tasks)"
 
 
+async def test_a_freed_slot_does_not_cost_one_stream_an_empty_claim(app: conveyor.App) -> None:
+    """After a claim that saw every claimable task, a slot freed by a stream's task
+    (before its success is written) changes nothing a claim finds: the worker waits
+    for the stream to be let go. It used to claim again at once, for nothing, once
+    per task of the stream."""
+    order: list[int] = []
+
+    @app.task(queue="pe")
+    async def step(ctx: Context, n: int) -> None:
+        order.append(n)
+
+    real_claim = app.store.claim
+    found: list[int] = []
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        got = await real_claim(*args, **kwargs)
+        found.append(len(got))
+        return got
+
+    app.store.claim = counted  # type: ignore[method-assign]
+    handles = await app.store.submit_many(
+        [
+            {"name": step.name, "payload": {"args": [n]}, "queue": "pe", "partition": "only"}
+            for n in range(TASKS)
+        ]
+    )
+    worker = app.worker("pe", concurrency=4, poll_interval=POLL, maintain_interval=None)
+    job = asyncio.create_task(worker.run())
+    try:
+        last = await app.store.wait(handles[-1].id, timeout=3 * POLL)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(job, 15)
+    assert last.status is Status.SUCCEEDED
+    assert order == list(range(TASKS))
+    # One claim per run of the stream (a wake-up heard twice may cost one more);
+    # before, every task also cost a claim that found nothing.
+    assert sum(found) == TASKS
+    assert found.count(0) <= 3, f"claims that found nothing: {found.count(0)} of {len(found)}"
+
+
 @pytest.mark.parametrize("group", [None, "audit"])
 async def test_mixed_streams_drain_on_ack_not_on_poll(app: conveyor.App, group: str | None) -> None:
     done: list[int] = []

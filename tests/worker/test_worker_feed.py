@@ -10,7 +10,7 @@ from typing import Any
 import conveyor
 from _support import running
 from conveyor import Status
-from conveyor.feed import PREFETCH_BELOW, PREFETCH_MOST, Feed
+from conveyor.feed import PREFETCH_BELOW, PREFETCH_MOST, STREAM_RUN_MOST, Feed
 from conveyor.worker import Context
 
 SETTLE = 0.3  # seconds given to a claim that must (or must not) happen
@@ -195,15 +195,19 @@ def test_a_busy_worker_waits_for_a_quarter_of_its_room() -> None:
     assert feed.room() == 2
 
 
-def test_partitioned_work_is_taken_one_or_two_per_stream() -> None:
+def test_partitioned_work_is_taken_one_per_stream_unless_streams_are_few() -> None:
     feed: Feed[tuple[str, str | None]] = Feed(10)
-    assert feed.per_stream == 1
+    assert feed.per_stream(0) == 1  # not prefetching: the head alone
     made = feed.add([("a", "p1"), ("b", "p1"), ("c", "p2")], lambda t: t[1])
     assert made == 2 and feed.streams
     assert feed.add([("d", None), ("e", None)], lambda t: t[1]) == 2 and feed.streams is False
     for _ in range(30):
         feed.ran(0.001)
-    assert feed.per_stream == 2  # prefetching: a stream's next task comes along
+    # Prefetching: a short run of each stream while the streams held are few...
+    assert feed.per_stream(1) == feed.per_stream(2) == STREAM_RUN_MOST
+    assert feed.per_stream(3) == feed.per_stream(10) == 2
+    # ...and the head alone once more streams are held than there are slots.
+    assert feed.per_stream(11) == feed.per_stream(100) == 1
     assert feed.take() == [("a", "p1"), ("b", "p1")]
     assert feed.drain() == [("c", "p2"), ("d", None), ("e", None)] and feed.buffered == 0
 

@@ -71,8 +71,8 @@ async def succeed_many_tx(
 ) -> tuple[list[Task | ConveyorError | None], bool]:
     """Finish the leased ``todo`` items, each fenced on its own; fill ``outcomes``
     (a copy) at their indexes with the task (``read_back``; else left ``None``) or
-    the error it met. Also returns whether a partitioned task finished (its stream
-    may have work for the next claimer)."""
+    the error it met. Also returns whether a stream's head became claimable (idle
+    claimers have something to find)."""
     out = list(outcomes)
     ids = sorted({item[1] for item in todo})
     idents = list(
@@ -126,12 +126,12 @@ async def succeed_many_tx(
                 await explain_lost(conn, task_id, grp)
             except (LostLease, NotFound) as exc:
                 out[i] = exc
-    await streams.refresh(st, conn, touched)
+    freed = await streams.refresh(st, conn, touched)
     if finished:
         await st._notify(conn, queues, done=True, task_ids=finished)
-        if touched:
+        if freed:
             await st._notify(conn, {key[0] for key in touched}, done=False)
-    return out, bool(touched)
+    return out, freed
 
 
 async def ack_many(

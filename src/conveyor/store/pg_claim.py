@@ -462,7 +462,8 @@ _IF_PARENTS = """
 
 #: :func:`lock_streams_text` and :func:`refresh_streams_text` of a JSON array of keys.
 LOCK_STREAMS = lock_streams_text(_KEYS)
-REFRESH_STREAMS = refresh_streams_text(_KEYS)
+#: (REFRESH_STREAMS returns the ``available_at`` of each stream it changed.)
+REFRESH_STREAMS = refresh_streams_text(_KEYS) + "RETURNING s.available_at\n"
 #: The same of the streams of partitions ``pairs`` (:data:`GROUP_KEYS`).
 LOCK_GROUP_STREAMS = lock_streams_text(GROUP_KEYS)
 REFRESH_GROUP_STREAMS = refresh_streams_text(GROUP_KEYS)

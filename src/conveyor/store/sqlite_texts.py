@@ -133,7 +133,7 @@ WHERE grp = :grp AND queue = :queue
 #: row; the stream is available when the head is queued and no row of it is
 #: leased, since the moment its head became available (kept while the head
 #: stays the same), else since now or the head's run_at, whichever is later. A
-#: missing stream row is created.
+#: missing stream row is created. Returns each stream's new ``available_at``.
 REFRESH_STREAMS = """
 WITH k AS (
     SELECT json_extract(j.value, '$[0]') AS queue, json_extract(j.value, '$[1]') AS grp,
@@ -174,6 +174,7 @@ ON CONFLICT (queue, grp, "partition") DO UPDATE SET
         ))
         ELSE excluded.available_at
     END
+RETURNING available_at
 """
 
 

@@ -341,7 +341,7 @@ async def ack_tx(
     to the worker, then one statement per row passing the fence. Returns the items
     that failed the fence (the caller learns why through
     :func:`.batch_ack.succeed_many_tx`), the finished task ids, and whether a
-    partitioned task finished (its stream may have work for the next claimer)."""
+    stream's head became claimable (idle claimers have something to find)."""
     built = st._texts
     assert built is not None
     held_text, finish = built.get("ack_held"), built.get("step_finish")
@@ -381,9 +381,9 @@ async def ack_tx(
                 finish,
                 [{"grp": grp, "b_seq": seq, "b_result": res} for seq, res in ok.items()],
             )
-    await streams.refresh(st, conn, touched)
+    freed = await streams.refresh(st, conn, touched)
     if finished:
         await st._notify(conn, queues, done=True, task_ids=finished)
-        if touched:
+        if freed:
             await st._notify(conn, {key[0] for key in touched}, done=False)
-    return left, finished, bool(touched)
+    return left, finished, freed

@@ -157,8 +157,11 @@ async def next_run(
     return seqs
 
 
-async def refresh(st: Seam, conn: AsyncConnection, keys: Iterable[tuple[Any, ...]]) -> None:
-    """Recompute head and availability of each (queue, group, partition) stream.
+async def refresh(st: Seam, conn: AsyncConnection, keys: Iterable[tuple[Any, ...]]) -> bool:
+    """Recompute head and availability of each (queue, group, partition) stream;
+    whether one of them is available now where it was not (or may be: a stream
+    the statement wrote without changing its availability counts too), which is
+    when idle claimers have something new to find.
 
     A stream is available when its first active task is queued and due and no
     task of it is leased. ``available_at`` records when the current head became
@@ -180,8 +183,10 @@ async def refresh(st: Seam, conn: AsyncConnection, keys: Iterable[tuple[Any, ...
                 # Its own statement: the refresh's snapshot then has every change
                 # committed to these streams before their locks were granted.
                 await texts.execute(conn, st, lock, params)
-            await texts.execute(conn, st, built, params)
-        return
+            rows = await texts.execute(conn, st, built, params)
+            return any(row.available_at is not None for row in rows)
+        return False
+    freed = False
     for queue, grp, partition in sorted(set(keys), key=lock_order):
         # Lock the stream row before reading its head: a transition committed by
         # another transaction while we wait is then visible to the reads below,
@@ -207,8 +212,10 @@ async def refresh(st: Seam, conn: AsyncConnection, keys: Iterable[tuple[Any, ...
                 else:
                     available = max(head.now, head.run_at)
         if state is None or (state.head_seq, state.available_at) != (head_seq, available):
+            freed = freed or available is not None
             await conn.execute(
                 update(s)
                 .where(s.c.queue == queue, s.c.grp == grp, s.c.partition == partition)
                 .values(head_seq=head_seq, priority=priority, available_at=available)
             )
+    return freed
