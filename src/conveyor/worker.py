@@ -349,6 +349,9 @@ class Worker:
         assert self._stopping is not None
         while not self._stopping.is_set() and (unit := self._feed.take()) is not None:
             first = unit[0]
+            # A unit of one task, a stream's head included, runs alone in its slot
+            # (its handler inline, its slot freed when the handler returns); only a
+            # run of several tasks of one stream needs the run's ordering.
             if len(unit) == 1:
                 first.slot = True
                 self._start(self._run_one(first), first.task.id)
