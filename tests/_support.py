@@ -501,7 +501,7 @@ async def plan(store: TaskStore, stmt: Any) -> str:
 def sqlite_statements(store: TaskStore) -> list[str]:
     """Every statement a SQLite store runs through SQLAlchemy from now on, on its
     connection thread's engine (the built texts run on the driver's cursor, by
-    :meth:`~conveyor.store.transactions.InlineConnection.run_text`, unseen here)."""
+    :meth:`~conveyor.store.protocol.transactions.InlineConnection.run_text`, unseen here)."""
     from sqlalchemy import event
 
     seen: list[str] = []

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from conveyor import _values as v
 from conveyor.models import Status, Task
-from conveyor.store import codec
+from conveyor.store.protocol import codec
 
 
 def _values() -> dict[str, object]:

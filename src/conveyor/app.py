@@ -14,7 +14,7 @@ the submit helpers the decorated functions grow.
     task = await send_email.with_options(partition="cust-7", delay=10).submit(to="x@y.z")
 
 Task functions, the naming rule and the payload convention live in
-:mod:`conveyor.registry` (re-exported here); the worker in :mod:`conveyor.worker`.
+:mod:`conveyor.task_functions` (re-exported here); the worker in :mod:`conveyor.worker`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from conveyor import _values as v
 from conveyor.connect import SyncStore, connect
 from conveyor.errors import ConfigurationError, InvalidArgument
 from conveyor.models import Backoff
-from conveyor.registry import (
+from conveyor.store.base import TaskStore
+from conveyor.task_functions import (
     PartitionSpec,
     TaskCall,
     TaskFunction,
@@ -39,7 +40,6 @@ from conveyor.registry import (
     payload_for,
     task_factory,
 )
-from conveyor.store.base import TaskStore
 from conveyor.worker import Worker
 
 if TYPE_CHECKING:

@@ -121,9 +121,9 @@ class SyncStore:
         """``submit``/``submit_many`` with ``connection=``: a blocking Connection or
         Session is used in the caller's thread, where it belongs; the store's one
         submit path runs on it without ever waiting on the store's loop."""
-        from conveyor.store import external
+        from conveyor.store.protocol import caller_conn
 
-        sync = external.sync_connection_of(kwargs["connection"])
+        sync = caller_conn.sync_connection_of(kwargs["connection"])
         if sync is None:
             raise ConfigurationError(
                 "connection: the sync store takes a SQLAlchemy Connection or Session "
@@ -131,9 +131,9 @@ class SyncStore:
                 "AsyncSession to the async store"
             )
         loop = self._ensure_loop()
-        self._call(external.store_identity(self.store))  # opens the store on its loop
-        joined = {**kwargs, "connection": external.SyncConnection(sync, loop)}
-        return external.run_inline(getattr(self.store, method)(*args, **joined))
+        self._call(caller_conn.store_identity(self.store))  # opens the store on its loop
+        joined = {**kwargs, "connection": caller_conn.SyncConnection(sync, loop)}
+        return caller_conn.run_inline(getattr(self.store, method)(*args, **joined))
 
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:

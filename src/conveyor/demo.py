@@ -36,7 +36,7 @@ from rich.table import Table
 
 import conveyor
 from conveyor.models import Status
-from conveyor.registry import TaskCall
+from conveyor.task_functions import TaskCall
 from conveyor.worker import Context, Worker
 
 GROUPS = ("analytics", "audit")

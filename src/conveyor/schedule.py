@@ -41,8 +41,8 @@ from conveyor.models import Task
 from conveyor.schema import schedules as sched_table
 
 if TYPE_CHECKING:
-    from conveyor.registry import TaskFunction
     from conveyor.store.base import TaskStore
+    from conveyor.task_functions import TaskFunction
 
 log = logging.getLogger("conveyor.schedule")
 
@@ -195,7 +195,7 @@ class Schedule:
 
     def request(self, tick: datetime) -> dict[str, Any]:
         """The submit request of one tick (the task's own queue, priority, partition)."""
-        from conveyor.registry import TaskCall
+        from conveyor.task_functions import TaskCall
 
         request = TaskCall(self.task, {}).request(self.args, self.kwargs)
         request["key"] = self.key(tick)

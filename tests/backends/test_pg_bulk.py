@@ -1,6 +1,6 @@
-"""Postgres: a large plain batch goes in runs of ``bulk.RUN`` tasks, pipelined on a
+"""Postgres: a large plain batch goes in runs of ``submit_runs.RUN`` tasks, pipelined on a
 kept connection in one transaction, each run sent as its requests are validated
-(conveyor.store.bulk); without a kept connection free, the same runs go in an
+(conveyor.store.protocol.submit_runs); without a kept connection free, the same runs go in an
 ordinary transaction; a refused request leaves no transaction open."""
 
 from __future__ import annotations
@@ -13,17 +13,17 @@ import pytest
 
 import conveyor
 from conveyor import InvalidArgument
-from conveyor.store import bulk
 from conveyor.store.postgres import PostgresStore
+from conveyor.store.protocol import submit_runs
 
-N = 4 * bulk.RUN + 111
+N = 4 * submit_runs.RUN + 111
 
 
 def _expected_runs(n: int) -> list[int]:
     """A batch's runs: a short first one (the server starts sooner), then full ones."""
-    out = [bulk.FIRST]
+    out = [submit_runs.FIRST]
     while sum(out) < n:
-        out.append(min(bulk.RUN, n - sum(out)))
+        out.append(min(submit_runs.RUN, n - sum(out)))
     return out
 
 
@@ -68,10 +68,10 @@ async def test_a_large_batch_goes_in_runs_on_a_kept_connection(pg_url: str) -> N
         assert _runs(tasks) == RUNS
         assert idle_while_read == [1] * N  # never taken for the transaction meanwhile
         # A batch of at most one run is one statement, as before.
-        small = await st.submit_many(_requests("bulk-kept")[: bulk.RUN])
-        assert _runs(small) == [bulk.RUN]
+        small = await st.submit_many(_requests("bulk-kept")[: submit_runs.RUN])
+        assert _runs(small) == [submit_runs.RUN]
         page = await st.list(queue="bulk-kept", limit=3 * N)
-        assert len(page.items) == 2 * N + bulk.RUN
+        assert len(page.items) == 2 * N + submit_runs.RUN
 
 
 async def test_without_a_kept_connection_free_the_runs_go_in_a_transaction(
@@ -89,7 +89,7 @@ async def test_without_a_kept_connection_free_the_runs_go_in_a_transaction(
             await direct._put_back(held, False)
         assert _runs(tasks) == RUNS
         assert [t.payload["i"] for t in tasks] == list(range(N))
-        for task in (tasks[0], tasks[bulk.RUN], tasks[-1]):
+        for task in (tasks[0], tasks[submit_runs.RUN], tasks[-1]):
             assert await st.get(task.id) == task
 
 
@@ -97,7 +97,7 @@ async def test_a_refused_request_leaves_no_transaction_open(pg_url: str) -> None
     async with conveyor.connect(pg_url, listen=False, direct_connections=1) as st:
         assert isinstance(st, PostgresStore)
         requests = _requests("bulk-refused")
-        requests[3 * bulk.RUN + 5] = {"name": "t", "queue": "bulk-refused", "delay": -1}
+        requests[3 * submit_runs.RUN + 5] = {"name": "t", "queue": "bulk-refused", "delay": -1}
         with pytest.raises(InvalidArgument) as info:
             await st.submit_many(requests)
         assert info.value.field == "delay"

@@ -25,11 +25,11 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from tests._support import pg_deadlocks, scratch_pg_database
 
 import conveyor
-from conveyor import statements as q
 from conveyor.connect import resolve_url
-from conveyor.store import pg_claim
 from conveyor.store.base import TaskStore
-from conveyor.store.pg_texts import texts
+from conveyor.store.postgres import claim as pg_claim
+from conveyor.store.postgres.texts import texts
+from conveyor.store.protocol import queries as q
 
 ICU_EN_US = "TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'"
 

@@ -12,9 +12,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 import conveyor
 from conveyor import InvalidArgument, Status
-from conveyor.statements import QUEUE_MODE
-from conveyor.store import pg_direct, texts
 from conveyor.store.postgres import PostgresStore
+from conveyor.store.postgres import direct as pg_direct
+from conveyor.store.protocol import texts
+from conveyor.store.protocol.queries import QUEUE_MODE
 
 
 async def _show(conn: AsyncConnection) -> tuple[str, str, str]:

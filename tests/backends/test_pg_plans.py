@@ -23,7 +23,9 @@ import pytest
 from tests._support import scratch_pg_database
 
 import conveyor
-from conveyor.store import pg_direct, pg_texts, postgres
+from conveyor.store.postgres import direct as pg_direct
+from conveyor.store.postgres import store as postgres
+from conveyor.store.postgres import texts as pg_texts
 
 QUEUED = 4000
 LEASED = 1000
@@ -353,7 +355,7 @@ async def test_listing_and_counting_by_status_read_only_their_rows(
     their own index, or the first pages in submit order), listing the queued ones
     reads only queued rows, by index, and stats() still counts both: no plan walks
     the table, with or without statistics."""
-    from conveyor.store import codec
+    from conveyor.store.protocol import codec
 
     await _fill(young_db)
     if analysed:
@@ -454,7 +456,7 @@ async def test_a_deep_page_of_a_workflow_reads_about_a_page(young_db: str) -> No
     about a page of tasks: its descendants in submit order from that index, its
     root by id. 3,000 descendants beside 3,000 other tasks, analysed (without
     statistics the first page is planned by guesses, as before the change)."""
-    from conveyor.store import codec
+    from conveyor.store.protocol import codec
 
     async with conveyor.connect(young_db, listen=False) as st:
         root = await st.submit("root", queue="wf")

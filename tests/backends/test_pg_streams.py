@@ -2,12 +2,12 @@
 a partitioned submit is one pipelined transaction.
 
 A stream's head and availability are recomputed after every change to its rows
-(:func:`conveyor.store.streams.refresh`). Step by step that is three or four
+(:func:`conveyor.store.protocol.streams.refresh`). Step by step that is three or four
 statements per stream; on Postgres it is two statements however many streams: one
 locks their rows in the lock order (creating the missing ones), the next, whose
 snapshot then has every change committed to them meanwhile, recomputes them all.
 A submit of partitioned tasks without keys or parents sends its five statements
-together (:func:`conveyor.store.producer.submit`).
+together (:func:`conveyor.store.protocol.producer.submit`).
 """
 
 from __future__ import annotations

@@ -17,8 +17,10 @@ from tests._support import pg_round_trips, scratch_pg_database
 
 import conveyor
 from conveyor import AlreadyExists
-from conveyor.store import pg_listen, pg_texts, texts
 from conveyor.store.base import TaskStore
+from conveyor.store.postgres import listen as pg_listen
+from conveyor.store.postgres import texts as pg_texts
+from conveyor.store.protocol import texts
 
 
 @pytest.fixture

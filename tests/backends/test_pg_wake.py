@@ -19,8 +19,9 @@ from sqlalchemy.engine import make_url
 import conveyor
 from _support import scratch_pg_database
 from conveyor import Status
-from conveyor.store import pg_listen, wake
 from conveyor.store.postgres import PostgresStore
+from conveyor.store.postgres import listen as pg_listen
+from conveyor.store.protocol import wake
 from conveyor.worker import Context
 
 

@@ -16,7 +16,7 @@ from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 import conveyor
-from conveyor.store import sqlite_thread
+from conveyor.store.sqlite import thread as sqlite_thread
 
 #: Of several submits to an idle store, how many must go inline: the thread
 #: takes the lock now and then for its own upkeep (a data_version read every

@@ -14,7 +14,7 @@ from tests._support import sqlite_statements
 
 import conveyor
 from conveyor.store.base import TaskStore
-from conveyor.store.transactions import InlineConnection
+from conveyor.store.protocol.transactions import InlineConnection
 
 HISTORY_WALKS = {"y", "z", "r", "x", "d", "t", "s", "conveyor_deliveries", "conveyor_streams"}
 
@@ -120,7 +120,7 @@ async def test_a_streams_running_check_reads_leased_rows_not_its_backlog(tmp_pat
     tasks)."""
     from sqlalchemy.dialects import sqlite
 
-    from conveyor import statements as q
+    from conveyor.store.protocol import queries as q
 
     path = tmp_path / "running.db"
     async with conveyor.connect(f"sqlite:///{path}") as store:

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 import conveyor
 from conveyor.schema import tasks as t
-from conveyor.store import sqlite_thread
+from conveyor.store.sqlite import thread as sqlite_thread
 
 SUBMIT = textwrap.dedent(
     """

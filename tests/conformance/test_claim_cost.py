@@ -19,10 +19,10 @@ from sqlalchemy import func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 from tests._support import plan
 
-from conveyor import statements as q
 from conveyor.schema import deliveries as d
 from conveyor.schema import streams as s
 from conveyor.store.base import TaskStore
+from conveyor.store.protocol import queries as q
 
 Q = "history"
 HISTORY = 10_000  # x 2 views finished = 20k finished delivery rows

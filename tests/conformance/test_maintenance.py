@@ -16,8 +16,8 @@ from sqlalchemy import text
 
 import conveyor
 from conveyor import Status
-from conveyor.store import upkeep
 from conveyor.store.base import TaskStore
+from conveyor.store.protocol import upkeep
 
 DAY = 86_400.0
 

@@ -315,7 +315,7 @@ async def test_submit_many_rolls_back_on_a_rejected_key(store: TaskStore) -> Non
     assert items == [existing]
 
 
-# Larger than a few runs of the Postgres bulk path (conveyor.store.bulk.RUN), and
+# Larger than a few runs of the Postgres bulk path (conveyor.store.protocol.submit_runs.RUN), and
 # not a multiple of one: the last run is short.
 LARGE = 1_111
 

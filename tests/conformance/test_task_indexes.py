@@ -12,10 +12,10 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 from tests._support import plan
 
-from conveyor import statements as q
 from conveyor.schema import tasks as t
-from conveyor.store import codec
 from conveyor.store.base import TaskStore
+from conveyor.store.protocol import codec
+from conveyor.store.protocol import queries as q
 
 PARENT = "ix_conveyor_tasks_parent"
 CORRELATION = "ix_conveyor_tasks_correlation_seq"

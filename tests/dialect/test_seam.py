@@ -18,12 +18,12 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 import conveyor
-from conveyor import statements as q
 from conveyor.schema import counts as cn
 from conveyor.schema import deliveries as d
 from conveyor.schema import tasks as t
-from conveyor.store import codec
 from conveyor.store.base import TaskStore
+from conveyor.store.protocol import codec
+from conveyor.store.protocol import queries as q
 
 SETTLE = 0.3  # seconds a blocked transaction is given to (wrongly) get through
 

@@ -1,4 +1,4 @@
-"""Statements built once (:mod:`conveyor.store.texts`), on both backends: built at
+"""Statements built once (:mod:`conveyor.store.protocol.texts`), on both backends: built at
 open() from the dialect's own texts and the shared builders, run by themselves
 with the store's retries, and inside a transaction."""
 
@@ -17,8 +17,8 @@ from sqlalchemy import Integer, bindparam, literal, select
 import conveyor
 from conveyor.errors import ConveyorError, InvalidArgument, StoreUnavailable
 from conveyor.schema import tasks as t
-from conveyor.store import texts
 from conveyor.store.base import TaskStore
+from conveyor.store.protocol import texts
 from conveyor.store.seam import Seam
 
 PG_ONLY = ("claim_one", "claim_any", "submit_plain", "ack_plain")

@@ -14,7 +14,9 @@ import pytest
 from sqlalchemy.engine import make_url
 
 import conveyor
-from conveyor.store import base, pg_listen, texts
+from conveyor.store import base
+from conveyor.store.postgres import listen as pg_listen
+from conveyor.store.protocol import texts
 
 QUIET = 0.5  # seconds a listener is given to hear an announcement that must not come
 

@@ -11,8 +11,8 @@ import pytest
 
 import conveyor
 from conveyor import tracing
-from conveyor.context import Context
 from conveyor.worker import Worker
+from conveyor.worker.context import Context
 
 pytest.importorskip("opentelemetry.sdk")
 

@@ -15,8 +15,8 @@ import pytest
 
 import conveyor
 from conveyor import ConfigurationError, metrics
-from conveyor.context import Context
 from conveyor.worker import Worker
+from conveyor.worker.context import Context
 
 pytest.importorskip("prometheus_client")
 

@@ -1,4 +1,4 @@
-"""How the worker feeds its slots (conveyor.feed): acknowledgements that do not
+"""How the worker feeds its slots (conveyor.worker.feed): acknowledgements that do not
 hold a slot, claims across several streams, the prefetch buffer. Real stores on
 both backends; the Feed's arithmetic alone at the end."""
 
@@ -10,8 +10,8 @@ from typing import Any
 import conveyor
 from _support import running
 from conveyor import Status
-from conveyor.feed import PREFETCH_BELOW, PREFETCH_MOST, STREAM_RUN_MOST, Feed
 from conveyor.worker import Context
+from conveyor.worker.feed import PREFETCH_BELOW, PREFETCH_MOST, STREAM_RUN_MOST, Feed
 
 SETTLE = 0.3  # seconds given to a claim that must (or must not) happen
 

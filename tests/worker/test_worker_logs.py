@@ -13,8 +13,8 @@ import pytest
 
 import conveyor
 from conveyor import Status
-from conveyor.logs import JsonFormatter, TaskLogger, setup_logging
 from conveyor.worker import Context
+from conveyor.worker.logs import JsonFormatter, TaskLogger, setup_logging
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ from conveyor.cli.worker import load_user_app
 from conveyor.connect import SyncStore
 from conveyor.errors import ConveyorError
 from conveyor.models import Status
-from conveyor.registry import TaskFunction
+from conveyor.task_functions import TaskFunction
 
 
 @cli.command()

@@ -19,8 +19,8 @@ from conveyor.cli._common import (
     cli,
 )
 from conveyor.errors import ConveyorError
-from conveyor.logs import FORMATS, LEVELS, setup_logging
-from conveyor.supervisor import Supervisor, watch_parent
+from conveyor.worker.logs import FORMATS, LEVELS, setup_logging
+from conveyor.worker.supervisor import Supervisor, watch_parent
 
 
 @cli.command()

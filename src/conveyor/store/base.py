@@ -32,29 +32,29 @@ from sqlalchemy import ColumnElement, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from conveyor import _values as v
-from conveyor import statements as q
 from conveyor import tracing
 from conveyor.collector import settle_collector
 from conveyor.errors import ConveyorError, InvalidArgument, NotFound
 from conveyor.models import Backoff, ConsumerGroup, Page, QueueStats, Status, Task
 from conveyor.schema import keys as k
-from conveyor.store import (
-    bulk,
+from conveyor.store.api_leases import MAX_LIMIT, LeaseOps
+from conveyor.store.api_reads import InspectReads
+from conveyor.store.protocol import (
+    caller_tx,
     codec,
     groups,
-    joined,
-    pipelined,
     producer,
     streams,
+    submit_runs,
+    submit_together,
     texts,
     upkeep,
     wake,
-    withdrawals,
+    withdraw,
 )
-from conveyor.store import transactions as tx
-from conveyor.store.inspect import InspectReads
-from conveyor.store.leases import MAX_LIMIT, LeaseOps
-from conveyor.store.requests import Preparing, Request
+from conveyor.store.protocol import queries as q
+from conveyor.store.protocol import transactions as tx
+from conveyor.store.protocol.requests import Preparing, Request
 
 T = TypeVar("T")
 
@@ -170,7 +170,7 @@ class TaskStore(LeaseOps, InspectReads):
     async def _refresh_streams(
         self, conn: AsyncConnection, keys: Iterable[tuple[Any, ...]]
     ) -> None:
-        """Recompute the given streams (see :func:`conveyor.store.streams.refresh`)."""
+        """Recompute the given streams (see :func:`conveyor.store.protocol.streams.refresh`)."""
         await streams.refresh(self, conn, keys)
 
     # ------------------------------------------------------------ producer
@@ -237,7 +237,7 @@ class TaskStore(LeaseOps, InspectReads):
         recording = tracing.recording()
         if connection is None and not recording:
             # A large plain batch in runs, validated as they go (none: the usual path).
-            tasks = await bulk.submit(self, preparing)
+            tasks = await submit_runs.submit(self, preparing)
             if tasks is not None:
                 wake.wake_local(self, work=True)
                 return tasks
@@ -253,8 +253,8 @@ class TaskStore(LeaseOps, InspectReads):
         self, prepared: builtins.list[Request], connection: Any
     ) -> builtins.list[Task]:
         if connection is not None:
-            return await joined.submit(self, connection, prepared)
-        tasks = await pipelined.submit(self, prepared)
+            return await caller_tx.submit(self, connection, prepared)
+        tasks = await submit_together.submit(self, prepared)
         if tasks is None:
             tasks = await producer.submit(self, prepared)
         wake.wake_local(self, work=True)
@@ -330,7 +330,7 @@ class TaskStore(LeaseOps, InspectReads):
         task_id = v.name("task_id", task_id)
 
         async def work(conn: AsyncConnection) -> Task | None:
-            await withdrawals.cancel_tx(self, conn, [task_id])
+            await withdraw.cancel_tx(self, conn, [task_id])
             return (await codec.fetch_tasks(conn, q.QUEUE_MODE, ids=[task_id])).get(task_id)
 
         task = await self._run(work)
@@ -355,7 +355,7 @@ class TaskStore(LeaseOps, InspectReads):
         task_id = v.name("task_id", task_id)
 
         task = await self._run(
-            lambda conn: withdrawals.retry_tx(self, conn, task_id, grp, reset_attempts)
+            lambda conn: withdraw.retry_tx(self, conn, task_id, grp, reset_attempts)
         )
         wake.wake_local(self, work=True)
         return task
@@ -530,7 +530,7 @@ class TaskStore(LeaseOps, InspectReads):
 
     async def _maintain_at_start(self) -> dict[str, int]:
         """A worker's first pass: :meth:`maintain` without retention, roll-up and idle
-        streams (see :func:`conveyor.store.upkeep.maintain`)."""
+        streams (see :func:`conveyor.store.protocol.upkeep.maintain`)."""
         if self._engine is None:
             await self.open()
         return await upkeep.maintain(self, housekeeping=False)

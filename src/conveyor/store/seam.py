@@ -26,8 +26,8 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 if TYPE_CHECKING:
-    from conveyor.store.texts import Texts
-    from conveyor.store.wake import Waker
+    from conveyor.store.protocol.texts import Texts
+    from conveyor.store.protocol.wake import Waker
 
 #: Runs one driver statement by itself (autocommit) and returns its rows.
 DirectRunner = Callable[[str, Mapping[str, Any]], Awaitable[list[Any]]]
@@ -52,7 +52,7 @@ class ConnectionRunner(Protocol):
         """Run ``fn(connection)`` and return its result (or raise its exception).
         ``fn`` opens and ends its own transaction. ``inline``: ``fn`` is a short
         write transaction the runner may run on the caller's thread (see
-        :mod:`conveyor.store.sqlite_thread`)."""
+        :mod:`conveyor.store.sqlite.thread`)."""
         ...
 
 
@@ -62,11 +62,11 @@ class Seam(abc.ABC):
     # ------------------------------------------------ state the roles read
     #: Whether the backend has row locks whose order matters (Postgres). Without
     #: them (SQLite: one writer holds the whole database) the protocol skips the
-    #: steps that only take locks ahead of time (see :mod:`conveyor.store.streams`).
+    #: steps that only take locks ahead of time (see :mod:`conveyor.store.protocol.streams`).
     row_locks: ClassVar[bool]
     #: Whether the clock is the process's (SQLite), read when a statement runs
     #: rather than by the database: a statement built once then binds it per run
-    #: (see :func:`conveyor.store.texts.now`).
+    #: (see :func:`conveyor.store.protocol.texts.now`).
     process_clock: ClassVar[bool] = False
     #: The database URL the store was made with.
     url: str
@@ -81,12 +81,12 @@ class Seam(abc.ABC):
     #: COMMIT round trips) with the store's timeouts still in force. A dialect sets it.
     autocommit_single: bool = False
     _engine: AsyncEngine | None
-    #: The statements built once at open() (:mod:`conveyor.store.texts`).
+    #: The statements built once at open() (:mod:`conveyor.store.protocol.texts`).
     _texts: Texts | None = None
     _work_waker: Waker | None
     _done_waker: Waker | None
     #: The start of the cross-process wake channel, once something waited or claimed
-    #: (:func:`conveyor.store.wake.listen`); ``None`` before that and after close().
+    #: (:func:`conveyor.store.protocol.wake.listen`); ``None`` before that and after close().
     _wake_start: asyncio.Task[None] | None = None
     #: (queue, group) pairs this store has seen subscribed: claims skip the check.
     _known_groups: set[tuple[str, str]]
@@ -100,7 +100,7 @@ class Seam(abc.ABC):
     def _wake(
         self, *, queues: Iterable[str] | None = (), task_ids: Iterable[str] | None = ()
     ) -> None:  # pragma: no cover - TaskStore implements it
-        """Wake this process's waiters (see :mod:`conveyor.store.wake`)."""
+        """Wake this process's waiters (see :mod:`conveyor.store.protocol.wake`)."""
         raise NotImplementedError
 
     # ------------------------------------------------------- connections
@@ -220,7 +220,7 @@ class Seam(abc.ABC):
     @abc.abstractmethod
     def _returning_view(self, stmt: Update) -> Update:
         """Make an ``UPDATE`` of delivery rows return, for each row it changes, every
-        column of :func:`conveyor.statements.view_columns` under the same names (the
+        column of :func:`conveyor.store.protocol.queries.view_columns` under the same names (the
         joined task row as the updated delivery sees it), in one statement."""
 
     @abc.abstractmethod
@@ -235,12 +235,12 @@ class Seam(abc.ABC):
     @abc.abstractmethod
     def _statement_texts(self) -> Mapping[str, ClauseElement | str]:
         """The dialect's own driver text of the built-once statements whose SQL must
-        differ here (:mod:`conveyor.store.texts`), by name; the rest come from the
+        differ here (:mod:`conveyor.store.protocol.texts`), by name; the rest come from the
         shared builders. Each text binds named parameters (``%(name)s`` on psycopg,
         ``:name`` on sqlite3). The statements known by name, and their contracts:
 
         ``claim_one`` / ``claim_any``: claim in one statement, making the choice
-        :func:`conveyor.store.consumer.claim_tx` makes (free streams' heads and
+        :func:`conveyor.store.protocol.consumer.claim_tx` makes (free streams' heads and
         unpartitioned work in one claim order; the streams taken marked held).
         Bind parameters: ``grp``, ``queue`` (``claim_one``) or ``queues`` (a list,
         ``claim_any``), ``partition`` (or ``None``), ``limit``, ``per_stream`` (tasks
@@ -248,13 +248,13 @@ class Seam(abc.ABC):
         or one stream or plain work only), ``worker_id``, ``lease`` (seconds or
         ``None``: the queue's setting, else the default) and ``offset_us``. Returns
         at least one row: ``busy`` and ``rank`` (the unit's place in claim order)
-        first, then the columns of :func:`conveyor.statements.view_columns` for
+        first, then the columns of :func:`conveyor.store.protocol.queries.view_columns` for
         each task leased (all ``NULL`` when none). When ``busy`` is true it leases
         nothing: an expired lease in these queues must be recovered first.
 
         ``submit_plain``: submit plain tasks (no key, partition or parent) in one
         statement: task rows, their delivery rows for queue mode and every active
-        group of the queue (as :func:`conveyor.statements.fan_out`), and the
+        group of the queue (as :func:`conveyor.store.protocol.queries.fan_out`), and the
         new-work announcement of their queues. Bind parameters: equal-length lists
         ``ids``, ``names``, ``queues``, ``payloads``, ``metadatas`` (JSON text),
         ``priorities``, ``max_attempts``, ``backoffs`` (JSON text), ``delays`` and
@@ -281,7 +281,7 @@ class Seam(abc.ABC):
 
         ``submit_context``: the clock reading (``now``, with ``offset_us``) and the
         stored settings (``queue``, ``max_attempts``, ``backoff``) of ``queues`` (a
-        list), at least one row; ``notify``: :data:`conveyor.store.pg_listen.NOTIFY`
+        list), at least one row; ``notify``: :data:`conveyor.store.postgres.listen.NOTIFY`
         with ``channels`` and ``payloads`` (lists). For a submit that goes step by
         step, with ``share_groups`` (below).
 
@@ -290,11 +290,11 @@ class Seam(abc.ABC):
         ``[id, name, queue, partition, payload, metadata, priority, max_attempts,
         backoff, created_at, run_at, key, parent_id, root_id, correlation_id]`` in
         request order, inserted in that order), and their delivery rows as
-        :func:`conveyor.statements.fan_out` writes them; inside the caller's
+        :func:`conveyor.store.protocol.queries.fan_out` writes them; inside the caller's
         transaction, no announcement. Returns the ``(queue, grp, partition)`` of
         every stream the new delivery rows joined, once each.
 
-        Submits sent as statements together (:mod:`conveyor.store.pipelined`), in
+        Submits sent as statements together (:mod:`conveyor.store.protocol.submit_together`), in
         order. Partitioned tasks without keys or parents: ``share_groups`` (the
         active group rows of ``queues``, a JSON array, shared in the lock order);
         ``lock_streams`` of their queue-mode streams; ``submit_partitioned``
@@ -306,7 +306,7 @@ class Seam(abc.ABC):
         ``"reject"``, no partition or parent): ``submit_keyed`` (``submit_one``'s
         parameters and ``key``: the key claimed, the task written only if the
         claim won) and ``key_holder`` (``key``: the columns of
-        :func:`conveyor.statements.view_columns` of the task holding it, in queue
+        :func:`conveyor.store.protocol.queries.view_columns` of the task holding it, in queue
         mode, its key row locked; no row when none does). One task with a key
         (``"reuse"`` or ``"reject"``) and a parent: ``submit_keyed_child``
         (``submit_child``'s parameters and ``key``: the key claimed only if the
@@ -334,7 +334,7 @@ class Seam(abc.ABC):
         parameters and ``keys``, a list with ``None`` for no key) or, with
         partitions, ``submit_keyed_partitioned`` between the stream statements;
         then ``key_answers`` (``ids`` and ``keys``, lists: the columns of
-        :func:`conveyor.statements.view_columns` of each task of ``ids`` with
+        :func:`conveyor.store.protocol.queries.view_columns` of each task of ``ids`` with
         ``holds`` ``NULL``, and of the task holding each of ``keys`` with
         ``holds`` its key). ``submit_one_in``, ``submit_plain_in``,
         ``submit_child_in`` and ``submit_children_in``: ``submit_one``,
@@ -351,7 +351,7 @@ class Seam(abc.ABC):
         ``succeed_plain``: one ``succeed()`` of an unpartitioned leased row, fenced
         (``id``, ``grp``, ``worker_id``, ``attempt`` or ``None``), with ``result``
         (JSON text) and ``offset_us``; announced to a registered ``wait()``.
-        Returns the columns of :func:`conveyor.statements.view_columns` for the
+        Returns the columns of :func:`conveyor.store.protocol.queries.view_columns` for the
         row finished, or no row (fence failed, or a partitioned row).
 
         ``ack_plain``: finish a batch of unpartitioned leased rows as ``succeeded``
@@ -367,16 +367,16 @@ class Seam(abc.ABC):
         ``ack_streams_lock`` and ``ack_streams``: finish a batch that may hold
         partitioned rows, in one transaction of two statements. The first locks the
         stream rows of the items' partitions (``items``, as below) in the lock order
-        (:mod:`conveyor.store.streams`); the second, whose snapshot then sees every
+        (:mod:`conveyor.store.protocol.streams`); the second, whose snapshot then sees every
         change to those streams, finishes the rows as ``ack_plain`` does (any row,
         partitioned or not) and recomputes each touched stream as
-        :func:`conveyor.store.streams.refresh` would, announcing new work on the
+        :func:`conveyor.store.protocol.streams.refresh` would, announcing new work on the
         queues where a stream's head became claimable. Same parameters and ``idx``
         column as ``ack_plain``, plus ``freed`` (streams whose head is claimable
         now).
 
         For a dialect without those, the claim of one queue as sets
-        (:func:`conveyor.store.steps.claim_tx`; lists bound as the dialect takes
+        (:func:`conveyor.store.protocol.steps.claim_tx`; lists bound as the dialect takes
         them, JSON text on SQLite): ``step_candidates`` reads, for ``grp`` and
         ``queue``, rows of three kinds (column ``kind``) — 1: up to ``streams`` free streams
         (only ``partition``'s when not ``None``) fairest first, each with its first
@@ -386,13 +386,13 @@ class Seam(abc.ABC):
         order (``priority``, ``at`` = ``run_at``, ``task_seq``; none when
         ``partition`` is given); 2: a row when a lease of the queue has expired.
         ``step_lease_seqs`` leases the rows ``seqs`` to ``w_id`` as
-        :func:`conveyor.statements.take` does (``lease`` or ``None``: the queue's
+        :func:`conveyor.store.protocol.queries.take` does (``lease`` or ``None``: the queue's
         setting, else the default); ``step_view_seqs`` returns the columns of
-        :func:`conveyor.statements.view_columns` of the rows ``seqs`` leased to
+        :func:`conveyor.store.protocol.queries.view_columns` of the rows ``seqs`` leased to
         ``w_id``; ``step_hold_streams`` marks the streams ``partitions`` of
         ``queue`` held (``available_at`` NULL). ``refresh_streams`` recomputes the
         streams ``keys`` (a JSON array of (queue, grp, partition) triples in the
-        lock order) as :func:`conveyor.store.streams.refresh` does; with
+        lock order) as :func:`conveyor.store.protocol.streams.refresh` does; with
         ``lock_streams`` (same parameter), which locks their rows first in that
         order, creating missing ones, in a statement of its own, else (a dialect
         where one writer holds the whole database: no lock order) creating the
@@ -410,7 +410,7 @@ class Seam(abc.ABC):
         :meth:`_transaction_gate` (a dialect with a direct runner has the server
         order its transactions), and driver errors must be raised as
         SQLAlchemy ``DBAPIError`` (``connection_invalidated`` set for a dead
-        connection), so that :func:`conveyor.store.transactions.run` retries and
+        connection), so that :func:`conveyor.store.protocol.transactions.run` retries and
         translates them as it does its own."""
 
     @abc.abstractmethod
@@ -439,7 +439,7 @@ class Seam(abc.ABC):
     @abc.abstractmethod
     async def _start_wake(self) -> None:
         """Start the cross-process wake channel: called once per opening, the first
-        time this store claims or waits (:func:`conveyor.store.wake.listen`), so a
+        time this store claims or waits (:func:`conveyor.store.protocol.wake.listen`), so a
         store that only submits never holds one. What arrives from other processes
         is handed to ``self._wake``; what was announced before the channel started
         is not heard (a claim or wait that starts it looks at the database after

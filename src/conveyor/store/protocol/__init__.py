@@ -1,0 +1,1 @@
+"""The protocol, written once for both dialects: one module per role."""

@@ -1,0 +1,485 @@
+"""Consumer: claiming (plain work and streams), the fenced writes of a lease holder
+(heartbeat, progress, succeed, fail, release), and the explanation of a failed
+fence. Batch acknowledgement is :mod:`conveyor.store.protocol.acks`.
+
+Fencing: every write of a holder names the task, its group, the worker and
+optionally the attempt; it changes the row only while the row is running and
+leased to that worker (on that attempt). Otherwise nothing is written and the
+caller learns why: :class:`NotFound`, :class:`TaskCancelled` or :class:`LostLease`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sqlalchemy import ColumnElement, and_, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from conveyor import _values as v
+from conveyor.errors import LostLease, NotFound, TaskCancelled
+from conveyor.models import Task
+from conveyor.schema import deliveries as d
+from conveyor.schema import queues as qs
+from conveyor.schema import tasks as t
+from conveyor.store.protocol import codec, steps, streams, texts, upkeep, wake
+from conveyor.store.protocol import queries as q
+from conveyor.store.protocol import transactions as tx
+from conveyor.store.seam import Seam
+
+
+async def claim(
+    st: Seam,
+    grp: str,
+    names: Sequence[str],
+    worker_id: str,
+    lease: float | None,
+    limit: int,
+    partition: str | None,
+    per_stream: int | None = None,
+) -> list[Task]:
+    """Probe (where the dialect asks for it), then claim in one transaction."""
+    # The probe spares idle claimers the write lock; right after a claim that found
+    # work, the next one most likely finds work too, so it goes straight in.
+    busy_key = (grp, tuple(names), partition)
+    fast = await claim_in_one(st, grp, names, worker_id, lease, limit, partition, per_stream)
+    if fast is not None:
+        (st._busy.add if fast else st._busy.discard)(busy_key)
+        return fast
+    if busy_key not in st._busy:
+        probe = st._claim_probe(grp, names, partition, tx.now(st))
+        if probe is not None:
+
+            async def ask(conn: AsyncConnection) -> bool:
+                assert probe is not None
+                return any((await conn.execute(probe)).one())
+
+            if not await tx.run(st, ask, write=False):
+                return []
+    if await steps.ready(st, names):
+        # The same steps, each statement built once (dialects without a
+        # one-statement claim).
+        rows = await tx.run(
+            st,
+            lambda conn: steps.claim_tx(
+                st, conn, grp, names[0], worker_id, lease, limit, partition, per_stream
+            ),
+        )
+        # Built after the commit: the write lock is not held meanwhile.
+        claimed = [codec.row_to_task(row) for row in rows]
+    else:
+        claimed = await tx.run(
+            st,
+            lambda conn: claim_tx(
+                st, conn, grp, names, worker_id, lease, limit, partition, per_stream
+            ),
+        )
+    if claimed:
+        st._busy.add(busy_key)
+    else:
+        st._busy.discard(busy_key)
+    return claimed
+
+
+async def claim_in_one(
+    st: Seam,
+    grp: str,
+    names: Sequence[str],
+    worker_id: str,
+    lease: float | None,
+    limit: int,
+    partition: str | None = None,
+    per_stream: int | None = None,
+) -> list[Task] | None:
+    """Claim with the dialect's one-statement claim (plain work and stream heads, the
+    same choice as :func:`claim_tx`); ``None`` when the dialect has none, or the
+    statement found an expired lease in these queues (it then leased nothing, and
+    :func:`claim_tx` must recover it first)."""
+    single = len(names) == 1
+    text = await texts.get(st, "claim_one" if single else "claim_any")
+    if text is None:
+        return None
+    params: dict[str, Any] = {
+        "grp": grp,
+        "partition": partition,
+        "limit": limit,
+        # Without per_stream a claim is one unit: one stream (up to ``limit`` of its
+        # tasks) or plain work; with it, several streams, each capped.
+        "per_stream": limit if per_stream is None else min(per_stream, limit),
+        "streams": 1 if per_stream is None or partition is not None else limit,
+        "mix": per_stream is not None and partition is None,
+        "worker_id": worker_id,
+        "lease": lease,
+    }
+    if single:
+        params["queue"] = names[0]
+    else:
+        params["queues"] = list(names)
+    rows = await texts.alone(st, text, params)
+    if rows[0].busy:
+        return None
+    # Claim order: unit by unit (a stream's tasks together, in submit order).
+    taken = sorted((row.rank, row.seq, codec.row_to_task(row)) for row in rows if row.id)
+    return [task for _, _, task in taken]
+
+
+async def claim_tx(
+    st: Seam,
+    conn: AsyncConnection,
+    grp: str,
+    names: Sequence[str],
+    worker_id: str,
+    lease: float | None,
+    limit: int,
+    partition: str | None,
+    per_stream: int | None = None,
+) -> list[Task]:
+    """Recover expired leases of these queues, then lease up to ``limit`` rows: from
+    the fairest free stream or from unpartitioned work, whichever comes first.
+
+    With ``per_stream``, a stream gives at most that many tasks and the claim goes
+    on choosing (the stream it took from is held now, so it is not chosen again)
+    until ``limit`` is used up or nothing is left: one claim then serves several
+    streams. Each stream's tasks come together, in submit order.
+    """
+    await upkeep.recover_tx(st, conn, grp, names)
+
+    async def once(left: int, cap: int) -> tuple[list[Task], bool]:
+        return await _claim_once(
+            st, conn, grp, names, worker_id, lease, left, cap, partition, per_stream is not None
+        )
+
+    return await steps.claim_rounds(once, limit, partition, per_stream)
+
+
+async def _claim_once(
+    st: Seam,
+    conn: AsyncConnection,
+    grp: str,
+    names: Sequence[str],
+    worker_id: str,
+    lease: float | None,
+    limit: int,
+    stream_limit: int,
+    partition: str | None,
+    mix: bool = False,
+) -> tuple[list[Task], bool]:
+    """One choice between the fairest free stream (up to ``stream_limit`` of its
+    tasks) and unpartitioned work (up to ``limit``): the tasks, and whether a free
+    stream was seen (so another choice may find more). With ``mix`` (a claim that
+    goes on to further streams), plain work is taken only as far as it comes before
+    that stream in claim order, so priorities hold across both kinds."""
+    now = tx.now(st)
+    stream = (
+        await conn.execute(st._lock_candidates(q.ready_streams(grp, names, now, partition)))
+    ).first()
+    if stream is None and partition is not None:
+        return [], False
+    use_stream = stream is not None
+    if stream is not None and partition is None:
+        # Streams and unpartitioned work compete: priority, then who waited longest.
+        plain = (await conn.execute(q.ready_plain(grp, names, now).limit(1))).first()
+        use_stream = plain is None or (stream.priority, -stream.available_at) > (
+            plain.priority,
+            -plain.run_at,
+        )
+    if use_stream:
+        assert stream is not None
+        seqs = await streams.next_run(st, conn, stream.queue, grp, stream.partition, stream_limit)
+        if not seqs:
+            return [], False
+        taken = await take(st, conn, grp, seqs, worker_id, lease, [stream.queue])
+        await streams.refresh(st, conn, [(stream.queue, grp, stream.partition)])
+        return [task for _, task in sorted(taken, key=lambda pair: pair[0])], True
+    # A CTE, not an IN-subquery: Postgres may rescan a subquery once per outer
+    # row, and each rescan with SKIP LOCKED would pick further rows past LIMIT.
+    ready = q.ready_plain(grp, names, now)
+    if mix and stream is not None:
+        ready = ready.where(
+            or_(
+                d.c.priority > stream.priority,
+                and_(d.c.priority == stream.priority, d.c.run_at <= stream.available_at),
+            )
+        )
+    pick = st._lock_candidates(ready.limit(limit)).cte("pick")
+    taken = await take(
+        st, conn, grp, select(pick.c.task_seq).scalar_subquery(), worker_id, lease, names
+    )
+    taken.sort(key=lambda pair: (-pair[1].priority, pair[1].run_at, pair[0]))
+    return [task for _, task in taken], stream is not None
+
+
+async def take(
+    st: Seam,
+    conn: AsyncConnection,
+    grp: str,
+    seqs: Any,
+    worker_id: str,
+    lease: float | None,
+    queues: Sequence[str],
+) -> list[tuple[int, Task]]:
+    """Lease the rows and return ``(seq, task)`` pairs, in one statement."""
+    stmt = q.take(grp, seqs, tx.now(st), worker_id=worker_id, lease=lease, queues=queues)
+    result = await conn.execute(st._returning_view(stmt))
+    return [(row.seq, codec.row_to_task(row)) for row in result]
+
+
+Values = Callable[[ColumnElement[int]], dict[str, Any]]
+
+
+def heartbeat_values(lease_s: float | None) -> Values:
+    """A heartbeat: the lease runs ``lease_s`` (default: its claimed length) from now."""
+
+    def values(now: ColumnElement[int]) -> dict[str, Any]:
+        length: Any = d.c.lease if lease_s is None else lease_s
+        return {
+            "lease_expires_at": now + q.seconds_to_us(length),
+            **({"lease": lease_s} if lease_s is not None else {}),
+        }
+
+    return values
+
+
+def progress_values(progress: float | None, message: str | None) -> Values:
+    """A progress report (a no-op write when neither is given: still fenced)."""
+
+    def values(now: ColumnElement[int]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if progress is not None:
+            out["progress"] = float(progress)
+        if message is not None:
+            out["progress_message"] = message
+        return out or {"worker_id": d.c.worker_id}
+
+    return values
+
+
+def succeed_values(encoded: str) -> Values:
+    """Success with the JSON ``encoded`` result."""
+
+    def values(now: ColumnElement[int]) -> dict[str, Any]:
+        return {
+            "status": "succeeded",
+            "result": encoded,
+            "finished_at": now,
+            "lease_expires_at": None,
+        }
+
+    return values
+
+
+def snooze_values(delay_s: float) -> Values:
+    """A snooze: queued again ``delay_s`` from now without spending an attempt.
+
+    The attempt number is not given back (attempt numbers are the fencing token
+    and only grow); the budget grows by one instead, so the attempts left are
+    what they were before this run.
+    """
+
+    def values(now: ColumnElement[int]) -> dict[str, Any]:
+        return {
+            "status": q.QUEUED,
+            "run_at": now + q.seconds_to_us(delay_s),
+            "max_attempts": d.c.max_attempts + 1,
+            "lease_expires_at": None,
+            "worker_id": None,
+            "progress": None,
+            "progress_message": None,
+        }
+
+    return values
+
+
+def release_values(now: ColumnElement[int]) -> dict[str, Any]:
+    """A release: queued again at once, without spending the budget. The attempt
+    number stays (the next claim takes a new one: attempt numbers only grow, so the
+    released run's fence never matches a later run); ``max_attempts`` grows by one
+    instead, so the run that reached no outcome costs nothing."""
+    return {
+        "status": q.QUEUED,
+        "run_at": now,
+        "max_attempts": d.c.max_attempts + 1,
+        "lease_expires_at": None,
+        "worker_id": None,
+        "progress": None,
+        "progress_message": None,
+    }
+
+
+async def succeed(
+    st: Seam,
+    task_id: str,
+    worker_id: str,
+    group: str | None,
+    attempt: int | None,
+    encoded: str,
+) -> Task:
+    """Finish a leased task as ``succeeded`` with the JSON ``encoded`` result: one
+    statement where the dialect has one (unpartitioned rows), else, and when that
+    statement's fence matched nothing (to learn why), :func:`owned_write`."""
+    text = await texts.get(st, "succeed_plain")
+    if text is not None:
+        params = {
+            "id": v.name("task_id", task_id),
+            "worker_id": v.name("worker_id", worker_id),
+            "grp": codec.group_key(group),
+            "attempt": None if attempt is None else v.positive_int("attempt", attempt),
+            "result": encoded,
+        }
+        rows = await texts.alone(st, text, params)
+        if rows:
+            wake.wake_local(st, work=False)
+            return codec.row_to_task(rows[0])
+    return await owned_write(
+        st, task_id, worker_id, group, attempt, succeed_values(encoded), done=True
+    )
+
+
+async def owned_write(
+    st: Seam,
+    task_id: str,
+    worker_id: str,
+    group: str | None,
+    attempt: int | None,
+    values: Values,
+    *,
+    done: bool = False,
+) -> Task:
+    """Validate the fence's arguments and apply ``values`` in its own transaction."""
+    grp = codec.group_key(group)
+    task_id = v.name("task_id", task_id)
+    worker_id = v.name("worker_id", worker_id)
+    if attempt is not None:
+        attempt = v.positive_int("attempt", attempt)
+
+    async def work(conn: AsyncConnection) -> Task:
+        return await owned_update(
+            st, conn, task_id, grp, worker_id, attempt, values(tx.now(st)), done=done
+        )
+
+    task = await tx.run(st, work)
+    if done:
+        wake.wake_local(st, work=False)
+    return task
+
+
+async def owned_update(
+    st: Seam,
+    conn: AsyncConnection,
+    task_id: str,
+    grp: str,
+    worker_id: str,
+    attempt: int | None,
+    values: dict[str, Any],
+    *,
+    done: bool,
+    stream_locked: bool = False,
+) -> Task:
+    """Apply ``values`` to the row if it is leased to ``worker_id`` (the fence);
+    otherwise raise why not. Refreshes the stream and announces what changed.
+
+    A status change moves the row's stream, so its stream row is locked first (the
+    lock order, see :mod:`.streams`) unless the caller did (``stream_locked``).
+    """
+    owned = q.owned(task_id, grp, worker_id, attempt)
+
+    async def write(*only: ColumnElement[bool]) -> Any:
+        stmt = update(d).where(*owned, *only).values(**values)
+        return (await conn.execute(st._returning_view(stmt))).first()
+
+    if "status" in values and st.row_locks and not stream_locked:
+        # Unpartitioned rows have no stream: one statement. Otherwise find the
+        # stream (a task's partition never changes), lock it, then write.
+        row = await write(d.c.partition.is_(None))
+        if row is None:
+            where = (await conn.execute(select(d.c.queue, d.c.partition).where(*owned))).first()
+            if where is not None:
+                await streams.lock_streams(st, conn, [(where.queue, grp, where.partition)])
+                row = await write()
+    else:
+        row = await write()
+    if row is None:
+        await explain_lost(conn, task_id, grp)
+    assert row is not None
+    if row.partition is not None and "status" in values:
+        await streams.refresh(st, conn, [(row.queue, grp, row.partition)])
+    if done:
+        await st._notify(conn, {row.queue}, done=True, task_ids=[task_id])
+    if (done and row.partition is not None) or values.get("status") == q.QUEUED:
+        # New work: a retry, or the stream's next task may be claimable now.
+        await st._notify(conn, {row.queue}, done=False)
+    return codec.row_to_task(row)
+
+
+async def fail_tx(
+    st: Seam,
+    conn: AsyncConnection,
+    task_id: str,
+    grp: str,
+    worker_id: str,
+    attempt: int | None,
+    encoded: str,
+    retryable: bool,
+    delay_s: float | None,
+) -> tuple[Task, bool]:
+    """Record a failed attempt: queued again after a delay while ``retryable`` and
+    attempts remain, else ``failed``. Returns the task and whether it will run again."""
+    row = (
+        await conn.execute(
+            select(d.c.attempt, d.c.max_attempts, d.c.partition, t.c.backoff, t.c.queue)
+            .select_from(d.join(t, t.c.seq == d.c.task_seq))
+            .where(*q.owned(task_id, grp, worker_id, attempt))
+        )
+    ).first()
+    if row is None:
+        await explain_lost(conn, task_id, grp)
+    assert row is not None
+    # The lock order: the stream row before the delivery row (re-checked below).
+    await streams.lock_streams(st, conn, [(row.queue, grp, row.partition)])
+    again = retryable and row.attempt < row.max_attempts
+    now = tx.now(st)
+    if again:
+        if delay_s is None:
+            spec = json.loads(row.backoff) if row.backoff else await queue_backoff(conn, row.queue)
+            wait_s = v.backoff_delay(spec, row.attempt)
+        else:
+            wait_s = delay_s
+        values: dict[str, Any] = {
+            "status": q.QUEUED,
+            "error": encoded,
+            "lease_expires_at": None,
+            "worker_id": None,
+            "run_at": now + q.seconds_to_us(wait_s),
+        }
+    else:
+        values = {
+            "status": "failed",
+            "error": encoded,
+            "lease_expires_at": None,
+            "finished_at": now,
+        }
+    task = await owned_update(
+        st, conn, task_id, grp, worker_id, attempt, values, done=not again, stream_locked=True
+    )
+    return task, again
+
+
+async def queue_backoff(conn: AsyncConnection, queue: str) -> dict[str, float] | None:
+    """The stored backoff setting of ``queue``, if any."""
+    raw = (await conn.execute(select(qs.c.backoff).where(qs.c.queue == queue))).scalar()
+    return None if raw is None else dict(json.loads(raw))
+
+
+async def explain_lost(conn: AsyncConnection, task_id: str, grp: str) -> None:
+    """Raise why a fenced write matched nothing: NotFound, TaskCancelled or LostLease."""
+    status = (
+        await conn.execute(
+            select(d.c.status).where(d.c.task_seq == q.task_seq_of(task_id), d.c.grp == grp)
+        )
+    ).scalar()
+    if status is None:
+        raise NotFound(f"task {task_id}" + (f" for group {grp!r}" if grp else ""))
+    if status == "cancelled":
+        raise TaskCancelled(task_id)
+    raise LostLease(task_id)

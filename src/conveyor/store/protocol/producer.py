@@ -1,0 +1,564 @@
+"""Producer: inserting tasks with their delivery rows (fan-out at submit) and
+idempotency keys. The requests come validated (:mod:`conveyor.store.protocol.requests`); a
+replaced key's holder is withdrawn (:mod:`conveyor.store.protocol.withdraw`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from conveyor import _values as v
+from conveyor.errors import AlreadyExists, InvalidArgument
+from conveyor.models import Task
+from conveyor.schema import deliveries as d
+from conveyor.schema import groups as g
+from conveyor.schema import keys as k
+from conveyor.schema import tasks as t
+from conveyor.store.protocol import codec, steps, streams, texts, withdraw
+from conveyor.store.protocol import queries as q
+from conveyor.store.protocol import transactions as tx
+from conveyor.store.protocol.requests import Request
+from conveyor.store.seam import Seam
+
+#: A submit of at most this many tasks is a short write transaction: where the
+#: dialect runs transactions on a connection thread of its own (SQLite), it may run
+#: on the caller's thread while that thread is idle (see
+#: :mod:`conveyor.store.sqlite.thread`). Larger batches always take the thread, so
+#: the event loop is never held for long.
+INLINE_MAX = 100
+DEFAULT_MAX_ATTEMPTS = 3
+
+
+def is_plain(reqs: list[Request]) -> bool:
+    """No key, partition or parent among ``reqs``: the one-statement submit serves."""
+    return not any(
+        r.key is not None or r.partition is not None or r.parent_id is not None for r in reqs
+    )
+
+
+def many_params(reqs: list[Request]) -> dict[str, Any]:
+    """The parameters of the ``submit_plain`` text for ``reqs``."""
+    return {
+        "ids": [r.id for r in reqs],
+        "names": [r.name for r in reqs],
+        "queues": [r.queue for r in reqs],
+        "payloads": [r.payload for r in reqs],
+        "metadatas": [r.metadata for r in reqs],
+        "priorities": [r.priority for r in reqs],
+        # Options nobody gave: no list at all (NULL stands for a list of NULLs).
+        "max_attempts": _given([r.max_attempts for r in reqs]),
+        "backoffs": _given([r.backoff for r in reqs]),
+        "delays": _given([r.delay_us for r in reqs]),
+        "run_ats": _given([r.run_at_us for r in reqs]),
+        "correlation_ids": _given([r.correlation_id for r in reqs]),
+    }
+
+
+async def submit(st: Seam, reqs: list[Request]) -> list[Task]:
+    """Insert the requests in one transaction; the answering tasks in request order.
+    Plain requests (no key, partition or parent) go through the dialect's
+    one-statement submit where there is one, and children without keys or
+    partitions through its one-statement submit of children (partitioned ones and
+    one keyed request may go as statements sent together first:
+    :mod:`conveyor.store.protocol.submit_together`). A dialect without a one-statement submit
+    takes its built-once steps for every request without a key. The rest go step
+    by step (:func:`submit_tx`)."""
+    single = len(reqs) == 1
+    built = st._texts or await texts.of(st)
+    text = built.get("submit_one" if single else "submit_plain")
+    plain = is_plain(reqs)
+    # Dialects without a one-statement submit take the built-once steps for every
+    # request without a key: parents' roots and touched streams are steps too.
+    stepped = plain or (not any(r.key is not None for r in reqs) and has_steps(built))
+    if text is None and single and stepped and "step_submit_insert" in built:
+        # The same steps, each statement built once (dialects without a
+        # one-statement submit).
+        return [await tx.run(st, lambda conn: submit_one_tx(st, conn, reqs[0]), inline=True)]
+    short = len(reqs) <= INLINE_MAX
+    if text is None and stepped and "step_submit_insert_many" in built:
+        return await tx.run(st, lambda conn: submit_plain_tx(st, conn, reqs), inline=short)
+    if not plain and only_parents(reqs):
+        family = built.get("submit_child" if single else "submit_children")
+        if family is not None:
+            return await submit_children(st, family, reqs)
+    if text is None or not plain:
+        return await tx.run(st, lambda conn: submit_tx(st, conn, reqs), inline=short)
+    params = one_params(reqs[0]) if single else many_params(reqs)
+    return answers(reqs, await texts.alone(st, text, params))
+
+
+def only_parents(reqs: list[Request]) -> bool:
+    """No key or partition among ``reqs``, and some parent: the dialect's
+    one-statement submit of children serves (``submit_child``, ``submit_children``)."""
+    return not any(r.key is not None or r.partition is not None for r in reqs) and any(
+        r.parent_id is not None for r in reqs
+    )
+
+
+async def submit_children(st: Seam, text: texts.Text, reqs: list[Request]) -> list[Task]:
+    """Requests with parents (no key or partition) as one statement: ``text`` is the
+    dialect's ``submit_child`` (one request) or ``submit_children``. A parent that
+    is not a task writes nothing and raises, as :func:`insert_tasks` does."""
+    if len(reqs) == 1:
+        params = {**one_params(reqs[0]), "parent_id": reqs[0].parent_id}
+    else:
+        params = {**many_params(reqs), "parent_ids": [r.parent_id for r in reqs]}
+    return family_answers(reqs, await texts.alone(st, text, params))
+
+
+def family_answers(reqs: list[Request], rows: list[Any]) -> list[Task]:
+    """The tasks of requests with parents (no key), from the rows a submit of
+    children returned (:func:`answers`' columns, ``root_id`` and ``orphan``): raises
+    on a parent that is not a task (nothing was written)."""
+    orphans = [row.orphan for row in rows if row.orphan is not None]
+    if orphans:
+        raise InvalidArgument("parent", f"no task has id {min(orphans)!r}")
+    tasks = answers(reqs, rows)
+    roots = {row.id: row.root_id for row in rows}
+    for task in tasks:
+        if task.parent_id is not None:
+            codec.settle_root(task, roots[task.id])
+    return tasks
+
+
+def one_params(r: Request) -> dict[str, Any]:
+    """The parameters of the ``submit_one`` text for ``r``."""
+    return {
+        "id": r.id,
+        "name": r.name,
+        "queue": r.queue,
+        "payload": r.payload,
+        "metadata": r.metadata,
+        "priority": r.priority,
+        "max_attempts": r.max_attempts,
+        "backoff": r.backoff,
+        "delay": r.delay_us,
+        "run_at": r.run_at_us,
+        "correlation_id": r.correlation_id,
+    }
+
+
+def answers(reqs: list[Request], rows: list[Any]) -> list[Task]:
+    """The tasks of requests without a key or parent, from the rows the one-statement
+    submit returned (``id``, ``max_attempts``, ``created_at``, ``run_at``), in request
+    order."""
+    return settle(unsettled(reqs), rows)
+
+
+def unsettled(reqs: list[Request]) -> list[Task]:
+    """The answering tasks of new requests (their keys claimed, if any), in
+    request order, but for what the database decides: ``max_attempts``,
+    ``created_at`` and ``run_at`` are left unset until :func:`settle`. Two steps, so
+    a batch sent in runs (:mod:`conveyor.store.protocol.submit_runs`) builds them while the server
+    works; no one sees a task before it is settled."""
+    if len(reqs) == 1:
+        payloads = [json.loads(reqs[0].payload)]
+    else:
+        # One decoder call for the batch: per call, the decoder's own overhead is
+        # most of what a small payload costs to read back.
+        payloads = json.loads("[" + ",".join([r.payload for r in reqs]) + "]")
+    make = codec.queued_task
+    return [
+        make(
+            id=r.id,
+            name=r.name,
+            queue=r.queue,
+            partition=r.partition,
+            payload=payload,
+            metadata={} if r.metadata == "{}" else json.loads(r.metadata),
+            priority=r.priority,
+            max_attempts=None,
+            run_at=None,
+            created_at=None,
+            key=r.key,
+            parent_id=r.parent_id,
+            root_id=r.id,  # a child's: its parent's root, once settled
+            correlation_id=r.correlation_id,
+        )
+        for r, payload in zip(reqs, payloads, strict=True)
+    ]
+
+
+def settle(tasks: list[Task], rows: Iterable[Any]) -> list[Task]:
+    """Fill in what the database decided for each of :func:`unsettled`'s ``tasks``
+    from ``rows`` (``id``, ``max_attempts``, ``created_at``, ``run_at``; any order,
+    one per task); the tasks, settled."""
+    stored = {row.id: row for row in rows}
+    # The statement's clock is one moment: a run shares created_at (and run_at,
+    # unless delayed), so each distinct value becomes a datetime once.
+    moments: dict[int, datetime] = {}
+    for task in tasks:
+        row = stored[task.id]
+        created_at, run_at = int(row.created_at), int(row.run_at)
+        created = moments.get(created_at)
+        if created is None:
+            created = moments[created_at] = v.from_us(created_at)
+        due = moments.get(run_at)
+        if due is None:
+            due = moments[run_at] = v.from_us(run_at)
+        codec.settle_queued(task, row.max_attempts, created, due)
+    return tasks
+
+
+class _Stored(NamedTuple):
+    """What the database decided for a task, as the one-statement submit returns it."""
+
+    id: str
+    max_attempts: int
+    created_at: int
+    run_at: int
+
+
+def _given(values: list[Any]) -> list[Any] | None:
+    """``values``, or ``None`` when every one is ``None``."""
+    return values if any(value is not None for value in values) else None
+
+
+async def submit_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> list[Task]:
+    """Insert the requests (keys resolved first); the answering tasks in request order."""
+    # 1. Idempotency keys: claim each key first. A concurrent submit of the same
+    #    key waits on the row and then sees it, so one key makes one task. A key
+    #    already held is locked (sorted: the lock order) and read after the lock, so
+    #    a concurrent replace has committed its swap by then and retention cannot
+    #    delete the holder before this transaction ends; a key retention deleted
+    #    since the insert looked is free again, and the insert is tried anew.
+    chosen: dict[str, str] = {}  # key -> id of the task that answers it
+    new: list[Request] = []
+    replaced: list[str] = []
+    keyed = [r for r in reqs if r.key is not None]
+    if keyed:
+        first: dict[str, Request] = {}
+        for r in keyed:
+            first.setdefault(r.key, r)  # type: ignore[arg-type]
+        won: set[str] = set()
+        existing: dict[str, str] = {}
+        pending = sorted(first)
+        claim, hold = texts.usable(st, conn, "claim_keys"), texts.usable(st, conn, "lock_keys")
+        while pending:
+            if claim is not None:
+                bound = {
+                    "keys": json.dumps(pending),
+                    "ids": json.dumps([first[key].id for key in pending]),
+                }
+                claimed = await texts.execute(conn, st, claim, bound)
+                won |= {row.key for row in claimed}
+            else:
+                ins = (
+                    st._upsert(k)
+                    .values([{"key": key, "task_id": first[key].id} for key in pending])
+                    .on_conflict_do_nothing(index_elements=["key"])
+                    .returning(k.c.key)
+                )
+                won |= set((await conn.execute(ins)).scalars())
+            lost = [key for key in pending if key not in won]
+            if not lost:
+                break
+            if hold is not None:
+                rows = await texts.execute(conn, st, hold, {"keys": json.dumps(lost)})
+            else:
+                holders = (
+                    select(k.c.key, k.c.task_id)
+                    .where(k.c.key.in_(lost))
+                    .order_by(q.by_code_point(k.c.key))
+                )
+                rows = await conn.execute(st._lock_rows(holders))
+            existing.update({row.key: row.task_id for row in rows})
+            pending = [key for key in lost if key not in existing]
+        for key, r in first.items():
+            if key in won:
+                chosen[key] = r.id
+            elif r.conflict == "reject":
+                raise AlreadyExists(key, existing[key])
+            elif r.conflict == "reuse":
+                chosen[key] = existing[key]
+            else:
+                replaced.append(existing[key])
+                chosen[key] = r.id
+                await conn.execute(update(k).where(k.c.key == key).values(task_id=r.id))
+    for r in reqs:
+        if r.key is None or (chosen[r.key] == r.id):
+            new.append(r)
+    if replaced:
+        await lock_replacing(st, conn, replaced, new)
+        await withdraw.cancel_tx(st, conn, replaced)
+
+    found: dict[str, Task] = {}
+    if new and inserts_by_steps(st, conn):
+        found.update({task.id: task for task in await insert_by_steps(st, conn, new)})
+    elif new:
+        found.update(await insert_tasks(st, conn, new))
+    ids = [r.id if r.key is None else chosen[r.key] for r in reqs]
+    reused = [i for i in ids if i not in found]
+    if reused:
+        found.update(await codec.fetch_tasks(conn, q.QUEUE_MODE, ids=reused))
+    if new:
+        await st._notify(conn, {r.queue for r in new}, done=False)
+    return [found[i] for i in ids]
+
+
+def task_row(r: Request, now: int, conf: Any, root: str) -> dict[str, Any]:
+    """The task row of request ``r`` (the INSERT's parameters): ``now`` the clock
+    read, ``conf`` the queue's stored settings (or ``None``), ``root`` its root id."""
+    max_attempts = r.max_attempts or (conf.max_attempts if conf is not None else None)
+    return {
+        "id": r.id,
+        "name": r.name,
+        "queue": r.queue,
+        "partition": r.partition,
+        "payload": r.payload,
+        "metadata": r.metadata,
+        "priority": r.priority,
+        "max_attempts": max_attempts or DEFAULT_MAX_ATTEMPTS,
+        "backoff": r.backoff or (conf.backoff if conf is not None else None),
+        "created_at": now,
+        "run_at": r.run_at_us if r.run_at_us is not None else now + (r.delay_us or 0),
+        "key": r.key,
+        "parent_id": r.parent_id,
+        "root_id": root,
+        "correlation_id": r.correlation_id,
+    }
+
+
+async def submit_one_tx(st: Seam, conn: AsyncConnection, r: Request) -> Task:
+    """:func:`submit_tx` of one request without a key on the statements built once
+    (:mod:`.steps`): its parent's root (if it has a parent), the clock and queue
+    settings, the task row, its delivery rows, and its stream recomputed (if it has a
+    partition)."""
+    built = st._texts
+    assert built is not None
+    context, insert, fan = (
+        built.get("step_submit_context"),
+        built.get("step_submit_insert"),
+        built.get("step_fan_out"),
+    )
+    assert context is not None and insert is not None and fan is not None
+    roots = await steps.parent_roots(st, conn, [r])
+    found = (await texts.execute(conn, st, context, {"queue": r.queue})).first()
+    conf = found if found.queue is not None else None
+    row = task_row(r, int(found.now), conf, r.id if r.parent_id is None else roots[r.parent_id])
+    seq = (await texts.execute(conn, st, insert, steps.insert_params(row))).scalar_one()
+    await texts.execute(conn, st, fan, {"seq": seq})
+    if r.partition is not None:
+        await steps.refresh_after(st, conn, seq - 1)
+    await st._notify(conn, {r.queue}, done=False)
+    return codec.new_task(row, payload=json.loads(r.payload), metadata=json.loads(r.metadata))
+
+
+async def submit_plain_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> list[Task]:
+    """:func:`submit_tx` of requests without keys on the statements built once
+    (:mod:`.steps`): :func:`insert_by_steps`, then the announcement."""
+    tasks = await insert_by_steps(st, conn, reqs)
+    await st._notify(conn, {r.queue for r in reqs}, done=False)
+    return tasks
+
+
+def inserts_by_steps(st: Seam, conn: AsyncConnection) -> bool:
+    """Whether :func:`insert_by_steps` serves on ``conn``: the dialect has the steps
+    (no one-statement submit) and ``conn`` is the store's own, whose write
+    transactions hold the single writer lock from their start (a caller's
+    transaction may not yet: another writer could slip rows in above the seq it
+    reads)."""
+    built = st._texts
+    return built is not None and has_steps(built) and getattr(conn, "run_text", None) is not None
+
+
+def has_steps(built: texts.Texts) -> bool:
+    """Whether the dialect has the built steps that insert any request whose key is
+    claimed (or that has none): parents' roots and touched streams included."""
+    return all(name in built for name in _STEPS)
+
+
+_STEPS = ("step_submit_insert_many", "step_parent_root", "step_touched_after")
+
+
+async def insert_by_steps(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> list[Task]:
+    """Insert the requests (their keys already claimed) on the statements built
+    once (:mod:`.steps`): the parents' roots, each queue's settings and the clock,
+    the largest seq so far, the task rows (one statement run per row), and the
+    delivery rows of every task above that seq — the rows just inserted, since
+    this transaction holds the single writer lock — and the streams they joined
+    recomputed. Its Tasks are built from the values written, without reading
+    them back."""
+    built = st._texts
+    assert built is not None
+    context, last, insert, fan = (
+        built.get("step_submit_context"),
+        built.get("step_last_seq"),
+        built.get("step_submit_insert_many"),
+        built.get("step_fan_out_after"),
+    )
+    assert context is not None and last is not None and insert is not None and fan is not None
+    roots = await steps.parent_roots(st, conn, reqs)
+    settings: dict[str, Any] = {}
+    now = 0
+    for queue in sorted({r.queue for r in reqs}):
+        found = (await texts.execute(conn, st, context, {"queue": queue})).first()
+        now = now or int(found.now)  # one moment for the batch, as one statement has
+        settings[queue] = found if found.queue is not None else None
+    after = (await texts.execute(conn, st, last, {})).scalar()
+    rows: list[dict[str, Any]] = []
+    stored: list[tuple[str, int, int, int]] = []
+    for r in reqs:
+        conf = settings[r.queue]
+        max_attempts = (
+            r.max_attempts
+            or (conf.max_attempts if conf is not None else None)
+            or DEFAULT_MAX_ATTEMPTS
+        )
+        run_at = r.run_at_us if r.run_at_us is not None else now + (r.delay_us or 0)
+        rows.append(
+            {
+                "v_id": r.id,
+                "v_name": r.name,
+                "v_queue": r.queue,
+                "v_partition": r.partition,
+                "v_payload": r.payload,
+                "v_metadata": r.metadata,
+                "v_priority": r.priority,
+                "v_max_attempts": max_attempts,
+                "v_backoff": r.backoff or (conf.backoff if conf is not None else None),
+                "v_created_at": now,
+                "v_run_at": run_at,
+                "v_key": r.key,
+                "v_parent_id": r.parent_id,
+                "v_root_id": r.id if r.parent_id is None else roots[r.parent_id],
+                "v_correlation_id": r.correlation_id,
+            }
+        )
+        stored.append((r.id, max_attempts, now, run_at))
+    await texts.execute_many(conn, st, insert, rows)
+    await texts.execute(conn, st, fan, {"after": after})
+    if any(r.partition is not None for r in reqs):
+        await steps.refresh_after(st, conn, after)
+    tasks = settle(unsettled(reqs), [_Stored(*one) for one in stored])
+    for task in tasks:
+        if task.parent_id is not None:
+            codec.settle_root(task, roots[task.parent_id])
+    return tasks
+
+
+async def share_groups(st: Seam, conn: AsyncConnection, queues: list[str]) -> None:
+    """Share the active group rows of ``queues`` (sorted), held until commit;
+    nothing on a dialect without row locks."""
+    if not st.row_locks or not queues:
+        return
+    share = texts.usable(st, conn, "share_groups")
+    if share is not None:
+        await texts.execute(conn, st, share, {"queues": json.dumps(queues)})
+        return
+    await conn.execute(
+        st._share_rows(
+            select(g.c.queue, g.c.name)
+            .where(g.c.queue.in_(queues), g.c.active.is_(True))
+            .order_by(g.c.queue, g.c.name)
+        )
+    )
+
+
+async def lock_replacing(
+    st: Seam, conn: AsyncConnection, holders: list[str], new: list[Request]
+) -> None:
+    """Before replaced ``holders`` are withdrawn and ``new`` written: the groups of
+    every queue involved shared, then every stream the transaction writes locked in
+    one pass in the lock order (created where missing), the holders' (every
+    group's) and the queue-mode streams of the new tasks' partitions. Locked in
+    the passes that follow one by one (the holders', then the new tasks'), a new
+    task's stream that sorts before a holder's was taken out of order, and a batch
+    locking both in order deadlocked with it. Nothing on a dialect without row
+    locks; the passes that follow then only lock again what is held."""
+    if not st.row_locks:
+        return
+    rows = await conn.execute(
+        select(t.c.queue, t.c.partition).where(
+            t.c.id.in_(sorted(set(holders))), t.c.partition.is_not(None)
+        )
+    )
+    held = {(row.queue, row.partition) for row in rows}
+    fresh = {(r.queue, p) for r in new if (p := r.partition) is not None}
+    if not held | fresh:
+        return
+    await share_groups(st, conn, sorted({qn for qn, _ in held | fresh} | {r.queue for r in new}))
+    existing = await conn.execute(q.partition_streams(sorted(held | fresh), None))
+    keys = {(row.queue, row.grp, row.partition) for row in existing}
+    keys |= {(qn, q.QUEUE_MODE, p) for qn, p in fresh}
+    await streams.lock_or_create(st, conn, keys)
+
+
+async def insert_tasks(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> dict[str, Task]:
+    """Insert the task rows and their delivery rows; the new tasks by id."""
+    parents: dict[str, str] = {}
+    parent_ids = sorted({r.parent_id for r in reqs if r.parent_id is not None})
+    if parent_ids:
+        rows = await conn.execute(select(t.c.id, t.c.root_id).where(t.c.id.in_(parent_ids)))
+        parents = {row.id: row.root_id for row in rows}
+        missing = [p for p in parent_ids if p not in parents and p not in {r.id for r in reqs}]
+        if missing:
+            raise InvalidArgument("parent", f"no task has id {missing[0]!r}")
+    for r in reqs:  # a parent submitted in the same batch
+        if r.parent_id is not None and r.parent_id not in parents:
+            parents[r.parent_id] = r.parent_id
+    queues = sorted({r.queue for r in reqs})
+    # The active group rows the fan-out below reads (the lock order: group rows
+    # before stream rows). Unsubscribe locks the row, so it waits for the producers
+    # in flight and later ones see the group inactive: no delivery row is ever
+    # written for a group whose state unsubscribe already dropped.
+    await share_groups(st, conn, queues)
+    stream_keys = {(r.queue, p) for r in reqs if (p := r.partition) is not None}
+    await streams.serialize_producers(st, conn, stream_keys)
+    built_context = texts.usable(st, conn, "submit_context")
+    if built_context is not None:
+        context = list(await texts.execute(conn, st, built_context, {"queues": queues}))
+    else:
+        context = list(await conn.execute(q.submit_context(queues, tx.now(st))))
+    now = int(context[0].now)
+    settings = {row.queue: row for row in context if row.queue is not None}
+    params = [
+        task_row(
+            r,
+            now,
+            settings.get(r.queue),
+            r.id if r.parent_id is None else parents.get(r.parent_id, r.parent_id),
+        )
+        for r in reqs
+    ]
+    out = {
+        r.id: codec.new_task(row, payload=json.loads(r.payload), metadata=json.loads(r.metadata))
+        for r, row in zip(reqs, params, strict=True)
+    }
+    built = texts.usable(st, conn, "insert_rows")
+    if built is not None:
+        # The task rows and their delivery rows in one statement of the dialect's
+        # (see ``insert_rows`` in Seam._statement_texts); it returns the streams the
+        # new rows joined.
+        encoded = json.dumps([[row[c] for c in _ROW_COLUMNS] for row in params])
+        touched = list(await texts.execute(conn, st, built, {"rows": encoded}))
+    else:
+        # One multi-row INSERT of plain values, then the delivery rows.
+        result = await conn.execute(t.insert().returning(t.c.seq), params)
+        seqs = list(result.scalars())
+        await conn.execute(q.fan_out(), {"seqs": seqs})
+        touched = []
+        if stream_keys:
+            touched = list(
+                await conn.execute(
+                    select(d.c.queue, d.c.grp, d.c.partition)
+                    .where(d.c.task_seq.in_(seqs), d.c.partition.is_not(None))
+                    .distinct()
+                )
+            )
+    if touched:
+        await streams.refresh(st, conn, [tuple(row) for row in touched])
+    return out
+
+
+#: The columns of a task row (:func:`task_row`) in the order ``insert_rows`` reads.
+_ROW_COLUMNS = (
+    "id name queue partition payload metadata priority max_attempts backoff created_at "
+    "run_at key parent_id root_id correlation_id"
+).split()

@@ -1,0 +1,169 @@
+"""Submit requests: each validated into a :class:`Request` (:func:`prepare`), and
+a batch's validated as they are taken (:class:`Preparing`), before anything is
+written.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterable, Mapping, Sized
+from dataclasses import dataclass
+from typing import Any
+
+from conveyor import _values as v
+from conveyor.errors import InvalidArgument
+from conveyor.models import Task
+
+CONFLICTS = ("reuse", "reject", "replace")
+SUBMIT_FIELDS = frozenset(
+    {
+        "name",
+        "payload",
+        "queue",
+        "priority",
+        "delay",
+        "run_at",
+        "max_attempts",
+        "key",
+        "conflict",
+        "partition",
+        "parent",
+        "correlation_id",
+        "metadata",
+        "backoff",
+    }
+)
+
+
+@dataclass(slots=True)
+class Request:
+    """A validated submit request."""
+
+    id: str
+    name: str
+    payload: str
+    queue: str
+    priority: int
+    delay_us: int | None
+    run_at_us: int | None
+    max_attempts: int | None
+    backoff: str | None
+    key: str | None
+    conflict: str
+    partition: str | None
+    parent_id: str | None
+    correlation_id: str | None
+    metadata: str
+
+
+def prepare(req: Mapping[str, Any], *, max_size: int | None = None) -> Request:
+    """Validate one submit request (a mapping of submit()'s arguments); payload and
+    metadata may take at most ``max_size`` bytes of JSON each."""
+    # Options left at their default skip their checks (per-task cost of submit_many).
+    unknown = set(req) - SUBMIT_FIELDS
+    if unknown:
+        raise InvalidArgument(sorted(unknown)[0], "is not an argument of submit()")
+    if "name" not in req:
+        raise InvalidArgument("name", "is required")
+    get = req.get
+    name = v.name("name", req["name"])
+    queue = v.name("queue", get("queue", "default"))
+    payload = v.to_json("payload", get("payload"), max_size=max_size)
+    priority = get("priority", 0)
+    if priority.__class__ is not int or not -(2**31) <= priority < 2**31:
+        priority = v.integer("priority", priority)
+    delay, run_at = get("delay"), get("run_at")
+    delay_us = run_at_us = None
+    if delay is not None or run_at is not None:
+        if delay is not None and run_at is not None:
+            raise InvalidArgument("delay", "give delay or run_at, not both")
+        if delay is not None:
+            delay_us = round(v.duration_seconds("delay", delay) * v.US)
+        else:
+            run_at_us = v.to_us(v.aware("run_at", run_at))
+    max_attempts = get("max_attempts")
+    if max_attempts is not None:
+        max_attempts = v.positive_int("max_attempts", max_attempts)
+    backoff = get("backoff")
+    if backoff is not None:
+        backoff = json.dumps(v.backoff("backoff", backoff).as_dict())  # type: ignore[union-attr]
+    key = get("key")
+    if key is not None:
+        key = v.name("key", key)
+    conflict = get("conflict", "reuse")
+    if conflict not in CONFLICTS:
+        raise InvalidArgument(
+            "conflict", f"must be one of {', '.join(CONFLICTS)}, got {conflict!r}"
+        )
+    partition = get("partition")
+    if partition is not None:
+        partition = v.name("partition", partition)
+    parent = get("parent")
+    if parent is not None:
+        if isinstance(parent, Task):
+            parent = parent.id
+        parent = v.name("parent", parent)
+    correlation_id = get("correlation_id")
+    if correlation_id is not None:
+        correlation_id = v.name("correlation_id", correlation_id)
+    meta = get("metadata")
+    return Request(
+        id=v.new_task_id(),
+        name=name,
+        payload=payload,
+        queue=queue,
+        priority=priority,
+        delay_us=delay_us,
+        run_at_us=run_at_us,
+        max_attempts=max_attempts,
+        backoff=backoff,
+        key=key,
+        conflict=conflict,
+        partition=partition,
+        parent_id=parent,
+        correlation_id=correlation_id,
+        metadata="{}" if meta is None else v.metadata(meta, max_size=max_size),
+    )
+
+
+class Preparing:
+    """submit_many()'s requests, validated as they are taken (:func:`prepare`), the
+    taken ones kept in order in ``done``: a large batch may go to the database in
+    runs while the rest is still being validated (:mod:`conveyor.store.protocol.submit_runs`)."""
+
+    def __init__(self, requests: Iterable[Mapping[str, Any]], max_size: int | None) -> None:
+        self.done: list[Request] = []
+        try:
+            if not isinstance(requests, Sized):
+                # Read whole first: no caller code runs inside the transaction.
+                requests = list(requests)
+            self._source = iter(requests)
+        except TypeError:
+            raise InvalidArgument(
+                "requests", f"must be a list of request dicts, got {requests!r}"
+            ) from None
+        #: How many requests there are.
+        self.total = len(requests)
+        self._max_size = max_size
+
+    def take(self, n: int) -> list[Request]:
+        """Validate up to ``n`` more requests; those validated (none: all taken)."""
+        out = []
+        done, max_size = self.done, self._max_size
+        for req in itertools.islice(self._source, n):
+            # (a dict first: the Mapping check goes through the ABC machinery)
+            if req.__class__ is not dict and not isinstance(req, Mapping):
+                raise InvalidArgument(
+                    f"requests[{len(done)}]", "must be a dict of submit() arguments"
+                )
+            one = prepare(req, max_size=max_size)
+            done.append(one)
+            out.append(one)
+        return out
+
+    def rest(self) -> list[Request]:
+        """Validate every request not taken yet; all of them, in order."""
+        while self.take(1000):
+            pass
+        return self.done

@@ -1,0 +1,295 @@
+"""Statements built once: the hot statements as driver text, compiled per dialect
+when the store opens, and run without rebuilding anything per call.
+
+Building a SQLAlchemy Core statement, cache-keying and compiling it costs more
+client time than the database spends running it. So each hot statement is
+named here, built once per store at ``open()``, and kept as driver text with
+named bind parameters (lists go in as arrays, never as growing ``IN`` lists).
+
+Where a statement comes from, for each name:
+
+* the dialect's own text (:meth:`~conveyor.store.seam.Seam._statement_texts`),
+  where the SQL must differ (Postgres's data-modifying CTEs);
+* else the shared builder registered under the name with :func:`shared`: a
+  function of the store returning Core (compiled with the store's dialect) or
+  text; ``None`` means "not on this backend";
+* else there is none, and the caller takes its step-by-step path.
+
+Running:
+
+* :func:`alone` — one statement by itself, committed on its own (autocommit where
+  the dialect allows), with the store's retries; on Postgres it runs on a
+  driver connection kept in autocommit (:mod:`.pg_direct`), skipping SQLAlchemy's
+  execution layer and pool;
+* :func:`execute` — one statement inside a transaction the caller runs
+  (:func:`conveyor.store.protocol.transactions.run`).
+
+Both bind ``offset_us`` (the store's ``clock_offset`` in microseconds) for
+statements whose clock reads it (see :func:`now`). Rows come back as tuples with
+attribute access by column name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from sqlalchemy import BigInteger, ClauseElement, ColumnElement, bindparam
+from sqlalchemy.engine import Dialect
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from conveyor import _values as v
+from conveyor.store.protocol import transactions as tx
+from conveyor.store.seam import Seam
+
+#: The bind parameter the clock of a built-once statement reads.
+OFFSET = "offset_us"
+#: The bind parameter a process clock is read into (see :func:`now`).
+CLOCK = "now_us"
+#: The suffix of a statement's variant for a caller's transaction
+#: (``submit(..., connection=...)``), where the dialect has one: see
+#: :meth:`Texts.in_callers`.
+IN_CALLERS = "_in"
+
+Builder = Callable[[Seam], "ClauseElement | str | None"]
+
+_SHARED: dict[str, Builder] = {}
+
+
+def shared(name: str) -> Callable[[Builder], Builder]:
+    """Register the shared builder of statement ``name`` (a decorator). The builder
+    gets the store and returns Core with named :func:`~sqlalchemy.bindparam`\\ s (no
+    expanding ones), driver text, or ``None`` where the backend has no such
+    statement; it runs once per store, at open()."""
+
+    def register(build: Builder) -> Builder:
+        if name in _SHARED:
+            raise ValueError(f"statement {name!r} is registered twice")
+        _SHARED[name] = build
+        return build
+
+    return register
+
+
+def now(st: Seam) -> ColumnElement[int]:
+    """The store's clock for a built-once Core statement: the dialect's clock plus
+    the ``offset_us`` bind parameter (bound by the runners); where the clock is the
+    process's (``st.process_clock``), the ``now_us`` bind parameter, the clock read
+    (offset included) each time the statement runs."""
+    if st.process_clock:
+        return bindparam(CLOCK, type_=BigInteger)
+    return st._db_now() + bindparam(OFFSET, type_=BigInteger)
+
+
+@dataclass(frozen=True, slots=True)
+class Text:
+    """One statement as driver text."""
+
+    name: str
+    sql: str
+    #: Values of parameters fixed at build time (Core literals); merged under the
+    #: caller's.
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    #: Whether the text reads ``offset_us``.
+    clock: bool = False
+    #: Whether the text reads ``now_us`` (a process clock, read per run).
+    now: bool = False
+
+    def bind(self, st: Seam, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The driver parameters for one run."""
+        out = {**self.fixed, **params} if self.fixed else dict(params)
+        if self.clock:
+            out[OFFSET] = round(st.clock_offset * v.US)
+        if self.now:
+            out[CLOCK] = v.now_us() + round(st.clock_offset * v.US)
+        return out
+
+
+class Texts:
+    """The built-once statements of one store."""
+
+    def __init__(self, items: Iterable[Text]) -> None:
+        self._items = {item.name: item for item in items}
+        self._in_callers: Texts | None = None
+
+    def in_callers(self) -> Texts:
+        """These statements as a submit in a caller's transaction runs them: each
+        under its own name, but its variant (``name`` + :data:`IN_CALLERS`) where
+        the dialect has one."""
+        if self._in_callers is None:
+            self._in_callers = Texts(
+                replace(self._items.get(name + IN_CALLERS, text), name=name)
+                for name, text in self._items.items()
+                if not name.endswith(IN_CALLERS)
+            )
+        return self._in_callers
+
+    def get(self, name: str) -> Text | None:
+        """The statement ``name``, or ``None`` where the backend has none."""
+        return self._items.get(name)
+
+    def every(self, *names: str) -> list[Text] | None:
+        """The statements ``names``, in that order, or ``None`` where the backend
+        lacks any of them."""
+        found = [self._items.get(name) for name in names]
+        return None if None in found else [text for text in found if text is not None]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    def names(self) -> list[str]:
+        """Every statement this store has, sorted."""
+        return sorted(self._items)
+
+
+def build(st: Seam, dialect: Dialect, builders: Mapping[str, Builder] | None = None) -> Texts:
+    """Build every statement for ``st`` (once, at open()): the dialect's own texts,
+    and ``builders`` (default: the registered shared builders) for the rest."""
+    own = dict(st._statement_texts())
+    builders = _SHARED if builders is None else builders
+    items: list[Text] = []
+    for name in sorted(set(own) | set(builders)):
+        made: ClauseElement | str | None
+        made = own[name] if name in own else builders[name](st)
+        if made is None:
+            continue
+        items.append(_text(name, made, dialect))
+    return Texts(items)
+
+
+def _text(name: str, made: ClauseElement | str, dialect: Dialect) -> Text:
+    if isinstance(made, str):
+        return Text(
+            name,
+            made,
+            clock=f"%({OFFSET})s" in made or f":{OFFSET}" in made,
+            now=f"%({CLOCK})s" in made or f":{CLOCK}" in made,
+        )
+    if dialect.positional:
+        # Named parameters, so one dict binds on every driver (sqlite3 takes
+        # ``:name`` as well as ``?``).
+        dialect = type(dialect)(paramstyle="named")  # type: ignore[call-arg]
+    compiled: Any = made.compile(dialect=dialect)
+    for bind in compiled.binds.values():
+        if bind.expanding:
+            raise ValueError(
+                f"statement {name!r}: parameter {bind.key!r} expands (an IN list); pass "
+                "an array instead"
+            )
+    # Values Core fixed (literals, and NULLs a statement sets, as SET col = NULL),
+    # not the named parameters the caller binds (required ones).
+    binds = compiled.binds
+    fixed = {
+        key: val
+        for key, val in compiled.params.items()
+        if val is not None or (key in binds and not binds[key].required)
+    }
+    params = compiled.params
+    return Text(name, compiled.string, fixed=fixed, clock=OFFSET in params, now=CLOCK in params)
+
+
+async def of(st: Seam) -> Texts:
+    """The store's statements (opening it first if needed)."""
+    if st._texts is None:
+        await st.open()
+    assert st._texts is not None
+    return st._texts
+
+
+async def get(st: Seam, name: str) -> Text | None:
+    """The store's statement ``name``, or ``None`` where the backend has none."""
+    return (await of(st)).get(name)
+
+
+def runs_on(conn: AsyncConnection, st: Seam) -> bool:
+    """Whether the built texts can run on ``conn``: always on the store's own
+    connections; on a caller's (``submit(..., connection=...)``) only through a driver
+    with the store's parameter style (a text is written in it: ``%(name)s`` on
+    Postgres, which psycopg and psycopg2 read and asyncpg does not)."""
+    if getattr(conn, "run_text", None) is not None or st._engine is None:
+        return True
+    return bool(conn.dialect.paramstyle == st._engine.dialect.paramstyle)
+
+
+def usable(st: Seam, conn: AsyncConnection, name: str) -> Text | None:
+    """The store's built statement ``name``, if it has one and it runs on ``conn``
+    (:func:`runs_on`); ``None`` sends the caller its SQLAlchemy way."""
+    built = st._texts.get(name) if st._texts is not None else None
+    return built if built is not None and runs_on(conn, st) else None
+
+
+async def execute(conn: AsyncConnection, st: Seam, text: Text, params: Mapping[str, Any]) -> Any:
+    """Run ``text`` on ``conn`` inside the caller's transaction; its result (iterate
+    it for rows; ``first()``, ``one()``, ``scalar_one()``, ``all()`` as SQLAlchemy's).
+    On a connection that can run it on the driver's cursor itself (SQLite's
+    connection thread, :meth:`~conveyor.store.protocol.transactions.InlineConnection.run_text`)
+    it does, skipping SQLAlchemy's per-statement execution layer."""
+    direct = getattr(conn, "run_text", None)
+    if direct is not None:
+        return direct(text.sql, text.bind(st, params))
+    return await conn.exec_driver_sql(text.sql, text.bind(st, params))
+
+
+async def execute_many(
+    conn: AsyncConnection, st: Seam, text: Text, params: Iterable[Mapping[str, Any]]
+) -> None:
+    """Run ``text`` once per parameter set in ``params`` (``executemany``) inside the
+    caller's transaction; on the driver's cursor where :func:`execute` would be."""
+    bound = [text.bind(st, one) for one in params]
+    direct = getattr(conn, "run_text_many", None)
+    if direct is not None:
+        direct(text.sql, bound)
+        return
+    await conn.exec_driver_sql(text.sql, bound)
+
+
+async def together(
+    st: Seam,
+    steps: Sequence[tuple[Text, Mapping[str, Any]]],
+    *,
+    write: bool = True,
+    rows_of: int = -1,
+    conn: AsyncConnection | None = None,
+) -> list[Any]:
+    """Run ``steps`` in order in one transaction, with the store's retries; the rows
+    of the one at index ``rows_of`` (the last by default). Where the dialect has a
+    :meth:`~conveyor.store.seam.Seam._steps_runner` they go to the server together
+    (one round trip); else, or when it has no connection free, as an ordinary
+    transaction. On ``conn`` (a caller's, in its transaction), one after another
+    there, with no transaction or retry of ours."""
+    bound = [(text.sql, text.bind(st, params)) for text, params in steps]
+    runner = st._steps_runner()
+    chosen = range(len(steps))[rows_of]
+
+    async def work(conn: AsyncConnection) -> list[Any]:
+        rows: list[Any] = []
+        for n, (text, params) in enumerate(steps):
+            result = await execute(conn, st, text, params)
+            if n == chosen:
+                rows = list(result)
+        return rows
+
+    if conn is not None:
+        return await work(conn)
+    if runner is None:
+        return await tx.run(st, work, write=write)
+    return await tx.run(st, work, write=write, together=lambda: runner(bound, rows_of))
+
+
+async def alone(
+    st: Seam, text: Text, params: Mapping[str, Any], *, write: bool = True
+) -> list[Any]:
+    """Run ``text`` by itself, committed on its own, with the store's retries; its
+    rows. One round trip where the dialect runs single statements in autocommit."""
+    bound = text.bind(st, params)
+    direct = st._direct_runner()
+
+    async def work(conn: AsyncConnection) -> list[Any]:
+        return list(await conn.exec_driver_sql(text.sql, bound))
+
+    if direct is None:
+        return await tx.run(st, work, write=write, autocommit=True)
+    return await tx.run(
+        st, work, write=write, autocommit=True, alone=lambda: direct(text.sql, bound)
+    )

@@ -1,0 +1,6 @@
+"""The SQLite dialect: the seam (:mod:`.store`), its statements (:mod:`.texts`) and
+the connection thread that runs whole transactions (:mod:`.thread`)."""
+
+from conveyor.store.sqlite.store import SQLiteStore
+
+__all__ = ["SQLiteStore"]

@@ -1,0 +1,431 @@
+"""SQLiteStore: the SQLite dialect of the protocol.
+
+What differs from Postgres, and only that:
+
+* clock — the process clock, bound as a parameter (SQLite has no shared server
+  clock to defer to, and a single host needs none);
+* claim locking — SQLite has one writer. Write transactions start with
+  ``BEGIN IMMEDIATE``, so two claimers never read the same ready row and no
+  deferred transaction fails on a lock upgrade; read-only calls use a deferred
+  ``BEGIN`` and run beside the writer thanks to WAL;
+* the claimable probe — an idle worker asks a read-only question before taking
+  the write lock, so polling never blocks producers;
+* RETURNING — SQLite's may name only columns of the updated table, so the task
+  columns of a fenced write or claim come from correlated subqueries;
+* transport — SQLite runs inside the process, so the store runs each whole
+  transaction as one blocking function on one connection owned by a thread of
+  its own (:mod:`conveyor.store.sqlite.thread`): one hop from the event loop per
+  transaction. The thread's queue is the in-process write lock: this process's
+  transactions run one at a time in arrival order, never sleeping in SQLite's
+  busy handler for each other. A write transaction waiting for another
+  process's lock asks again every millisecond (up to ``busy_timeout``) instead
+  of in SQLite's busy handler, whose back-off to 100 ms sleeps lets a process
+  that writes back to back starve the other. A short write (a submit) that
+  finds the thread idle skips the hop and runs on the event loop's thread, on
+  the same connection (check_same_thread off; a lock makes one user at a time),
+  asking for the write lock once: the inline fast path of
+  :mod:`conveyor.store.sqlite.thread`;
+* wake-ups — while idle, the connection thread reads ``PRAGMA data_version``
+  every few milliseconds (no lock; it changes when another connection commits)
+  and wakes this process's idle workers and ``wait()`` calls when it moves.
+
+In-memory databases (``sqlite:///:memory:``, ``sqlite://``): SQLite gives each
+connection its own private in-memory database, so the store must use exactly one
+connection, and one connection can run one transaction at a time: the same
+connection thread, whose queue makes concurrent calls wait their turn instead of
+failing with "cannot start a transaction within a transaction". Such a store is
+private to its process and gone when it closes.
+
+Durability: ``journal_mode=WAL`` with ``synchronous=NORMAL`` survives a process
+crash (kill -9) but a power cut may lose the last transactions. Pass
+``synchronous="FULL"`` to :func:`conveyor.connect` for power-cut durability.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    BigInteger,
+    ClauseElement,
+    ColumnElement,
+    Select,
+    Update,
+    bindparam,
+    event,
+    literal,
+)
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import Connection, Engine, create_engine, make_url
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.pool import StaticPool
+
+from conveyor import _values as v
+from conveyor.errors import ConfigurationError, InvalidArgument
+from conveyor.store.base import TaskStore
+from conveyor.store.protocol import queries as q
+from conveyor.store.seam import BatchRunner, ConnectionRunner, DirectRunner, StepsRunner
+from conveyor.store.sqlite import texts as sqlite_texts
+from conveyor.store.sqlite.thread import CHECKPOINT_EVERY, ConnectionThread
+
+SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+#: Seconds between two looks at ``PRAGMA data_version`` while the store is idle:
+#: how soon a commit in another process wakes this one's idle workers.
+WAKE_POLL = 0.002
+#: The same while nobody in this process waits to be woken.
+WAKE_IDLE_POLL = 0.1
+#: Seconds between a write transaction's first two asks for the write lock while
+#: another connection holds it; the pause doubles up to LAST_PAUSE.
+FIRST_PAUSE = 0.0001
+LAST_PAUSE = 0.001
+#: Pool settings that mean nothing to the one blocking connection.
+_POOL_OPTIONS = (
+    "poolclass",
+    "pool_size",
+    "max_overflow",
+    "pool_timeout",
+    "pool_recycle",
+    "pool_pre_ping",
+    "pool_reset_on_return",
+    "pool_use_lifo",
+)
+
+
+def is_memory(url: str) -> bool:
+    """Whether ``url`` names a private in-memory database rather than a file."""
+    parsed = make_url(url)
+    database = parsed.database or ""
+    return (
+        database in ("", ":memory:")
+        or database.startswith("file::memory:")
+        or parsed.query.get("mode") == "memory"
+    )
+
+
+def _begin_fairly(conn: Connection, sql: str, timeout: float) -> None:
+    """Run ``sql`` (a BEGIN that takes the write lock), asking again while another
+    connection holds the lock — after 0.1 ms, then twice as long each time up to a
+    millisecond — for up to ``timeout`` seconds.
+
+    A waiter that asks this often finds the lock in the short gaps between another
+    process's transactions, so two busy processes on one file take turns. The first
+    pauses are short because most transactions are: several processes writing one
+    file (a worker per consumer group) hand the lock over within a fraction of a
+    millisecond instead of leaving it free for up to one (SQLite's busy handler
+    sleeps in whole milliseconds, so the connection asks with none, see
+    ``SQLiteStore._configure``).
+    """
+    raw: Any = conn.connection.driver_connection
+    deadline = time.monotonic() + timeout
+    pause = FIRST_PAUSE
+    while time.monotonic() < deadline:
+        try:
+            raw.execute(sql)
+            return
+        except sqlite3.OperationalError as exc:
+            message = str(exc).lower()
+            if "locked" not in message and "busy" not in message:
+                break  # reported below, the way SQLAlchemy reports it
+        time.sleep(pause)
+        pause = min(pause * 2, LAST_PAUSE)
+    # Last try through SQLAlchemy, which raises its own error if it fails too.
+    conn.exec_driver_sql(sql)
+
+
+class SQLiteStore(TaskStore):
+    """conveyor on a SQLite file (or ``:memory:`` for throwaway use)."""
+
+    # One writer holds the whole database: there are no row locks to order.
+    row_locks: ClassVar[bool] = False
+    # No server clock: the process's, bound to each statement when it runs.
+    process_clock: ClassVar[bool] = True
+
+    def __init__(
+        self, url: str, *, busy_timeout: float = 10.0, synchronous: str = "NORMAL", **options: Any
+    ) -> None:
+        super().__init__(url, **options)
+        self.busy_timeout = v.duration_seconds("busy_timeout", busy_timeout)
+        if synchronous.upper() not in SYNCHRONOUS:
+            raise InvalidArgument("synchronous", f"must be one of {', '.join(SYNCHRONOUS)}")
+        self.synchronous = synchronous.upper()
+        #: One private database on one connection: transactions queue in-process.
+        self.in_memory = is_memory(url)
+        self._thread: ConnectionThread | None = None
+        self._probes: dict[tuple[Any, ...], Select[Any]] = {}
+        self._wake_loop: asyncio.AbstractEventLoop | None = None
+
+    def _create_engine(self) -> AsyncEngine:
+        options = dict(self.engine_options)
+        if "async_creator" in options:
+            raise InvalidArgument(
+                "engine_options",
+                "async_creator: the SQLite store runs on a blocking sqlite3 connection; "
+                "pass creator (a function returning a sqlite3 connection) instead",
+            )
+        # The store's own transactions run on one blocking connection in a thread
+        # of its own (conveyor.store.sqlite.thread), which gets the engine options;
+        # the async engine stays the store's handle (opened, disposed) and connects
+        # only if asked to (a private in-memory database: to one of its own).
+        engine = create_async_engine(self.url, poolclass=StaticPool if self.in_memory else None)
+        blocking_options = {k: val for k, val in options.items() if k not in _POOL_OPTIONS}
+        # The connection is the thread's, but a short write may run on the event
+        # loop's thread instead while the thread is idle (the inline fast path of
+        # ConnectionThread.call); its lock makes one user at a time, so the driver's
+        # same-thread check has nothing left to guard.
+        blocking_options["connect_args"] = {
+            "check_same_thread": False,
+            **blocking_options.get("connect_args", {}),
+        }
+        blocking = create_engine(
+            make_url(self.url).set(drivername="sqlite+pysqlite"),
+            poolclass=StaticPool,
+            **blocking_options,
+        )
+        self._configure(engine.sync_engine)
+        self._configure(blocking, fair=not self.in_memory, inline=True)
+        self._thread = ConnectionThread(
+            blocking,
+            # Not with synchronous FULL or EXTRA: each commit then waits for the disk,
+            # which the event loop must not.
+            inline=self.synchronous in ("OFF", "NORMAL"),
+            # A private in-memory database has nobody else to hear from.
+            poll=None if self.in_memory else WAKE_POLL,
+            on_change=None if self.in_memory else self._changed_elsewhere,
+            listening=self._listening,
+            idle_poll=WAKE_IDLE_POLL,
+            # (a private in-memory database has no WAL)
+            checkpoint_every=None if self.in_memory else CHECKPOINT_EVERY,
+        )
+        thread = self._thread
+
+        @event.listens_for(engine.sync_engine, "engine_disposed")
+        def _on_dispose(_engine: Any) -> None:
+            thread.close()
+
+        return engine
+
+    def _configure(self, engine: Engine, *, fair: bool = False, inline: bool = False) -> None:
+        """Attach the connection set-up and the choice of BEGIN to ``engine``.
+
+        ``fair``: wait for the write lock by asking again after short pauses (see
+        :func:`_begin_fairly`) instead of in SQLite's busy handler. ``inline``: the
+        engine of the store's connection thread, whose inline fast path sends its
+        own ``BEGIN IMMEDIATE`` (asked once) before the transaction begins.
+        """
+        busy_timeout = self.busy_timeout
+        # SQLite's own busy handler backs off to 100 ms sleeps, so a process waiting
+        # in it almost never finds the lock free between the transactions of a
+        # process that writes back to back, and starves. The fair engine has no
+        # handler: a busy BEGIN fails at once and is asked again after a pause
+        # (0.1 ms, doubling to 1 ms) until busy_timeout; anything else that meets a
+        # busy lock fails the transaction, which the store retries as transient.
+        busy_ms = int(busy_timeout * 1000)
+        synchronous = self.synchronous
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+            # Take transaction control from the driver so BEGIN is ours to choose.
+            dbapi_conn.isolation_level = None
+            cur = dbapi_conn.cursor()
+            cur.execute(f"PRAGMA busy_timeout = {busy_ms}")
+            cur.execute("PRAGMA journal_mode = WAL")
+            cur.execute(f"PRAGMA synchronous = {synchronous}")
+            cur.execute("PRAGMA foreign_keys = ON")
+            if fair:
+                # The store's own connection checkpoints on a timer instead of in
+                # whichever commit finds the WAL long (see sqlite_thread._checkpoint).
+                cur.execute("PRAGMA wal_autocheckpoint = 0")
+                # After the set-up, which may wait long (journal_mode on a new file).
+                cur.execute("PRAGMA busy_timeout = 0")
+            cur.close()
+
+        store = self
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn: Connection) -> None:
+            if inline and store._thread is not None and store._thread.begun:
+                return  # begun already, by the inline path (ConnectionThread.call)
+            write = conn.get_execution_options().get("conveyor_write", True)
+            sql = "BEGIN IMMEDIATE" if write else "BEGIN"
+            if fair and write:
+                _begin_fairly(conn, sql, busy_timeout)
+            else:
+                conn.exec_driver_sql(sql)
+
+    def _connection_runner(self) -> ConnectionRunner | None:
+        # In-process, a transaction's statements cost microseconds each and a hop
+        # to a driver thread per statement costs more: the whole transaction runs
+        # as one function on the store's connection thread, whose queue is also
+        # the in-process write lock (FIFO, no busy sleeps between our own writers).
+        return self._thread
+
+    def _listening(self) -> bool:
+        # Read on the connection thread; a stale answer costs at most one slow poll.
+        work, done = self._work_waker, self._done_waker
+        return bool((work is not None and work.watched()) or (done is not None and done.watched()))
+
+    async def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
+        """Sleep until new work may be claimable in ``queues`` or ``timeout`` passes
+        (see :meth:`TaskStore.wait_for_work`)."""
+        # The wake channel polls fast only while someone listens: tell it at once.
+        if self._thread is not None:
+            self._thread.nudge()
+        return await super().wait_for_work(queues, timeout)
+
+    def _changed_elsewhere(self) -> None:
+        # On the connection thread: another connection committed. Wake every
+        # waiter here on the store's loop; each looks again, which is cheap.
+        loop = self._wake_loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(partial(self._wake, queues=None, task_ids=None))
+
+    @asynccontextmanager
+    async def _transaction_gate(self, write: bool) -> AsyncIterator[None]:
+        # Transactions queue on the connection thread instead (one at a time, in
+        # arrival order), which is also what one in-memory connection needs.
+        yield
+
+    async def _database_identity(self, conn: AsyncConnection) -> tuple[Any, ...]:
+        # The file behind the connection, as SQLite resolved it.
+        rows = (await conn.exec_driver_sql("PRAGMA database_list")).all()
+        path = next((str(row.file) for row in rows if row.name == "main"), "")
+        if not path:
+            raise ConfigurationError(
+                "connection: an in-memory SQLite database belongs to one connection and "
+                "cannot be shared; use a SQLite file"
+            )
+        return ("sqlite", os.path.realpath(path))
+
+    async def _join_transaction(self, conn: AsyncConnection) -> None:
+        # sqlite3's default (legacy) transaction control begins a transaction only
+        # before the first INSERT/UPDATE/DELETE: a SAVEPOINT before that would open,
+        # and its RELEASE commit, a transaction of its own. Begin the caller's now.
+        raw: Any = (await conn.get_raw_connection()).driver_connection
+        if not raw.in_transaction:
+            await conn.exec_driver_sql("BEGIN")
+
+    def _db_now(self) -> ColumnElement[int]:
+        return literal(v.now_us(), BigInteger)
+
+    def _lock_candidates(self, stmt: Select[Any]) -> Select[Any]:
+        # The whole claim runs under BEGIN IMMEDIATE: the single writer lock is the lock.
+        return stmt
+
+    def _lock_rows(self, stmt: Select[Any]) -> Select[Any]:
+        # Writes run under BEGIN IMMEDIATE: nothing else can change the rows meanwhile.
+        return stmt
+
+    def _share_rows(self, stmt: Select[Any]) -> Select[Any]:
+        # Writes run under BEGIN IMMEDIATE: nothing else can change the rows meanwhile.
+        return stmt
+
+    async def _lock_for_backfill(self, conn: AsyncConnection) -> None:
+        # One writer at a time: no producer can be in flight beside this transaction.
+        return None
+
+    def _lock_for_migration(self, conn: Connection) -> None:
+        # The migration transaction began with BEGIN IMMEDIATE, which excludes other writers.
+        return None
+
+    async def _refresh_statistics(self, conn: AsyncConnection) -> list[str]:
+        # SQLite's planner needs none here: every single-row write names all the
+        # columns of a primary key, which it knows to be unique and always prefers,
+        # and the claim's plans are pinned by the partial indexes (statuses written
+        # inline). Gathered statistics (sqlite_stat1) could move plans the tests pin.
+        return []
+
+    @asynccontextmanager
+    async def _maintenance_lock(self) -> AsyncIterator[bool]:
+        # Every maintenance step is its own BEGIN IMMEDIATE transaction: the single
+        # writer lock already serialises concurrent passes, and each step is idempotent.
+        yield True
+
+    def _is_full(self, exc: DBAPIError) -> bool:
+        # SQLITE_FULL: the disk, or the file's max_page_count, has no room left.
+        return "database or disk is full" in str(exc.orig)
+
+    def _is_transient(self, exc: DBAPIError) -> bool:
+        orig = exc.orig
+        message = str(orig).lower()
+        return isinstance(orig, sqlite3.OperationalError) and (
+            "locked" in message or "busy" in message
+        )
+
+    def _upsert(self, table: Any) -> Any:
+        return sqlite_insert(table)
+
+    def _returning_view(self, stmt: Update) -> Update:
+        return stmt.returning(*sqlite_texts.returned_view())
+
+    def _claim_probe(
+        self, grp: str, queues: Sequence[str], partition: str | None, now: ColumnElement[int]
+    ) -> Select[Any] | None:
+        # A claim takes the single write lock (BEGIN IMMEDIATE) and would block every
+        # producer while an idle worker polls; a read beside the writer (WAL) does not.
+        # An idle worker asks this on every wake-up, so it is built once per question,
+        # its clock read when it runs (``now`` is the same clock, read earlier).
+        key = (grp, tuple(queues), partition, self.clock_offset)
+        probe = self._probes.get(key)
+        if probe is None:
+            if len(self._probes) >= 256:  # queues named on the fly: stay bounded
+                self._probes.clear()
+            offset = round(self.clock_offset * v.US)
+            clock = bindparam("probe_now", type_=BigInteger, callable_=lambda: v.now_us() + offset)
+            probe = self._probes[key] = q.claim_probe(grp, queues, clock, partition)
+        return probe
+
+    def _statement_texts(self) -> Mapping[str, ClauseElement | str]:
+        # No data-modifying CTEs, arrays, LATERAL or UPDATE … FROM a set-returning
+        # function: claim, plain submit and ack run step by step
+        # (conveyor.store.protocol.steps), on the one connection that holds the write lock,
+        # so it costs no extra round trips to a server. The steps that take a list
+        # take it as JSON text read by json_each (an IN list would be rebuilt per
+        # size); why each differs is in conveyor.store.sqlite.texts.
+        return sqlite_texts.texts()
+
+    def _direct_runner(self) -> DirectRunner | None:
+        return None
+
+    def _steps_runner(self) -> StepsRunner | None:
+        # Statements cost microseconds on the connection thread: no round trips to
+        # save.
+        return None
+
+    def _batch_runner(self) -> BatchRunner | None:
+        # One thread, no server beside it: nothing to overlap.
+        return None
+
+    async def _start_wake(self) -> None:
+        # The channel is the connection thread's data_version poll (see
+        # conveyor.store.sqlite.thread); it wakes waiters on this loop.
+        self._wake_loop = asyncio.get_running_loop()
+
+    async def _stop_wake(self) -> None:
+        self._wake_loop = None
+
+    async def close(self) -> None:
+        """Release the connection: when this returns, the store's connection thread
+        has ended and the database file is closed."""
+        thread = self._thread
+        await super().close()
+        if thread is not None:
+            thread.close()  # also done by the engine's disposal; harmless twice
+            await thread.wait_closed()
+
+    async def _notify(
+        self,
+        conn: AsyncConnection,
+        queues: Iterable[str],
+        done: bool,
+        task_ids: Iterable[str] = (),
+    ) -> None:
+        # Nobody outside this process listens; the store wakes its own waiters.
+        return None

@@ -1,0 +1,614 @@
+"""The worker: claims tasks of an :class:`~conveyor.app.App`, runs their handlers,
+records the outcome.
+
+What it does, in order of a task's life:
+
+* **claim** in batches sized by :class:`~conveyor.worker.feed.Feed`: the free slots
+  plus a small prefetch buffer while tasks are quick, a cap per partition so one
+  round takes several streams; an empty claim sends it to sleep in
+  :meth:`TaskStore.wait_for_work` until a notification (in-process commit,
+  Postgres NOTIFY) or ``poll_interval``;
+* **run**: coroutine handlers on the event loop, plain functions each in a
+  thread of their own. Tasks of one partition claimed together run one after
+  another, in order; if one of them does not finish for good (a retry is
+  scheduled, the lease is lost), the rest are handed back untouched, because
+  running them would overtake it. A slot is given up when a handler returns,
+  while its success is written: other work runs meanwhile, and a stream's next
+  task takes a slot again once that write is done;
+* **heartbeat** every third of the lease while a task is held (running or
+  waiting its turn in a partition batch);
+* **time out** at the task's ``timeout``: a coroutine is cancelled; a thread
+  cannot be killed in Python, so the attempt is recorded as timed out and the
+  thread is left to finish in the background, its result ignored;
+* **record**: ``succeed(result)``, or ``fail(error, retryable=True)`` (the store
+  applies the task's backoff and attempt budget and keeps the traceback). An
+  unknown task name is a terminal failure (``code="unknown_task"``), not a crash
+  loop. Every write carries ``attempt=`` so a stale attempt can never complete a
+  newer one; ``LostLease``/``TaskCancelled`` drop the task quietly;
+* **settle the collector**: at its first start in a process, a worker collects
+  garbage once and freezes what is alive (``gc.freeze()``): the modules, the app,
+  the store. Python's full collections then skip them; otherwise each one walks
+  them all, a 30-60 ms pause in the middle of the work (``gc_freeze=False``
+  leaves the collector alone);
+* **maintain**: ``store.maintain()`` once at start, then every
+  ``maintain_interval`` (the store makes sure one caller at a time does the
+  work);
+* **stop**: on :meth:`Worker.stop` (SIGINT/SIGTERM under
+  :meth:`App.run_worker`) it stops claiming, lets running tasks finish within
+  ``grace`` seconds, then hands the rest back with :meth:`TaskStore.release`
+  (claimable at once, the attempt not counted) and returns.
+
+Logs go to the ``conveyor.worker`` logger; every line about a task starts with
+its id, name and attempt and carries them as ``extra`` fields (see
+:mod:`conveyor.worker.logs`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import socket
+import time
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Coroutine, Sequence
+from typing import Any
+
+from conveyor import _values as v
+from conveyor.collector import settle_collector
+from conveyor.errors import ConveyorError, InvalidArgument, LostLease, TaskCancelled
+from conveyor.models import Task
+from conveyor.outcomes import Snooze, TaskTimeout, UnknownTask, is_retryable
+from conveyor.schedule import scheduler_for
+from conveyor.store.base import TaskStore
+from conveyor.task_functions import TaskHost, payload_arguments
+from conveyor.worker.context import Context, call_async, start_handler
+from conveyor.worker.feed import Feed
+from conveyor.worker.group_commit import Acks
+from conveyor.worker.heartbeats import Heartbeats
+from conveyor.worker.instrument import Instruments
+from conveyor.worker.recording import Held, Recorder, Run
+from conveyor.worker.startup import open_when_ready
+
+log = logging.getLogger("conveyor.worker")
+
+HANDOFF_TURNS = 3  # loop turns from a runner's creation to its handler's first line
+# A claim that fails waits 0.5 s, then twice as long each time up to 5 s, or less
+# when the wake channel reconnects (the database is back).
+CLAIM_RETRY_FIRST = 0.5
+CLAIM_RETRY_MAX = 5.0
+
+
+class Worker:
+    """Runs an app's tasks from ``queues`` until :meth:`stop`; see the module docs.
+
+    ``lease`` (seconds) is the lease asked for each claim; ``None`` uses the
+    queue's configured lease, else 30 s. ``group`` consumes as that consumer
+    group (bus mode). ``maintain_interval=None`` leaves maintenance to others.
+    ``gc_freeze=False`` leaves the garbage collector alone (see
+    :func:`conveyor.collector.settle_collector`).
+    """
+
+    def __init__(
+        self,
+        app: TaskHost,
+        queues: str | Sequence[str] = "default",
+        *,
+        store: TaskStore | None = None,
+        concurrency: int = 10,
+        group: str | None = None,
+        lease: v.Duration | None = None,
+        poll_interval: v.Duration = 1.0,
+        grace: v.Duration = 30.0,
+        maintain_interval: v.Duration | None = 30.0,
+        worker_id: str | None = None,
+        gc_freeze: bool = True,
+    ) -> None:
+        self.app = app
+        self.store = store if store is not None else app.store
+        self.queues = v.names("queues", queues)
+        self.concurrency = v.positive_int("concurrency", concurrency)
+        self.group = v.opt_name("group", group)
+        self.lease = None if lease is None else v.duration_seconds("lease", lease, allow_zero=False)
+        self.poll_interval = v.duration_seconds("poll_interval", poll_interval, allow_zero=False)
+        self.grace = v.duration_seconds("grace", grace)
+        self.maintain_interval = (
+            None
+            if maintain_interval is None
+            else v.duration_seconds("maintain_interval", maintain_interval, allow_zero=False)
+        )
+        self.worker_id = v.name(
+            "worker_id",
+            worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}",
+        )
+        if not isinstance(gc_freeze, bool):
+            raise InvalidArgument("gc_freeze", "must be True or False")
+        self.gc_freeze = gc_freeze
+        self._held: dict[str, Held] = {}
+        self._feed: Feed[Held] = Feed(self.concurrency)
+        self._acks = Acks(self.store, self.worker_id, self.group)
+        self._runners: set[asyncio.Task[None]] = set()
+        self._heartbeats = Heartbeats(
+            self.store,
+            worker_id=self.worker_id,
+            group=self.group,
+            queues=self.queues,
+            lease=self.lease,
+            held=self._held,
+        )
+        self._record = Recorder(
+            self.store, self.worker_id, self.group, self._acks, self._heartbeats, self._let_go
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._forced: asyncio.Event | None = None
+        # Set when a slot is freed (or back-pressure eases): room to claim into.
+        self._slot_freed: asyncio.Event | None = None
+        # Set when what a claim finds may have changed here: a stream whose last held
+        # task was let go (its next task is claimable), or a drain's last task.
+        self._stream_freed: asyncio.Event | None = None
+        # Stream runs waiting to take a slot back for their next task, first come
+        # first served, ahead of buffered units.
+        self._resume: deque[tuple[asyncio.Future[None], Run]] = deque()
+        self._stop_calls = 0
+        self._running = False
+        #: Drain mode (``conveyor.testing.run_tasks``): return once a claim finds
+        #: nothing and nothing is held, instead of waiting for more work.
+        self.stop_when_idle = False
+        #: Whether this worker also submits the ticks of the app's periodic schedules.
+        self.run_schedules = True
+        #: Seconds :meth:`run` keeps trying to reach a database that does not answer
+        #: before it gives up (``App.run_worker`` and the CLI wait a minute).
+        self.wait_for_db = 0.0
+        self.instruments = Instruments(self)
+        self._acks.observe = self.instruments.acked
+
+    # ----------------------------------------------------------- control
+    @property
+    def held(self) -> int:
+        """How many tasks the worker holds leases on right now."""
+        return len(self._held)
+
+    def stop(self) -> None:
+        """Ask the worker to stop (safe from any thread and from signal handlers).
+
+        The first call stops claiming and starts the grace period; a second one
+        ends the grace period at once.
+        """
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            self._stop_calls += 1
+            return
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if here is loop:
+            self._request_stop()
+        else:
+            loop.call_soon_threadsafe(self._request_stop)
+
+    def _request_stop(self) -> None:
+        self._stop_calls += 1
+        assert self._stopping is not None and self._forced is not None
+        if not self._stopping.is_set():
+            log.info("stopping: no more claims; %d task(s) in flight", len(self._held))
+            self._stopping.set()
+        elif not self._forced.is_set():
+            log.info("stopping now: the grace period is cut short")
+            self._forced.set()
+
+    async def run(self) -> None:
+        """Claim and run tasks until :meth:`stop`, then wind down and return."""
+        if self._running:
+            raise RuntimeError("this worker is already running")
+        self._running = True
+        self._loop = asyncio.get_running_loop()
+        self._stopping, self._forced = asyncio.Event(), asyncio.Event()
+        self._slot_freed, self._stream_freed = asyncio.Event(), asyncio.Event()
+        for _ in range(self._stop_calls):  # stop() called before run()
+            self._request_stop()
+        try:
+            if not await open_when_ready(self.store, self.wait_for_db, self._stopping):
+                return
+            await self._heartbeats.refresh()
+            if self.gc_freeze:
+                settle_collector()
+            background = [asyncio.create_task(self._heartbeats.run(), name="conveyor-heartbeat")]
+            if self.maintain_interval is not None:
+                background.append(
+                    asyncio.create_task(self._maintain_loop(), name="conveyor-maintain")
+                )
+            scheduler = scheduler_for(self.app, self.store)  # periodic tasks, if the app has any
+            if scheduler is not None and self.run_schedules:
+                background.append(asyncio.create_task(scheduler.run(), name="conveyor-scheduler"))
+            log.info(
+                "worker %s started: queues %s, concurrency %d%s",
+                self.worker_id,
+                ",".join(self.queues),
+                self.concurrency,
+                f", group {self.group}" if self.group else "",
+            )
+            try:
+                await self._claim_loop()
+                await self._wind_down()
+            finally:
+                jobs = [*background, *self._heartbeats.beats]
+                for job in jobs:
+                    job.cancel()
+                await asyncio.gather(*jobs, return_exceptions=True)
+            log.info("worker %s stopped", self.worker_id)
+        finally:
+            self._running = False
+
+    # ------------------------------------------------------------ claiming
+    async def _claim_loop(self) -> None:
+        assert self._stopping is not None
+        assert self._slot_freed is not None and self._stream_freed is not None
+        failures = 0
+        while not self._stopping.is_set():
+            room = self._feed.room()
+            if room <= 0:
+                self._slot_freed.clear()
+                await self._until(self._slot_freed.wait())
+                continue
+            idle_before = not self._held  # drain mode: a claim made while idle decides
+            # Cleared before claiming, not after: a stream let go while the claim is
+            # in flight (its next task just became claimable) must still wake the
+            # wait below.
+            self._slot_freed.clear()
+            self._stream_freed.clear()
+            try:
+                found, took_all = await self._claim_round(room)
+            except (ConveyorError, OSError) as exc:
+                failures += 1
+                pause = min(CLAIM_RETRY_FIRST * 2 ** min(failures - 1, 6), CLAIM_RETRY_MAX)
+                log.warning("claim failed (%s); trying again in %.1f s", exc, pause)
+                await self._until(self.store.wait_for_work(self.queues, pause))
+                continue
+            failures = 0
+            if found:
+                # Let the handlers just started reach their first line before this
+                # loop claims again: the next claim's client work would otherwise run
+                # ahead of them (about 0.5 ms of enqueue-to-start latency).
+                for _ in range(HANDOFF_TURNS):
+                    await asyncio.sleep(0)
+                if not took_all:
+                    continue
+            elif self.stop_when_idle and idle_before and not self._held:
+                break  # drained: nothing claimable, nothing running or being acked
+            # The last claim took fewer tasks than it asked for (or none): another
+            # now would find nothing until new work comes or one of this worker's
+            # streams is let go (its next task becomes claimable). A freed slot
+            # alone changes nothing a claim finds: on one stream, waking for it
+            # cost an empty claim per task.
+            await self._until(
+                self.store.wait_for_work(self.queues, self.poll_interval),
+                self._stream_freed.wait(),
+            )
+        # Stopped: what was claimed but never started goes back at once.
+        await asyncio.gather(*(self._record.release(held) for held in self._feed.drain()))
+
+    async def _claim_round(self, room: int) -> tuple[int, bool]:
+        """Claim up to ``room`` units (several claims when streams are capped);
+        start what slots allow and buffer the rest. How many tasks were found, and
+        whether the last claim took fewer than it asked for (it saw them all)."""
+        assert self._stopping is not None
+        found = 0
+        took_all = False
+        while room > 0 and not self._stopping.is_set():
+            claim_started = time.monotonic()
+            tasks = await self.store.claim(
+                self.queues,
+                worker_id=self.worker_id,
+                lease=self.lease,
+                limit=room,
+                group=self.group,
+                per_stream=self._feed.per_stream(self._streams_held()),
+            )
+            took = time.monotonic() - claim_started
+            self.instruments.claimed(tasks, took)
+            if not tasks:
+                break
+            self._feed.claimed(took)
+            found += len(tasks)
+            took_all = len(tasks) < room
+            room -= self._feed.add([self._hold(t) for t in tasks], lambda h: h.task.partition)
+            self._fill()
+            if took_all or not self._feed.streams:
+                break  # it saw them all, or no stream in it: asking again finds nothing
+        return found, took_all
+
+    def _streams_held(self) -> int:
+        """How many streams this worker holds tasks of (claimed and not let go)."""
+        return len({h.task.partition for h in self._held.values() if h.task.partition is not None})
+
+    async def _until(self, *waits: Awaitable[Any]) -> None:
+        """Wait for the first of ``waits`` or for stop, whichever comes first."""
+        assert self._stopping is not None
+        jobs = [asyncio.ensure_future(w) for w in (*waits, self._stopping.wait())]
+        try:
+            await asyncio.wait(jobs, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for job in jobs:
+                job.cancel()
+            await asyncio.gather(*jobs, return_exceptions=True)
+
+    def _hold(self, task: Task) -> Held:
+        # Every third of the lease this claim was granted (the queue's setting may
+        # have changed since this worker last read it).
+        interval = (task.lease or self._heartbeats.lease_for(task.queue)) / 3
+        held = Held(task=task, interval=interval, next_beat=time.monotonic() + interval)
+        self._held[task.id] = held
+        return held
+
+    def _fill(self) -> None:
+        """Start buffered units while slots are free (none after stop())."""
+        assert self._stopping is not None
+        while not self._stopping.is_set() and (unit := self._feed.take()) is not None:
+            first = unit[0]
+            # A unit of one task, a stream's head included, runs alone in its slot
+            # (its handler inline, its slot freed when the handler returns); only a
+            # run of several tasks of one stream needs the run's ordering.
+            if len(unit) == 1:
+                first.slot = True
+                self._start(self._run_one(first), first.task.id)
+            else:
+                run = Run(left=len(unit))
+                for held in unit:
+                    held.run = run
+                self._start(self._run_stream(unit, run), f"{first.task.partition}:{first.task.id}")
+
+    def _free_slot(self, held: Held | None = None, run: Run | None = None) -> None:
+        """The slot of ``held`` (or of the stream ``run``) is free again: it goes to a
+        stream run waiting to go on, else to a buffered unit."""
+        if held is not None:
+            if not held.slot:
+                return
+            held.slot = False
+        if run is not None:
+            if not run.holding:
+                return
+            run.holding = False
+        self._feed.busy -= 1
+        assert self._slot_freed is not None
+        self._slot_freed.set()
+        while self._resume and self._feed.busy < self.concurrency:
+            waiter, waiting = self._resume.popleft()
+            if not waiter.done():
+                self._feed.busy += 1
+                waiting.holding = True
+                waiter.set_result(None)
+        self._fill()
+
+    async def _slot_back(self, run: Run) -> bool:
+        """Take a slot for the stream ``run``'s next task; False if stopped first."""
+        if self._feed.busy < self.concurrency and not self._resume:
+            self._feed.busy += 1
+            run.holding = True
+            return True
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._resume.append((waiter, run))
+        await self._until(waiter)  # cancels the waiter if stop() came first
+        return run.holding
+
+    def _start(self, coro: Coroutine[Any, Any, None], label: str) -> None:
+        runner = asyncio.create_task(coro, name=f"conveyor-run-{label}")
+        self._runners.add(runner)
+        runner.add_done_callback(self._runners.discard)
+
+    def _let_go(self, held: Held) -> None:
+        held_back = self._feed.held_back
+        if held.acking:
+            held.acking = False
+            self._feed.acking -= 1
+        if self._held.get(held.task.id) is held:
+            del self._held[held.task.id]
+            if held.run is not None:
+                held.run.left -= 1
+            # Wake the claim loop only where this can change what a claim finds: the
+            # next task of the stream, or a drain waiting for nothing to be held; or
+            # where it makes room that back-pressure held back. (An unpartitioned
+            # task's slot was freed when its handler returned; a claim now would only
+            # find nothing again.)
+            assert self._slot_freed is not None and self._stream_freed is not None
+            if (held.task.partition is not None and (held.run is None or held.run.left == 0)) or (
+                self.stop_when_idle and not self._held
+            ):
+                self._stream_freed.set()
+            if held_back:
+                self._slot_freed.set()
+
+    # ------------------------------------------------------------- running
+    async def _run_one(self, held: Held) -> None:
+        try:
+            await self.instruments.attempt(held, self._execute(held))
+        finally:
+            self._free_slot(held)
+            self._let_go(held)
+
+    async def _run_stream(self, helds: list[Held], run: Run) -> None:
+        try:
+            await self._run_in_order(helds, run)
+        finally:
+            self._free_slot(run=run)
+
+    async def _run_in_order(self, helds: list[Held], run: Run) -> None:
+        assert self._stopping is not None
+        for i, held in enumerate(helds):
+            if not run.holding and not await self._slot_back(run):
+                for later in helds[i:]:  # stopped while waiting for a slot
+                    await self._record.release(later)
+                    self._let_go(later)
+                return
+            try:
+                settled = await self.instruments.attempt(held, self._execute(held))
+            finally:
+                self._let_go(held)
+            rest = helds[i + 1 :]
+            if rest and (not settled or self._stopping.is_set()):
+                # A later task must not overtake one that will run again, and after
+                # stop() nothing new starts: hand the rest back, in order.
+                for later in rest:
+                    await self._record.release(later)
+                    self._let_go(later)
+                return
+
+    async def _execute(self, held: Held) -> bool:
+        """Run one task and record its outcome. True when the task reached a
+        terminal status (so the next task of its stream may run)."""
+        task = held.task
+        fn = self.app.tasks.get(task.name)
+        if fn is None:
+            known = ", ".join(sorted(self.app.tasks)) or "none"
+            error = UnknownTask(
+                f"no task named {task.name!r} is registered in this worker's app (known: {known})"
+            )
+            held.log.error("no handler is registered under this name")
+            return await self._record.fail(held, error, retryable=False)
+        args, kwargs = payload_arguments(task.payload)
+        ctx = Context(
+            task,
+            host=self.app,
+            store=self.store,
+            worker_id=self.worker_id,
+            group=self.group,
+            loop=asyncio.get_running_loop(),
+        )
+        # An unpartitioned coroutine handler runs in this runner, which is its
+        # task's alone: a task of its own per run cost ~7 µs (about 6 % of a
+        # worker's client CPU per no-op task). A lost lease then cancels the
+        # runner itself (below, told apart from a stop's cancel). A stream run's
+        # tasks share one runner, so each handler gets a task (and a context) of
+        # its own, as does a thread's future.
+        inline = fn.is_async and held.run is None
+        handler: Awaitable[Any]
+        if inline:
+            handler = call_async(fn, ctx, args, kwargs)
+            held.handler = asyncio.current_task()
+        else:
+            handler = held.handler = start_handler(fn, ctx, args, kwargs)
+        if log.isEnabledFor(logging.DEBUG):
+            held.log.debug("running")
+        started = time.monotonic()
+        scope: asyncio.Timeout | None = None
+        try:
+            if fn.timeout is None:  # no timeout: spare the context manager (per task)
+                result = await handler
+            else:
+                async with asyncio.timeout(fn.timeout) as scope:
+                    result = await handler
+        except LostLease as exc:
+            held.log.info("dropped: %s", exc)
+            return isinstance(exc, TaskCancelled)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            # The lease was lost and nothing else cancelled this runner: inline,
+            # the heartbeat's cancel was this runner's (withdrawn here, so only a
+            # stop's remains); otherwise it was the handler's own task's.
+            if held.lost and (
+                current is None or (current.uncancel() == 0 if inline else not current.cancelling())
+            ):
+                held.log.info("dropped: the lease was lost while running")
+                return held.cancelled
+            raise
+        except Snooze as snooze:
+            return await self._record.snooze(held, snooze.delay)
+        except Exception as exc:
+            if isinstance(exc, TimeoutError) and scope is not None and scope.expired():
+                if not fn.is_async:
+                    held.log.warning(
+                        "timed out; the handler's thread cannot be stopped and is left to "
+                        "finish in the background"
+                    )
+                exc = TaskTimeout(f"{task.name} ran past its timeout of {fn.timeout:g} s")
+            retryable = is_retryable(exc, retry_on=fn.retry_on, no_retry_on=fn.no_retry_on)
+            held.log.info("attempt failed%s: %r", "" if retryable else " for good", exc)
+            return await self._record.fail(held, exc, retryable=retryable)
+        finally:
+            held.handler = None
+        if inline and held.lost:
+            # The handler swallowed the lost lease's cancel and returned: withdraw
+            # that request, or it would stay counted against this runner.
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                current.uncancel()
+        if isinstance(result, Snooze):
+            return await self._record.snooze(held, result.delay)
+        took = time.monotonic() - started
+        if log.isEnabledFor(logging.INFO):
+            held.log.info("succeeded in %.3f s", took)
+        self._feed.ran(took)
+        if held.slot or (held.run is not None and held.run.holding):
+            # The slot goes to other work now; the success is written meanwhile (the
+            # lease stays ours until it is). A stream run's next task waits for that
+            # write, then takes a slot again.
+            held.acking = True
+            self._feed.acking += 1
+            if held.slot:
+                self._free_slot(held)
+            else:
+                self._free_slot(run=held.run)
+        return await self._record.succeed(held, result)
+
+    # ---------------------------------------------------------- background
+    async def _maintain_loop(self) -> None:
+        assert self.maintain_interval is not None
+        # A pass at start, beside the first claims: a queue filled before its
+        # workers started gets its table statistics now (on Postgres, where
+        # autovacuum has not analysed the new rows yet or is off, the batch
+        # acknowledgement costs about twice the server time without them), and
+        # expired leases (a crashed worker's) are recovered at once. The
+        # store lets one caller at a time do the work: in a fleet started together
+        # the first worker does it and the others skip. Retention and the roll-up
+        # of finished rows wait for the next pass: beside a backlog they ran
+        # inside the drain (0.34 s of server time in a 20,000-task drain).
+        await self._maintain_once(start=True)
+        # Then spread the fleet's passes over the interval.
+        await asyncio.sleep(random.uniform(0.0, self.maintain_interval))
+        while True:
+            await self._maintain_once()
+            await asyncio.sleep(self.maintain_interval)
+
+    async def _maintain_once(self, start: bool = False) -> None:
+        try:
+            counts = await (self.store._maintain_at_start() if start else self.store.maintain())
+            if any(counts.get(k) for k in ("recovered", "expired", "evicted", "deleted")):
+                log.info("maintenance: %s", counts)
+        except (ConveyorError, OSError) as exc:
+            log.warning("maintenance failed: %s", exc)
+        await self._heartbeats.refresh()
+
+    # ------------------------------------------------------------ stopping
+    async def _wind_down(self) -> None:
+        """Let running tasks finish within the grace period, then hand back the rest."""
+        assert self._forced is not None
+        deadline = time.monotonic() + self.grace
+        if self._runners:
+            log.info("waiting up to %g s for %d task(s)", self.grace, len(self._held))
+        forced = asyncio.ensure_future(self._forced.wait())
+        try:
+            while not forced.done():
+                left = [r for r in self._runners if not r.done()]
+                remaining = deadline - time.monotonic()
+                if not left or remaining <= 0:
+                    break
+                await asyncio.wait(
+                    [*left, forced], timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                )
+        finally:
+            forced.cancel()
+        # Snapshot before cancelling: a cancelled runner lets go of its task.
+        leftovers = list(self._held.values())
+        pending = [r for r in self._runners if not r.done()]
+        for runner in pending:
+            runner.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        if leftovers:
+            log.info("handing back %d task(s)", len(leftovers))
+            await asyncio.gather(*(self._record.release(h) for h in leftovers))
+
+
+__all__ = ["Context", "TaskTimeout", "UnknownTask", "Worker"]
