@@ -513,3 +513,12 @@ def sqlite_statements(store: TaskStore) -> list[str]:
 
     event.listen(thread._engine, "before_cursor_execute", _seen)
     return seen
+
+
+def pg_texts() -> dict[str, str]:
+    """The Postgres dialect's statements by name, in psycopg's parameter style."""
+    from conveyor.store.protocol import texts
+
+    return {
+        name: texts.to_pyformat(sql) for name, sql in texts.load("conveyor.store.postgres").items()
+    }

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
-from sqlalchemy import ClauseElement, ColumnElement, Select, Update
+from sqlalchemy import ColumnElement, Select, Update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -233,7 +233,7 @@ class Seam(abc.ABC):
         takes no lock worth sparing and claims go straight in."""
 
     @abc.abstractmethod
-    def _statement_texts(self) -> Mapping[str, ClauseElement | str]:
+    def _statement_texts(self) -> Mapping[str, str]:
         """The dialect's own driver text of the built-once statements whose SQL must
         differ here (:mod:`conveyor.store.protocol.texts`), by name; the rest come from the
         shared builders. Each text binds named parameters (``%(name)s`` on psycopg,
