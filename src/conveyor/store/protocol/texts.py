@@ -12,12 +12,19 @@ bind parameters), read once per process by :func:`load` and turned into the
 driver's parameter style at open() (:func:`build`). The statements and their
 contracts are listed in :mod:`conveyor.store.catalogue`.
 
+A block may be a *script*: several statements, each ending with ``;`` at the end
+of a line (not a comment line), run in order in the same transaction with the
+same parameters, the rows of the last one returned (SQLite, which has no
+data-modifying CTEs, writes a submit so). A parameter the statement reads as JSON
+text (``json_each(:name)``, ``:name::json``) may be given as a Python list: it is
+encoded once, when the parameters are bound (:meth:`Text.bind`).
+
 Running:
 
 * :func:`alone` — one statement by itself, committed on its own (autocommit where
-  the dialect allows), with the store's retries; on Postgres it runs on a
-  driver connection kept in autocommit (:mod:`.pg_direct`), skipping SQLAlchemy's
-  execution layer and pool;
+  the dialect allows; a script in a transaction), with the store's retries; on
+  Postgres it runs on a driver connection kept in autocommit (:mod:`.pg_direct`),
+  skipping SQLAlchemy's execution layer and pool;
 * :func:`execute` — one statement inside a transaction the caller runs
   (:func:`conveyor.store.protocol.transactions.run`).
 
@@ -29,6 +36,7 @@ attribute access by column name.
 from __future__ import annotations
 
 import functools
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -76,10 +84,24 @@ class Text:
     clock: bool = False
     #: Whether the text reads ``now_us`` (a process clock, read per run).
     now: bool = False
+    #: A script's statements before the last (``sql``), in order: run first, in the
+    #: same transaction and with the same parameters, their rows dropped.
+    before: tuple[str, ...] = ()
+    #: The parameters the text reads as JSON text: a list given for one is encoded.
+    lists: tuple[str, ...] = ()
+
+    @property
+    def statements(self) -> tuple[str, ...]:
+        """Every statement of the text, in the order they run (``sql`` last)."""
+        return (*self.before, self.sql)
 
     def bind(self, st: Seam, params: Mapping[str, Any]) -> dict[str, Any]:
         """The driver parameters for one run."""
         out = {**self.fixed, **params} if self.fixed else dict(params)
+        for name in self.lists:
+            value = out.get(name)
+            if value.__class__ is list:
+                out[name] = json.dumps(value)
         if self.clock:
             out[OFFSET] = round(st.clock_offset * v.US)
         if self.now:
@@ -110,6 +132,13 @@ class Texts:
         """The statement ``name``, or ``None`` where the backend has none."""
         return self._items.get(name)
 
+    def __getitem__(self, name: str) -> Text:
+        """The catalogue statement ``name``, which every dialect has."""
+        found = self._items.get(name)
+        if found is None:
+            raise KeyError(f"the dialect has no statement {name!r} (see conveyor.store.catalogue)")
+        return found
+
     def every(self, *names: str) -> list[Text] | None:
         """The statements ``names``, in that order, or ``None`` where the backend
         lacks any of them."""
@@ -131,14 +160,53 @@ def build(st: Seam, dialect: Dialect, own: Mapping[str, str] | None = None) -> T
     pyformat = dialect.paramstyle == "pyformat"
     items = []
     for name, sql in sorted((st._statement_texts() if own is None else own).items()):
-        driver = to_pyformat(sql) if pyformat else sql
-        items.append(Text(name, driver, clock=f":{OFFSET}" in sql, now=f":{CLOCK}" in sql))
+        driver = [to_pyformat(part) if pyformat else part for part in split(sql)]
+        items.append(
+            Text(
+                name,
+                driver[-1],
+                clock=f":{OFFSET}" in sql,
+                now=f":{CLOCK}" in sql,
+                before=tuple(driver[:-1]),
+                lists=json_params(sql),
+            )
+        )
     return Texts(items)
 
 
 #: A bind parameter in a statement file: ``:name``, not a ``::type`` cast.
 _PARAM = re.compile(r"(?<![:\w]):(\w+)")
 _BLOCK = re.compile(r"^-- name: (\S+)[ \t]*$", re.MULTILINE)
+#: A parameter read as JSON text: ``json_each(:name)`` (SQLite), ``:name::json``.
+_JSON_PARAM = re.compile(r"json_each\(\s*:(\w+)\s*\)|(?<![:\w]):(\w+)::json\b")
+
+
+def json_params(sql: str) -> tuple[str, ...]:
+    """The parameters ``sql`` reads as JSON text, sorted: where a Python list is
+    given for one, :meth:`Text.bind` encodes it (the driver of a dialect without
+    arrays, SQLite's, cannot bind a list)."""
+    return tuple(sorted({a or b for a, b in _JSON_PARAM.findall(sql)}))
+
+
+def split(sql: str) -> list[str]:
+    """The statements of one block, in order: a script's end each with ``;`` at the
+    end of a line that is not a comment; a block without one is one statement.
+    Each is kept with the comments above it, its ``;`` dropped."""
+    parts: list[str] = []
+    lines: list[str] = []
+    for line in sql.splitlines():
+        lines.append(line)
+        code = line.rstrip()
+        if code.endswith(";") and not code.lstrip().startswith("--"):
+            parts.append("\n".join(lines).strip().removesuffix(";").rstrip())
+            lines = []
+    rest = "\n".join(lines).strip()
+    if rest:
+        parts.append(rest)
+    for part in parts:
+        if all(not ln.strip() or ln.lstrip().startswith("--") for ln in part.splitlines()):
+            raise ValueError(f"a statement of the script is only comments: {part!r}")
+    return parts
 
 
 def to_pyformat(sql: str) -> str:
@@ -222,17 +290,30 @@ async def execute(conn: AsyncConnection, st: Seam, text: Text, params: Mapping[s
     On a connection that can run it on the driver's cursor itself (SQLite's
     connection thread, :meth:`~conveyor.store.protocol.transactions.InlineConnection.run_text`)
     it does, skipping SQLAlchemy's per-statement execution layer."""
+    return await execute_bound(conn, text, text.bind(st, params))
+
+
+async def execute_bound(conn: AsyncConnection, text: Text, bound: Mapping[str, Any]) -> Any:
+    """:func:`execute` with the parameters bound already (:meth:`Text.bind`): a
+    script's statements in order, the last one's result."""
     direct = getattr(conn, "run_text", None)
     if direct is not None:
-        return direct(text.sql, text.bind(st, params))
-    return await conn.exec_driver_sql(text.sql, text.bind(st, params))
+        for sql in text.before:
+            direct(sql, bound)
+        return direct(text.sql, bound)
+    for sql in text.before:
+        await conn.exec_driver_sql(sql, bound)
+    return await conn.exec_driver_sql(text.sql, bound)
 
 
 async def execute_many(
     conn: AsyncConnection, st: Seam, text: Text, params: Iterable[Mapping[str, Any]]
 ) -> None:
-    """Run ``text`` once per parameter set in ``params`` (``executemany``) inside the
-    caller's transaction; on the driver's cursor where :func:`execute` would be."""
+    """Run ``text`` (one statement, not a script) once per parameter set in
+    ``params`` (``executemany``) inside the caller's transaction; on the driver's
+    cursor where :func:`execute` would be."""
+    if text.before:
+        raise ValueError(f"{text.name}: a script cannot run once per parameter set")
     bound = [text.bind(st, one) for one in params]
     direct = getattr(conn, "run_text_many", None)
     if direct is not None:
@@ -255,14 +336,14 @@ async def together(
     (one round trip); else, or when it has no connection free, as an ordinary
     transaction. On ``conn`` (a caller's, in its transaction), one after another
     there, with no transaction or retry of ours."""
-    bound = [(text.sql, text.bind(st, params)) for text, params in steps]
-    runner = st._steps_runner()
     chosen = range(len(steps))[rows_of]
+    bound = [text.bind(st, params) for text, params in steps]
+    runner = st._steps_runner()
 
     async def work(conn: AsyncConnection) -> list[Any]:
         rows: list[Any] = []
-        for n, (text, params) in enumerate(steps):
-            result = await execute(conn, st, text, params)
+        for n, ((text, _), params) in enumerate(zip(steps, bound, strict=True)):
+            result = await execute_bound(conn, text, params)
             if n == chosen:
                 rows = list(result)
         return rows
@@ -271,22 +352,46 @@ async def together(
         return await work(conn)
     if runner is None:
         return await tx.run(st, work, write=write)
-    return await tx.run(st, work, write=write, together=lambda: runner(bound, rows_of))
+    # Each script's statements as steps of their own; the rows asked for are those
+    # of the chosen step's last statement.
+    flat: list[tuple[str, Mapping[str, Any]]] = []
+    at = -1
+    for n, ((text, _), params) in enumerate(zip(steps, bound, strict=True)):
+        flat += [(sql, params) for sql in text.statements]
+        if n == chosen:
+            at = len(flat) - 1
+    return await tx.run(st, work, write=write, together=lambda: runner(flat, at))
 
 
 async def alone(
-    st: Seam, text: Text, params: Mapping[str, Any], *, write: bool = True
+    st: Seam,
+    text: Text,
+    params: Mapping[str, Any],
+    *,
+    write: bool = True,
+    inline: bool = False,
 ) -> list[Any]:
     """Run ``text`` by itself, committed on its own, with the store's retries; its
-    rows. One round trip where the dialect runs single statements in autocommit."""
+    rows. One round trip where the dialect runs single statements in autocommit; a
+    script in one transaction. ``inline``: a short write that the dialect's
+    connection runner may run on the caller's thread (see
+    :func:`conveyor.store.protocol.transactions.run`)."""
     bound = text.bind(st, params)
-    direct = st._direct_runner()
 
     async def work(conn: AsyncConnection) -> list[Any]:
-        return list(await conn.exec_driver_sql(text.sql, bound))
+        return list(await execute_bound(conn, text, bound))
 
+    if text.before:
+        # Several statements: never autocommit, which would commit each alone.
+        return await tx.run(st, work, write=write, inline=inline)
+    direct = st._direct_runner()
     if direct is None:
-        return await tx.run(st, work, write=write, autocommit=True)
+        return await tx.run(st, work, write=write, autocommit=True, inline=inline)
     return await tx.run(
-        st, work, write=write, autocommit=True, alone=lambda: direct(text.sql, bound)
+        st,
+        work,
+        write=write,
+        autocommit=True,
+        inline=inline,
+        alone=lambda: direct(text.sql, bound),
     )
