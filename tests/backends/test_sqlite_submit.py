@@ -5,6 +5,7 @@ clock and settings, the rows; nothing built by SQLAlchemy per call."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests._support import sqlite_statements
@@ -146,3 +147,53 @@ async def test_keys_are_claimed_and_read_by_the_built_statements(tmp_path: Path)
         assert await store.get_by_key("one") == swapped != one
         with pytest.raises(conveyor.AlreadyExists):
             await store.submit("t", queue="q", key="held", conflict="reject")
+
+
+def _traced(store: conveyor.TaskStore) -> list[str]:
+    """Every statement the store's connection runs from now on, as SQLite expands it."""
+    thread: Any = store._connection_runner()
+    raw = thread._conn.connection.driver_connection
+    seen: list[str] = []
+    raw.set_trace_callback(seen.append)
+    return seen
+
+
+def _ran(seen: list[str], *transactions: tuple[str, ...]) -> bool:
+    """Whether ``seen`` (but the wake-up's ``PRAGMA`` reads) is the statements of
+    each of ``transactions``, in order, each in a write transaction of its own (a
+    statement known by its text up to its first parameter)."""
+    wanted: list[str] = []
+    for statements in transactions:
+        wanted += ["BEGIN IMMEDIATE", *[s[: s.index(":")] for s in statements], "COMMIT"]
+    ran = [s for s in seen if not s.startswith("PRAGMA")]
+    if len(ran) != len(wanted):
+        return False
+    return all(s.startswith(w) for s, w in zip(ran, wanted, strict=True))
+
+
+async def test_plain_submits_and_children_are_the_dialects_one_statement(tmp_path: Path) -> None:
+    """One task, a batch, a child, children, and a batch large enough to go in runs:
+    each is the catalogue's statement of its kind (a script of SQLite's), in one
+    transaction, nothing else (before: steps chosen because the dialect had no
+    such statement)."""
+    async with conveyor.connect(f"sqlite:///{tmp_path / 's.db'}") as store:
+        root = await store.submit("root", queue="q")
+        built: Any = store._texts
+        seen = _traced(store)
+        await store.submit("t", queue="q")
+        assert _ran(seen, built["submit_one"].statements)
+        seen.clear()
+        await store.submit_many([{"name": "t", "queue": "q"}, {"name": "t", "queue": "r"}])
+        assert _ran(seen, built["submit_plain"].statements)
+        seen.clear()
+        await store.submit("c", queue="q", parent=root)
+        await store.submit_many([{"name": "c", "queue": "q", "parent": root.id}] * 2)
+        assert _ran(seen, built["submit_child"].statements, built["submit_children"].statements)
+        seen.clear()
+        big = await store.submit_many(
+            [{"name": "t", "queue": "q", "payload": i} for i in range(300)]
+        )
+        # Two runs (50, then 250) in one transaction.
+        assert _ran(seen, built["submit_plain"].statements * 2)
+        assert [t.payload for t in big] == list(range(300))
+        assert big[-1] == await store.get(big[-1].id)
