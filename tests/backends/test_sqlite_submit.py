@@ -4,6 +4,9 @@ clock and settings, the rows; nothing built by SQLAlchemy per call."""
 
 from __future__ import annotations
 
+import re
+import sqlite3
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -197,3 +200,38 @@ async def test_plain_submits_and_children_are_the_dialects_one_statement(tmp_pat
         assert _ran(seen, built["submit_plain"].statements * 2)
         assert [t.payload for t in big] == list(range(300))
         assert big[-1] == await store.get(big[-1].id)
+
+
+async def test_the_submit_statements_read_no_table_whole(tmp_path: Path) -> None:
+    """Each statement of the submit's scripts finds its rows by index: what it scans
+    is only its JSON lists and constant rows, never the tasks, delivery or stream
+    rows (left to choose, the planner read every delivery row to find the streams
+    an ``insert_rows`` joined: 140 µs per keyed task at 2,000 tasks)."""
+    path = tmp_path / "plan.db"
+    names = [
+        "submit_one",
+        "submit_child",
+        "submit_plain",
+        "submit_children",
+        "insert_rows",
+        "lock_streams",
+        "share_groups",
+        "parent_roots",
+        "submit_context",
+    ]
+    async with conveyor.connect(f"sqlite:///{path}") as store:
+        await store.open()
+        built: Any = store._texts
+    with closing(sqlite3.connect(path)) as db:
+        for name in names:
+            for sql in built[name].statements:
+                params = dict.fromkeys(re.findall(r"(?<![:\w]):(\w+)", sql))
+                plan = [row[3] for row in db.execute("EXPLAIN QUERY PLAN " + sql, params)]
+                scans = [
+                    step
+                    for step in plan
+                    if step.startswith("SCAN ")
+                    and "VIRTUAL TABLE" not in step
+                    and step not in ("SCAN CONSTANT ROW", "SCAN one")
+                ]
+                assert scans == [], (name, plan)

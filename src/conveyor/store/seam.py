@@ -63,7 +63,10 @@ class Seam(abc.ABC):
     # ------------------------------------------------ state the roles read
     #: Whether the backend has row locks whose order matters (Postgres). Without
     #: them (SQLite: one writer holds the whole database) the protocol skips the
-    #: steps that only take locks ahead of time (see :mod:`conveyor.store.protocol.streams`).
+    #: reads that only find rows to lock ahead of time (the streams of a replace's
+    #: holders, of expired leases, of a fenced write; see
+    #: :mod:`conveyor.store.protocol.streams`); the catalogue's lock statements
+    #: (``share_groups``, ``lock_streams``) run on both.
     row_locks: ClassVar[bool]
     #: Whether the clock is the process's (SQLite), read when a statement runs
     #: rather than by the database: a statement built once then binds it per run
