@@ -153,6 +153,13 @@ SELECT 1
         texts.split("SELECT 1;\n-- nothing after")
 
 
+def test_a_block_of_comments_naming_another_statement_is_that_statement() -> None:
+    found = texts.parse("-- name: a\nSELECT 1\n\n-- name: b\n-- the same\n-- as: a\n")
+    assert found == {"a": "SELECT 1", "b": "SELECT 1"}
+    with pytest.raises(ValueError, match="lacks"):
+        texts.parse("-- name: b\n-- as: a\n")
+
+
 def _script_sql(backend: str) -> dict[str, str]:
     add = "INSERT INTO conveyor_waiters (task_id, token, expires_at) VALUES ('s', :token, 0);\n"
     if backend == "sqlite":

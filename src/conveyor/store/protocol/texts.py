@@ -218,8 +218,11 @@ def to_pyformat(sql: str) -> str:
 def parse(source: str, where: str = "<sql>") -> dict[str, str]:
     """The statements of one SQL file, by name: each ``-- name: NAME`` line starts
     a statement that runs to the next such line (comments kept; surrounding blank
-    lines and a trailing ``;`` dropped). A name given twice is an error."""
+    lines and a trailing ``;`` dropped). A block of comments only, one of them
+    ``-- as: OTHER``, is the file's statement ``OTHER`` under a second name (where
+    a dialect's variant is the statement itself). A name given twice is an error."""
     found: dict[str, str] = {}
+    aliases: dict[str, str] = {}
     marks = list(_BLOCK.finditer(source))
     if marks and source[: marks[0].start()].strip(" \t\n-"):
         head = source[: marks[0].start()]
@@ -233,7 +236,16 @@ def parse(source: str, where: str = "<sql>") -> dict[str, str]:
             raise ValueError(f"{where}: statement {name!r} is named twice")
         if not body:
             raise ValueError(f"{where}: statement {name!r} is empty")
+        lines = [line.strip() for line in body.splitlines() if line.strip()]
+        same = [line.removeprefix("-- as:").strip() for line in lines if line.startswith("-- as:")]
+        if same and all(line.startswith("--") for line in lines):
+            aliases[name] = same[0]
+            continue
         found[name] = body
+    for name, other in aliases.items():
+        if other not in found:
+            raise ValueError(f"{where}: statement {name!r} is {other!r}, which the file lacks")
+        found[name] = found[other]
     return found
 
 

@@ -70,23 +70,8 @@ WHERE t.id = :id;
 SELECT id, max_attempts, created_at, run_at FROM conveyor_tasks WHERE id = :id
 
 -- name: submit_one_in
--- The same as submit_one: SQLite announces nothing in either.
-INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, priority,
-    max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id)
-SELECT :id, :name, :queue, NULL, :payload, :metadata, :priority,
-    coalesce(:max_attempts, s.max_attempts, 3), coalesce(:backoff, s.backoff), :now_us,
-    coalesce(:run_at, :now_us + coalesce(:delay, 0)), NULL, NULL, :id, :correlation_id
-FROM (SELECT 1) AS one LEFT JOIN conveyor_queues AS s ON s.queue = :queue;
-INSERT INTO conveyor_deliveries (task_seq, grp, queue, "partition", priority, max_attempts,
-    status, attempt, run_at)
-SELECT t.seq, '', t.queue, NULL, t.priority, t.max_attempts, 'queued', 0, t.run_at
-FROM conveyor_tasks AS t WHERE t.id = :id
-UNION ALL
-SELECT t.seq, g.name, t.queue, NULL, t.priority, t.max_attempts, 'queued', 0, t.run_at
-FROM conveyor_tasks AS t JOIN conveyor_groups AS g ON g.queue = t.queue AND g.active
-    AND (g.start_at IS NULL OR g.start_at <= t.created_at)
-WHERE t.id = :id;
-SELECT id, max_attempts, created_at, run_at FROM conveyor_tasks WHERE id = :id
+-- SQLite announces nothing, in a caller's transaction or not:
+-- as: submit_one
 
 -- name: submit_child
 -- A parent that is not a task: nothing written, and a row naming it.
@@ -116,31 +101,8 @@ WHERE :parent_id IS NOT NULL
   AND NOT EXISTS (SELECT 1 FROM conveyor_tasks WHERE id = :parent_id)
 
 -- name: submit_child_in
--- The same as submit_child: SQLite announces nothing in either.
-INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, priority,
-    max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id)
-SELECT :id, :name, :queue, NULL, :payload, :metadata, :priority,
-    coalesce(:max_attempts, s.max_attempts, 3), coalesce(:backoff, s.backoff), :now_us,
-    coalesce(:run_at, :now_us + coalesce(:delay, 0)), NULL, :parent_id,
-    coalesce(p.root_id, :id), :correlation_id
-FROM (SELECT 1) AS one LEFT JOIN conveyor_queues AS s ON s.queue = :queue
-LEFT JOIN conveyor_tasks AS p ON p.id = :parent_id
-WHERE :parent_id IS NULL OR p.id IS NOT NULL;
-INSERT INTO conveyor_deliveries (task_seq, grp, queue, "partition", priority, max_attempts,
-    status, attempt, run_at)
-SELECT t.seq, '', t.queue, NULL, t.priority, t.max_attempts, 'queued', 0, t.run_at
-FROM conveyor_tasks AS t WHERE t.id = :id
-UNION ALL
-SELECT t.seq, g.name, t.queue, NULL, t.priority, t.max_attempts, 'queued', 0, t.run_at
-FROM conveyor_tasks AS t JOIN conveyor_groups AS g ON g.queue = t.queue AND g.active
-    AND (g.start_at IS NULL OR g.start_at <= t.created_at)
-WHERE t.id = :id;
-SELECT id, max_attempts, created_at, run_at, root_id, NULL AS orphan
-FROM conveyor_tasks WHERE id = :id
-UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, :parent_id
-WHERE :parent_id IS NOT NULL
-  AND NOT EXISTS (SELECT 1 FROM conveyor_tasks WHERE id = :parent_id)
+-- SQLite announces nothing, in a caller's transaction or not:
+-- as: submit_child
 
 -- name: submit_plain
 WITH names AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:names)),
@@ -186,47 +148,8 @@ SELECT id, max_attempts, created_at, run_at FROM conveyor_tasks
 WHERE seq >= (SELECT seq FROM conveyor_tasks WHERE id = json_extract(:ids, '$[0]'))
 
 -- name: submit_plain_in
--- The same as submit_plain: SQLite announces nothing in either.
-WITH names AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:names)),
-queues AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:queues)),
-payloads AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:payloads)),
-metadatas AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:metadatas)),
-priorities AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:priorities)),
-attempts AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:max_attempts)),
-backoffs AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:backoffs)),
-delays AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:delays)),
-run_ats AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:run_ats)),
-correlations AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:correlation_ids))
-INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, priority,
-    max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id)
-SELECT i.value, n.v, q.v, NULL, p.v, m.v, r.v,
-    coalesce(a.v, s.max_attempts, 3), coalesce(b.v, s.backoff), :now_us,
-    coalesce(ra.v, :now_us + coalesce(d.v, 0)), NULL, NULL, i.value, c.v
-FROM json_each(:ids) AS i
-JOIN names AS n ON n.k = i.key
-JOIN queues AS q ON q.k = i.key
-JOIN payloads AS p ON p.k = i.key
-JOIN metadatas AS m ON m.k = i.key
-JOIN priorities AS r ON r.k = i.key
-LEFT JOIN attempts AS a ON a.k = i.key
-LEFT JOIN backoffs AS b ON b.k = i.key
-LEFT JOIN delays AS d ON d.k = i.key
-LEFT JOIN run_ats AS ra ON ra.k = i.key
-LEFT JOIN correlations AS c ON c.k = i.key
-LEFT JOIN conveyor_queues AS s ON s.queue = q.v
-ORDER BY i.key;
-INSERT INTO conveyor_deliveries (task_seq, grp, queue, "partition", priority, max_attempts,
-    status, attempt, run_at)
-SELECT t.seq, '', t.queue, NULL, t.priority, t.max_attempts, 'queued', 0, t.run_at
-FROM conveyor_tasks AS t
-WHERE t.seq >= (SELECT seq FROM conveyor_tasks WHERE id = json_extract(:ids, '$[0]'))
-UNION ALL
-SELECT t.seq, g.name, t.queue, NULL, t.priority, t.max_attempts, 'queued', 0, t.run_at
-FROM conveyor_tasks AS t JOIN conveyor_groups AS g ON g.queue = t.queue AND g.active
-    AND (g.start_at IS NULL OR g.start_at <= t.created_at)
-WHERE t.seq >= (SELECT seq FROM conveyor_tasks WHERE id = json_extract(:ids, '$[0]'));
-SELECT id, max_attempts, created_at, run_at FROM conveyor_tasks
-WHERE seq >= (SELECT seq FROM conveyor_tasks WHERE id = json_extract(:ids, '$[0]'))
+-- SQLite announces nothing, in a caller's transaction or not:
+-- as: submit_plain
 
 -- name: submit_children
 -- A parent that is not a task: nothing written, and a row naming it.
@@ -285,57 +208,5 @@ WHERE o.value IS NOT NULL
   AND NOT EXISTS (SELECT 1 FROM conveyor_tasks AS x WHERE x.id = o.value)
 
 -- name: submit_children_in
--- The same as submit_children: SQLite announces nothing in either.
-WITH names AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:names)),
-queues AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:queues)),
-payloads AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:payloads)),
-metadatas AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:metadatas)),
-priorities AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:priorities)),
-attempts AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:max_attempts)),
-backoffs AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:backoffs)),
-delays AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:delays)),
-run_ats AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:run_ats)),
-correlations AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:correlation_ids)),
-parents AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:parent_ids))
-INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, priority,
-    max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id)
-SELECT i.value, n.v, q.v, NULL, p.v, m.v, r.v,
-    coalesce(a.v, s.max_attempts, 3), coalesce(b.v, s.backoff), :now_us,
-    coalesce(ra.v, :now_us + coalesce(d.v, 0)), NULL, f.v, coalesce(pt.root_id, i.value),
-    c.v
-FROM json_each(:ids) AS i
-JOIN names AS n ON n.k = i.key
-JOIN queues AS q ON q.k = i.key
-JOIN payloads AS p ON p.k = i.key
-JOIN metadatas AS m ON m.k = i.key
-JOIN priorities AS r ON r.k = i.key
-LEFT JOIN attempts AS a ON a.k = i.key
-LEFT JOIN backoffs AS b ON b.k = i.key
-LEFT JOIN delays AS d ON d.k = i.key
-LEFT JOIN run_ats AS ra ON ra.k = i.key
-LEFT JOIN correlations AS c ON c.k = i.key
-LEFT JOIN parents AS f ON f.k = i.key
-LEFT JOIN conveyor_tasks AS pt ON pt.id = f.v
-LEFT JOIN conveyor_queues AS s ON s.queue = q.v
-WHERE NOT EXISTS (
-    SELECT 1 FROM json_each(:parent_ids) AS o
-    WHERE o.value IS NOT NULL
-      AND NOT EXISTS (SELECT 1 FROM conveyor_tasks AS x WHERE x.id = o.value)
-)
-ORDER BY i.key;
-INSERT INTO conveyor_deliveries (task_seq, grp, queue, "partition", priority, max_attempts,
-    status, attempt, run_at)
-SELECT t.seq, '', t.queue, NULL, t.priority, t.max_attempts, 'queued', 0, t.run_at
-FROM conveyor_tasks AS t
-WHERE t.seq >= (SELECT seq FROM conveyor_tasks WHERE id = json_extract(:ids, '$[0]'))
-UNION ALL
-SELECT t.seq, g.name, t.queue, NULL, t.priority, t.max_attempts, 'queued', 0, t.run_at
-FROM conveyor_tasks AS t JOIN conveyor_groups AS g ON g.queue = t.queue AND g.active
-    AND (g.start_at IS NULL OR g.start_at <= t.created_at)
-WHERE t.seq >= (SELECT seq FROM conveyor_tasks WHERE id = json_extract(:ids, '$[0]'));
-SELECT id, max_attempts, created_at, run_at, root_id, NULL AS orphan FROM conveyor_tasks
-WHERE seq >= (SELECT seq FROM conveyor_tasks WHERE id = json_extract(:ids, '$[0]'))
-UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, o.value FROM json_each(:parent_ids) AS o
-WHERE o.value IS NOT NULL
-  AND NOT EXISTS (SELECT 1 FROM conveyor_tasks AS x WHERE x.id = o.value)
+-- SQLite announces nothing, in a caller's transaction or not:
+-- as: submit_children
