@@ -308,21 +308,6 @@ STATEMENTS: tuple[Statement, ...] = (
         head became claimable; ``idx`` as ``ack_plain``'s, plus ``freed`` (streams whose
         head is claimable now).""",
     ),
-    # ---------------------------------------------------------------- wake
-    _s(
-        "notify",
-        "wake",
-        """``channels`` and ``payloads`` (lists): one announcement per
-        pair, sent when the transaction commits (a ``conveyor_done`` one only to
-        registered waiters).""",
-    ),
-    _s(
-        "waiter_add",
-        "wake",
-        """``task_id``, ``token``, ``ttl_us``: a ``wait()`` registered
-        (expired registrations dropped).""",
-    ),
-    _s("waiter_drop", "wake", """``task_id``, ``token``: the registration dropped."""),
     # --------------------------------------------------------------- claim
     _s(
         "claim_one",
@@ -438,7 +423,15 @@ _NAMES = {s.name for s in STATEMENTS}
 
 #: The seam's operation-level hooks, by name: where the dialects' algorithms differ
 #: (not only their SQL). A dialect's statements named ``<hook>.<part>`` serve it.
-HOOKS: dict[str, str] = {}
+HOOKS: dict[str, str] = {
+    "wake": """The wake channel (``Seam._notify``, ``_add_waiter``, ``_drop_waiter``,
+        ``_start_wake``): Postgres announces with ``wake.notify`` (``channels`` and
+        ``payloads``, lists: one NOTIFY per pair at commit, a ``conveyor_done`` one
+        only to registered waiters) and registers waiters with ``wake.waiter_add``
+        (``task_id``, ``token``, ``ttl_us``; expired registrations dropped) and
+        ``wake.waiter_drop``; SQLite's channel is its connection thread's
+        ``data_version`` poll and needs no statement.""",
+}
 
 #: Catalogue statements one dialect does not implement yet, and that dialect's name.
 ONLY_ON: dict[str, str] = {
@@ -452,7 +445,7 @@ ONLY_ON: dict[str, str] = {
             "submit_keyed_partitioned submit_keyed_many submit_key_owned share_groups "
             "lock_streams lock_streams_if_parents lock_group_streams "
             "lock_group_streams_if_parents refresh_group_streams succeed_plain ack_plain "
-            "ack_streams_lock ack_streams notify waiter_add waiter_drop claim_one claim_any "
+            "ack_streams_lock ack_streams claim_one claim_any "
             "claim_one_durable claim_any_durable"
         ).split()
     },

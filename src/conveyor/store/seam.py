@@ -291,6 +291,18 @@ class Seam(abc.ABC):
         has finished, whether or not it was ever started)."""
 
     @abc.abstractmethod
+    async def _add_waiter(self, task_id: str, token: str, ttl_us: int) -> None:
+        """Register (or renew) a ``wait()`` on ``task_id`` under ``token`` for ``ttl_us``
+        microseconds, committed on its own, where the wake channel announces
+        completions only to registered waiters (Postgres: a ``conveyor_waiters`` row,
+        so an acknowledgement nobody waits for costs no NOTIFY). Elsewhere it does
+        nothing."""
+
+    @abc.abstractmethod
+    async def _drop_waiter(self, task_id: str, token: str) -> None:
+        """Drop the registration :meth:`_add_waiter` made (nothing where it made none)."""
+
+    @abc.abstractmethod
     async def _notify(
         self,
         conn: AsyncConnection,

@@ -374,6 +374,16 @@ class PostgresStore(TaskStore):
         if listener is not None:
             await listener.stop()
 
+    async def _add_waiter(self, task_id: str, token: str, ttl_us: int) -> None:
+        add = await texts.get(self, "wake.waiter_add")
+        assert add is not None
+        await texts.alone(self, add, {"task_id": task_id, "token": token, "ttl_us": ttl_us})
+
+    async def _drop_waiter(self, task_id: str, token: str) -> None:
+        drop = await texts.get(self, "wake.waiter_drop")
+        assert drop is not None
+        await texts.alone(self, drop, {"task_id": task_id, "token": token})
+
     async def _notify(
         self,
         conn: AsyncConnection,
@@ -384,7 +394,7 @@ class PostgresStore(TaskStore):
         params = pg_listen.notify_params(queues, done, task_ids)
         if params is None:
             return
-        built = texts.usable(self, conn, "notify")
+        built = texts.usable(self, conn, "wake.notify")
         if built is not None:
             await texts.execute(conn, self, built, params)  # built once (sql/wake.sql)
         else:

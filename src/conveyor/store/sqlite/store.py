@@ -423,6 +423,14 @@ class SQLiteStore(TaskStore):
             thread.close()  # also done by the engine's disposal; harmless twice
             await thread.wait_closed()
 
+    async def _add_waiter(self, task_id: str, token: str, ttl_us: int) -> None:
+        # The wake channel (data_version) wakes every waiter of this process on any
+        # commit: no registration to keep.
+        return None
+
+    async def _drop_waiter(self, task_id: str, token: str) -> None:
+        return None
+
     async def _notify(
         self,
         conn: AsyncConnection,
