@@ -119,8 +119,6 @@ def lock_order(key: tuple[Any, ...]) -> tuple[Any, ...]:
 async def lock_streams(st: Seam, conn: AsyncConnection, keys: Iterable[tuple[Any, ...]]) -> None:
     """Lock the existing stream rows of (queue, grp, partition) ``keys`` (unpartitioned
     ones are ignored), in the lock order, before any delivery row of them."""
-    if not st.row_locks:
-        return
     wanted = sorted({(grp, queue, p) for queue, grp, p in keys if p is not None})
     if wanted:
         await conn.execute(st._lock_rows(q.stream_rows_of(wanted)))
@@ -131,8 +129,6 @@ async def lock_task_streams(
 ) -> None:
     """Lock the stream rows of the given tasks' partitions — every group's, or
     ``grp``'s — in the lock order, before their delivery rows."""
-    if not st.row_locks:
-        return
     rows = await conn.execute(
         select(t.c.queue, t.c.partition).where(
             t.c.id.in_(sorted(set(task_ids))), t.c.partition.is_not(None)

@@ -48,21 +48,19 @@ async def recover_tx(
 ) -> tuple[int, int]:
     """Expired leases (of ``grp`` in ``names``; ``None``: all): requeued while
     attempts remain, else failed. Returns ``(requeued, failed)``."""
-    found: list[tuple[int, str]] | None = None
-    if st.row_locks:
-        # The lock order: find the expired rows, lock their streams, then update them
-        # (the update re-checks that each is still expired).
-        expired = list(
-            await conn.execute(
-                select(d.c.task_seq, d.c.grp, d.c.queue, d.c.partition).where(
-                    *q.expired(tx.now(st), grp, names)
-                )
+    # The lock order: find the expired rows, lock their streams, then update them
+    # (the update re-checks that each is still expired).
+    expired = list(
+        await conn.execute(
+            select(d.c.task_seq, d.c.grp, d.c.queue, d.c.partition).where(
+                *q.expired(tx.now(st), grp, names)
             )
         )
-        if not expired:
-            return 0, 0
-        await streams.lock_streams(st, conn, [(r.queue, r.grp, r.partition) for r in expired])
-        found = [(r.task_seq, r.grp) for r in expired]
+    )
+    if not expired:
+        return 0, 0
+    await streams.lock_streams(st, conn, [(r.queue, r.grp, r.partition) for r in expired])
+    found = [(r.task_seq, r.grp) for r in expired]
     rows = list(await conn.execute(q.recover_expired(tx.now(st), grp, names, LEASE_EXPIRED, found)))
     requeued = [r for r in rows if r.status == q.QUEUED]
     failed = [r for r in rows if r.status != q.QUEUED]
@@ -268,13 +266,13 @@ async def evict_tx(st: Seam, conn: AsyncConnection, queue: str, max_wait: float)
             d.c.attempt == 0,
             d.c.run_at < cutoff,
         )
-        if st.row_locks:  # the lock order: the streams first
-            keys = await conn.execute(
-                select(d.c.queue, d.c.grp, d.c.partition)
-                .where(*due, d.c.partition.is_not(None))
-                .distinct()
-            )
-            await streams.lock_streams(st, conn, [tuple(key) for key in keys])
+        # The lock order: the streams first.
+        keys = await conn.execute(
+            select(d.c.queue, d.c.grp, d.c.partition)
+            .where(*due, d.c.partition.is_not(None))
+            .distinct()
+        )
+        await streams.lock_streams(st, conn, [tuple(key) for key in keys])
         rows = list(
             await conn.execute(
                 update(d)
