@@ -515,18 +515,28 @@ def sqlite_statements(store: TaskStore) -> list[str]:
     return seen
 
 
+class IdleWaits(list[bool]):
+    """How each ``wait_for_work`` on a store ended, in order (see :func:`idle_waits`);
+    ``idle`` is set once one has begun (the worker went idle)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.idle = asyncio.Event()
+
+
 @contextmanager
-def idle_waits(store: TaskStore) -> Iterator[list[bool]]:
+def idle_waits(store: TaskStore) -> Iterator[IdleWaits]:
     """While inside: how each ``wait_for_work`` on ``store`` ended (a worker's idle
     sleep), in order: True when a notification woke it, False when it ran out its
     timeout, i.e. the worker polled. A wait cancelled by something else the worker
     waited for (a stream let go, stop) ends neither way and is not listed. A test
     that says "woken, not polled" asserts ``False not in waits``: an ordering of
     events, not a wall-clock bound."""
-    ended: list[bool] = []
+    ended = IdleWaits()
     real = store.wait_for_work
 
     async def watched(queues: Sequence[str], timeout: float) -> bool:
+        ended.idle.set()
         woke = await real(queues, timeout)
         ended.append(woke)
         return woke

@@ -96,7 +96,7 @@ async def test_commit_makes_tasks_claimable_and_wakes_an_idle_worker(
     with idle_waits(worker_store) as waits:
         runner = asyncio.create_task(worker.run())
         try:
-            await asyncio.sleep(0.5)  # the worker found nothing and went to sleep
+            await asyncio.wait_for(waits.idle.wait(), 30)  # found nothing, went to sleep
             async with engine.connect() as conn:
                 with app.using(store):  # a task function submits in the caller's transaction too
                     task = await welcome.submit("a@b.c", connection=conn)

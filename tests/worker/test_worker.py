@@ -319,7 +319,7 @@ async def test_an_in_process_submit_wakes_an_idle_worker_at_once(app: conveyor.A
     worker = app.worker("q", poll_interval=poll)
     with idle_waits(app.store) as waits:
         async with running(worker):
-            await asyncio.sleep(0.2)  # the worker is asleep now, for up to `poll` seconds
+            await asyncio.wait_for(waits.idle.wait(), 30)  # asleep now, for up to `poll` s
             done = await app.store.wait((await ping.submit()).id, timeout=3 * poll)
     assert done.result == "pong"
     assert waits and False not in waits, f"the worker polled: idle waits ended {waits}"
