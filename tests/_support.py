@@ -515,6 +515,15 @@ def sqlite_statements(store: TaskStore) -> list[str]:
     return seen
 
 
+def pg_texts() -> dict[str, str]:
+    """The Postgres dialect's statements by name, in psycopg's parameter style."""
+    from conveyor.store.protocol import texts
+
+    return {
+        name: texts.to_pyformat(sql) for name, sql in texts.load("conveyor.store.postgres").items()
+    }
+
+
 class IdleWaits(list[bool]):
     """How each ``wait_for_work`` on a store ended, in order (see :func:`idle_waits`);
     ``idle`` is set once one has begun (the worker went idle)."""

@@ -3,7 +3,7 @@
 Alembic revisions under ``conveyor/migrations`` create exactly these; a test
 compares the migrated database with this module on both backends.
 
-Design (see README "How it works"):
+Design (see docs/internals.md, "How it works"):
 
 * ``conveyor_tasks`` — immutable rows: what was submitted. ``seq`` is the
   submit order; ``id`` is the public, time-sortable identifier.

@@ -1,5 +1,5 @@
 """An application with its own models and its own Alembic environment, and
-conveyor's tables, in one database: the README's ``shop.py`` and ``env.py`` run
+conveyor's tables, in one database: docs/guide.md's ``shop.py`` and ``env.py`` run
 as pasted, on both backends."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The README's sections on living inside an application run as pasted."""
+"""The documentation's sections on living inside an application (docs/guide.md,
+found by heading) run as pasted."""
 
 from __future__ import annotations
 

@@ -22,13 +22,11 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
-from tests._support import pg_deadlocks, scratch_pg_database
+from tests._support import pg_deadlocks, pg_texts, scratch_pg_database
 
 import conveyor
 from conveyor.connect import resolve_url
 from conveyor.store.base import TaskStore
-from conveyor.store.postgres import claim as pg_claim
-from conveyor.store.postgres.texts import texts
 from conveyor.store.protocol import queries as q
 
 ICU_EN_US = "TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'"
@@ -88,11 +86,11 @@ async def test_lock_statements_sort_streams_by_code_point(icu_url: str, store: T
     await store.submit("t", queue="q", key="a")
     await store.submit("t", queue="q", key="B")
     with psycopg.connect(dsn(icu_url)) as conn:
-        keys = [row[0] for row in conn.execute(texts()["lock_keys"], {"keys": '["a", "B"]'})]
+        keys = [row[0] for row in conn.execute(pg_texts()["lock_keys"], {"keys": '["a", "B"]'})]
         assert keys == expected
         conn.rollback()
         items = json.dumps([[a.id, "w", ""], [b.id, "w", ""]])
-        text = pg_claim.ACK_LOCK_TEXT.replace("SELECT 1 FROM", "SELECT s.partition FROM", 1)
+        text = pg_texts()["ack_streams_lock"].replace("SELECT 1 FROM", "SELECT s.partition FROM", 1)
         got = [row[0] for row in conn.execute(text, {"items": items})]
     assert got == expected
 

@@ -20,12 +20,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from tests._support import scratch_pg_database
+from tests._support import pg_texts, scratch_pg_database
 
 import conveyor
 from conveyor.store.postgres import direct as pg_direct
 from conveyor.store.postgres import store as postgres
-from conveyor.store.postgres import texts as pg_texts
 
 QUEUED = 4000
 LEASED = 1000
@@ -94,7 +93,7 @@ def _delivery_rows_read(plan: dict[str, Any]) -> int:
 def _explain(
     url: str, name: str, params: dict[str, Any], setup: str | None = None
 ) -> dict[str, Any]:
-    sql, names = pg_direct.native(pg_texts.texts()[name])
+    sql, names = pg_direct.native(pg_texts()[name])
     with psycopg.connect(_dsn(url)) as conn:
         if setup is not None:
             conn.execute(setup)
@@ -167,7 +166,7 @@ async def test_a_batch_whose_items_all_finish_compares_none_of_them_again(
         entries[41][1] = "someone-else"
     params = {"items": json.dumps(entries), "offset_us": 0}
     plan = _explain(young_db, "ack_plain", params)
-    sql, names = pg_direct.native(pg_texts.texts()["ack_plain"])
+    sql, names = pg_direct.native(pg_texts()["ack_plain"])
     with psycopg.connect(_dsn(young_db)) as conn:
         cur = psycopg.RawCursor(conn)
         cur.execute(sql, [params[n] for n in names])
@@ -251,7 +250,7 @@ async def test_the_prepared_acknowledgement_keeps_its_generic_plan(young_db: str
     array's length into a constant), and the server re-planned it on every call
     (~0.3 ms each): 25 % fewer claim + ack per second on an analysed store."""
     leased = await _fill(young_db)
-    sql, names = pg_direct.native(pg_texts.texts()["ack_plain"])
+    sql, names = pg_direct.native(pg_texts()["ack_plain"])
     with psycopg.connect(_dsn(young_db), autocommit=True) as conn:
         conn.execute("ANALYZE")
         conn.execute("PREPARE ack AS " + sql)
@@ -499,7 +498,7 @@ async def _planned_small_run_grown(
     tables are small, then run with EXPLAIN ANALYZE after ``grow()``. Statistics
     of ``table`` taken meanwhile would make the server plan anew: autovacuum is
     off for it. Both runs are rolled back."""
-    sql, names = pg_direct.native(pg_texts.texts()[name])
+    sql, names = pg_direct.native(pg_texts()[name])
     args = [params[n] for n in names]
     marks = ", ".join(["%s"] * len(args))
     with psycopg.connect(_dsn(url), autocommit=True) as conn:

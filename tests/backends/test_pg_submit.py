@@ -13,13 +13,12 @@ from typing import Any
 import psycopg
 import pytest
 from sqlalchemy.ext.asyncio import AsyncConnection
-from tests._support import pg_round_trips, scratch_pg_database
+from tests._support import pg_round_trips, pg_texts, scratch_pg_database
 
 import conveyor
 from conveyor import AlreadyExists
 from conveyor.store.base import TaskStore
 from conveyor.store.postgres import listen as pg_listen
-from conveyor.store.postgres import texts as pg_texts
 from conveyor.store.protocol import texts
 
 
@@ -389,7 +388,7 @@ async def test_a_refusing_keyed_batch_claims_and_locks_its_keys_with_built_state
                         for i in range(2, 6)
                     ]
                 )
-        built = pg_texts.texts()
+        built = pg_texts()
         keyed = [s for s in seen if "conveyor_keys" in s]
         assert keyed == [built["claim_keys"], built["lock_keys"]]
         assert refused.value.key == "k2" and refused.value.task_id == held[2].id
@@ -410,8 +409,8 @@ async def test_a_step_by_step_submit_reads_its_context_with_built_statements(db:
         await st.submit("t", queue="q", key="warm", partition="p", parent=root)
         with pg_round_trips(st) as (_runs, seen):
             task = await st.submit("t", queue="q", key="k", partition="p", parent=root)
-        built = pg_texts.texts()
-        for name in ("share_groups", "lock_streams", "submit_context", "notify"):
+        built = pg_texts()
+        for name in ("share_groups", "lock_streams", "submit_context", "wake.notify"):
             assert built[name] in seen
         others = [s for s in seen if s not in built.values()]
         words = ("groups", "streams", "queues", "notify")
@@ -435,7 +434,7 @@ async def test_a_submit_in_the_callers_transaction_is_one_statement(db: str) -> 
             )
             child = await st.submit("c", queue="q", parent=root, connection=conn)
             await conn.commit()
-        built = pg_texts.texts()
+        built = pg_texts()
         names = ["submit_one_in", "submit_plain_in", "submit_child_in"]
         assert seen == [built[name] for name in names]
         for task in (one, *batch, child):
@@ -466,7 +465,7 @@ async def test_keyed_submits_in_the_callers_transaction_run_the_built_statements
                 )
                 assert await cur.fetchone() == (0,)
             await conn.commit()
-        built = pg_texts.texts()
+        built = pg_texts()
         own = [s for s in seen if "SAVEPOINT" not in s]
         assert own[:2] == [built["submit_keyed_in"], built["key_holder"]]
         assert own[2:] == [

@@ -190,7 +190,7 @@ async def test_concurrent_maintain_does_the_work_once(store: TaskStore, store_ur
 _PASS_SCRIPT = """
 import asyncio, sys
 import conveyor
-from conveyor.store import upkeep
+from conveyor.store.protocol import upkeep
 
 upkeep.PURGE_BATCH = 25  # many short transactions: the kill lands between two of them
 

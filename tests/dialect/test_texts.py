@@ -1,5 +1,5 @@
 """Statements built once (:mod:`conveyor.store.protocol.texts`), on both backends: built at
-open() from the dialect's own texts and the shared builders, run by themselves
+open() from the dialect's SQL files, run by themselves
 with the store's retries, and inside a transaction."""
 
 from __future__ import annotations
@@ -12,29 +12,25 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import Integer, bindparam, literal, select
 
 import conveyor
 from conveyor.errors import ConveyorError, InvalidArgument, StoreUnavailable
-from conveyor.schema import tasks as t
 from conveyor.store.base import TaskStore
 from conveyor.store.protocol import texts
-from conveyor.store.seam import Seam
 
 PG_ONLY = ("claim_one", "claim_any", "submit_plain", "ack_plain")
 
 
-def _builders() -> dict[str, texts.Builder]:
-    def clock(st: Seam) -> Any:
-        return select(
-            texts.now(st).label("now"),
-            (bindparam("a", type_=Integer) + literal(1)).label("a1"),
-        )
-
-    def count(st: Seam) -> Any:
-        return select(t.c.seq).where(t.c.name == bindparam("name"))
-
-    return {"clock": clock, "count": count, "absent": lambda st: None}
+def _sql(backend: str) -> dict[str, str]:
+    clock = (
+        "(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us"
+        if backend == "postgres"
+        else ":now_us"
+    )
+    return {
+        "clock": f"SELECT {clock} AS now, :a + 1 AS a1",
+        "count": "SELECT seq FROM conveyor_tasks WHERE name = :name",
+    }
 
 
 async def test_built_at_open_from_the_dialects_texts(store: TaskStore, backend: str) -> None:
@@ -63,12 +59,11 @@ async def test_no_built_statement_binds_a_status_it_filters_on(store: TaskStore)
     assert offenders == {}
 
 
-async def test_a_shared_builder_runs_alone_with_the_clock_bound(store: TaskStore) -> None:
+async def test_a_statement_runs_alone_with_the_clock_bound(store: TaskStore, backend: str) -> None:
     await store.open()
     assert store._engine is not None
-    built = texts.build(store, store._engine.dialect, _builders())
-    assert {"clock", "count"} <= set(built.names())
-    assert "absent" not in built  # None: not on this backend
+    built = texts.build(store, store._engine.dialect, _sql(backend))
+    assert built.names() == ["clock", "count"]
     clock = built.get("clock")
     assert clock is not None and (clock.clock or clock.now)
     (row,) = await texts.alone(store, clock, {"a": 41}, write=False)
@@ -78,11 +73,13 @@ async def test_a_shared_builder_runs_alone_with_the_clock_bound(store: TaskStore
     assert 3_500_000_000 < later.now - row.now < 3_700_000_000
 
 
-async def test_a_built_once_clock_is_read_each_time_the_statement_runs(store: TaskStore) -> None:
+async def test_a_built_once_clock_is_read_each_time_the_statement_runs(
+    store: TaskStore, backend: str
+) -> None:
     # SQLite's clock is the process's: built once, it must not stay the moment of open().
     await store.open()
     assert store._engine is not None
-    clock = texts.build(store, store._engine.dialect, _builders()).get("clock")
+    clock = texts.build(store, store._engine.dialect, _sql(backend)).get("clock")
     assert clock is not None
     (first,) = await texts.alone(store, clock, {"a": 0}, write=False)
     await asyncio.sleep(0.01)
@@ -90,11 +87,11 @@ async def test_a_built_once_clock_is_read_each_time_the_statement_runs(store: Ta
     assert second.now - first.now >= 10_000
 
 
-async def test_a_shared_builder_runs_inside_a_transaction(store: TaskStore) -> None:
+async def test_a_statement_runs_inside_a_transaction(store: TaskStore, backend: str) -> None:
     await store.submit("x", queue="q")
     await store.open()
     assert store._engine is not None
-    count = texts.build(store, store._engine.dialect, _builders()).get("count")
+    count = texts.build(store, store._engine.dialect, _sql(backend)).get("count")
     assert count is not None
 
     async def work(conn: Any) -> list[Any]:
@@ -103,15 +100,31 @@ async def test_a_shared_builder_runs_inside_a_transaction(store: TaskStore) -> N
     assert len(await store._run(work, write=False)) == 1
 
 
-async def test_an_in_list_is_refused_at_build_time(store: TaskStore) -> None:
-    await store.open()
-    assert store._engine is not None
+def test_a_statement_file_is_read_by_its_name_lines() -> None:
+    source = """-- the file's own comment
+-- name: one
+-- why it is so
+SELECT 1 AS a;
 
-    def listed(st: Seam) -> Any:
-        return select(t.c.seq).where(t.c.id.in_(bindparam("ids", expanding=True)))
+-- name: two
+SELECT :x::int AS b, '50%' AS c
+"""
+    found = texts.parse(source)
+    assert found == {"one": "-- why it is so\nSELECT 1 AS a", "two": found["two"]}
+    assert texts.to_pyformat(found["two"]) == "SELECT %(x)s::int AS b, '50%%' AS c"
 
-    with pytest.raises(ValueError, match="array"):
-        texts.build(store, store._engine.dialect, {"listed": listed})
+
+@pytest.mark.parametrize(
+    ("source", "problem"),
+    [
+        ("-- name: a\nSELECT 1\n-- name: a\nSELECT 2\n", "named twice"),
+        ("SELECT 0\n-- name: a\nSELECT 1\n", "before the first"),
+        ("-- name: a\n\n-- name: b\nSELECT 1\n", "empty"),
+    ],
+)
+def test_a_malformed_statement_file_is_refused(source: str, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        texts.parse(source)
 
 
 async def test_a_refused_statement_is_a_store_error(store: TaskStore) -> None:

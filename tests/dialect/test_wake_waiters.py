@@ -16,7 +16,6 @@ import conveyor
 from _support import naps
 from conveyor.store import base
 from conveyor.store.postgres import listen as pg_listen
-from conveyor.store.protocol import texts
 
 QUIET = 0.5  # seconds a listener is given to hear an announcement that must not come
 
@@ -114,10 +113,8 @@ async def test_a_wait_in_another_store_wakes_by_notification_not_polling(
 
 async def test_an_expired_registration_is_cleared_by_the_next(url: str) -> None:
     async with conveyor.connect(url) as store:
-        add = await texts.get(store, "waiter_add")
-        assert add is not None
-        await texts.alone(store, add, {"task_id": "gone", "token": "t", "ttl_us": -1})
-        await texts.alone(store, add, {"task_id": "kept", "token": "t", "ttl_us": 10**9})
+        await store._add_waiter("gone", "t", -1)
+        await store._add_waiter("kept", "t", 10**9)
         assert await _waiters(url) == [("kept", "t")]
 
 

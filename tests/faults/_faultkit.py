@@ -8,7 +8,7 @@ Run as a script, this file is one of the child processes::
     python _faultkit.py txbatch URL QUEUE COUNT
     python _faultkit.py hammer URL LOGDIR NAME DURATION
     python _faultkit.py soakworker URL LOGDIR NAME GROUP     (GROUP "-": queue mode)
-    python _faultkit.py table REPORT      (the README's figures table from a report)
+    python _faultkit.py table REPORT      (the fault figures table of docs/operations.md)
 
 * a **worker** runs :data:`app` (task ``step``) and appends one JSON line per
   handler run to ``LOGDIR/exec-NAME.jsonl``; its log (stderr) shows each
@@ -297,8 +297,8 @@ async def _txbatch(url: str, queue: str, count: int) -> None:
 
 
 def figures_table(report: str) -> str:
-    """The README's figures table (Markdown) from a ``CONVEYOR_FAULTS_REPORT`` file;
-    the last line of each scenario wins."""
+    """The fault figures table of docs/operations.md (Markdown) from a
+    ``CONVEYOR_FAULTS_REPORT`` file; the last line of each scenario wins."""
     latest: dict[str, dict[str, Any]] = {}
     for line in read_jsonl(Path(report)):
         latest[line["scenario"]] = line

@@ -2,7 +2,7 @@
 driven by Playwright, against a dashboard served by uvicorn on a seeded SQLite store.
 
 One server and one browser for the module. Set ``CONVEYOR_SCREENSHOTS=docs`` to
-write the page screenshots the README shows (otherwise they go to a temporary
+write the page screenshots docs/guide.md shows (otherwise they go to a temporary
 directory)."""
 
 from __future__ import annotations

@@ -393,14 +393,13 @@ class TaskStore(LeaseOps, InspectReads):
         pause = 0.05
         await wake.listen(self)
         assert self._done_waker is not None
-        # Where the backend announces completions only to registered waiters, register
-        # before the first look: a completion committed after that is announced.
-        add = await texts.get(self, "waiter_add")
+        # Registered before the first look (where the wake channel announces
+        # completions only to registered waiters): a completion committed after that
+        # is announced.
         token = uuid.uuid4().hex
         ttl = WAITER_TTL if limit is None else limit + WAITER_SLACK
         renew_at = time.monotonic() + ttl / 2
-        if add is not None:
-            await self._register_waiter(add, task_id, token, ttl)
+        await self._add_waiter(task_id, token, round(ttl * v.US))
         # Watch before looking: a completion that commits while get() runs still
         # wakes the nap that follows. Polling (capped at POLL_CAP) covers
         # completions nobody announces to this process.
@@ -408,8 +407,8 @@ class TaskStore(LeaseOps, InspectReads):
             with self._done_waker.watch([task_id]) as watch:
                 while True:
                     watch.event.clear()
-                    if add is not None and time.monotonic() > renew_at:
-                        await self._register_waiter(add, task_id, token, ttl)
+                    if time.monotonic() > renew_at:
+                        await self._add_waiter(task_id, token, round(ttl * v.US))
                         renew_at = time.monotonic() + ttl / 2
                     task = await self.get(task_id, group=group)
                     if task is None:
@@ -427,16 +426,10 @@ class TaskStore(LeaseOps, InspectReads):
                     await watch.wait(nap)
                     pause = min(pause * 2, POLL_CAP)
         finally:
-            drop = None if add is None else await texts.get(self, "waiter_drop")
-            if drop is not None:
-                # The row only speeds up wake-ups; a failure to delete it leaves an
-                # expiring row, never a wrong answer.
-                with contextlib.suppress(ConveyorError):
-                    await texts.alone(self, drop, {"task_id": task_id, "token": token})
-
-    async def _register_waiter(self, add: texts.Text, task_id: str, token: str, ttl: float) -> None:
-        params = {"task_id": task_id, "token": token, "ttl_us": round(ttl * v.US)}
-        await texts.alone(self, add, params)
+            # The registration only speeds up wake-ups; a failure to drop it leaves
+            # one that expires, never a wrong answer.
+            with contextlib.suppress(ConveyorError):
+                await self._drop_waiter(task_id, token)
 
     # ------------------------------------------------------------ bus mode
     async def subscribe(

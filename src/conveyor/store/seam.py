@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
-from sqlalchemy import ClauseElement, ColumnElement, Select, Update
+from sqlalchemy import ColumnElement, Select, Update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -233,171 +233,11 @@ class Seam(abc.ABC):
         takes no lock worth sparing and claims go straight in."""
 
     @abc.abstractmethod
-    def _statement_texts(self) -> Mapping[str, ClauseElement | str]:
-        """The dialect's own driver text of the built-once statements whose SQL must
-        differ here (:mod:`conveyor.store.protocol.texts`), by name; the rest come from the
-        shared builders. Each text binds named parameters (``%(name)s`` on psycopg,
-        ``:name`` on sqlite3). The statements known by name, and their contracts:
-
-        ``claim_one`` / ``claim_any``: claim in one statement, making the choice
-        :func:`conveyor.store.protocol.consumer.claim_tx` makes (free streams' heads and
-        unpartitioned work in one claim order; the streams taken marked held).
-        Bind parameters: ``grp``, ``queue`` (``claim_one``) or ``queues`` (a list,
-        ``claim_any``), ``partition`` (or ``None``), ``limit``, ``per_stream`` (tasks
-        per stream), ``streams`` (streams to take at most), ``mix`` (several units,
-        or one stream or plain work only), ``worker_id``, ``lease`` (seconds or
-        ``None``: the queue's setting, else the default) and ``offset_us``. Returns
-        at least one row: ``busy`` and ``rank`` (the unit's place in claim order)
-        first, then the columns of :func:`conveyor.store.protocol.queries.view_columns` for
-        each task leased (all ``NULL`` when none). When ``busy`` is true it leases
-        nothing: an expired lease in these queues must be recovered first.
-
-        ``submit_plain``: submit plain tasks (no key, partition or parent) in one
-        statement: task rows, their delivery rows for queue mode and every active
-        group of the queue (as :func:`conveyor.store.protocol.queries.fan_out`), and the
-        new-work announcement of their queues. Bind parameters: equal-length lists
-        ``ids``, ``names``, ``queues``, ``payloads``, ``metadatas`` (JSON text),
-        ``priorities``, ``max_attempts``, ``backoffs`` (JSON text), ``delays`` and
-        ``run_ats`` (microseconds), ``correlation_ids`` (``None`` entries: the
-        queue's setting or the default, or no value; ``None`` instead of one of
-        these five lists: ``None`` for every task), and ``offset_us``. Returns one
-        row per task: ``id``, ``max_attempts``, ``created_at``, ``run_at`` as stored.
-        ``submit_one`` is the same for one task, from the singular names (``id``,
-        ``name``, ``queue``, ``payload``, ``metadata``, ``priority``,
-        ``max_attempts``, ``backoff``, ``delay``, ``run_at``, ``correlation_id``).
-        ``submit_children`` and ``submit_child`` are those two for tasks with
-        parents (no key or partition), with ``parent_ids`` (``None`` entries: no
-        parent) or ``parent_id``: each child's ``root_id`` is its parent's root, and
-        each row also has ``root_id`` and ``orphan`` (``NULL``). When a parent is not
-        a task, nothing is written and the rows are one per such parent, all
-        ``NULL`` but ``orphan``, its id.
-
-        ``claim_keys`` and ``lock_keys``: the idempotency keys of a submit that
-        goes step by step, ``keys`` (a list, sorted by code point: the lock order).
-        ``claim_keys`` inserts each key for its task (``ids``, a list as long), in
-        that order, leaving keys already held alone, and returns a row (``key``)
-        per key it inserted; ``lock_keys`` locks the rows of ``keys`` that exist, in
-        that order, and returns their ``key`` and ``task_id``.
-
-        ``submit_context``: the clock reading (``now``, with ``offset_us``) and the
-        stored settings (``queue``, ``max_attempts``, ``backoff``) of ``queues`` (a
-        list), at least one row; ``notify``: :data:`conveyor.store.postgres.listen.NOTIFY`
-        with ``channels`` and ``payloads`` (lists). For a submit that goes step by
-        step, with ``share_groups`` (below).
-
-        ``insert_rows``: the task rows of a submit that went step by step (keys,
-        partitions, parents with either), given whole as ``rows`` (one JSON text: an array of
-        ``[id, name, queue, partition, payload, metadata, priority, max_attempts,
-        backoff, created_at, run_at, key, parent_id, root_id, correlation_id]`` in
-        request order, inserted in that order), and their delivery rows as
-        :func:`conveyor.store.protocol.queries.fan_out` writes them; inside the caller's
-        transaction, no announcement. Returns the ``(queue, grp, partition)`` of
-        every stream the new delivery rows joined, once each.
-
-        Submits sent as statements together (:mod:`conveyor.store.protocol.submit_together`), in
-        order. Partitioned tasks without keys or parents: ``share_groups`` (the
-        active group rows of ``queues``, a JSON array, shared in the lock order);
-        ``lock_streams`` of their queue-mode streams; ``submit_partitioned``
-        (``submit_plain`` with a ``partitions`` list, ``None`` entries
-        unpartitioned); ``lock_group_streams`` and ``refresh_group_streams``, which
-        do what ``lock_streams`` and ``refresh_streams`` do for the streams of
-        ``pairs`` (a JSON array of ``[queue, partition]``) in queue mode and every
-        active group of the queue. One task with a key (conflict ``"reuse"`` or
-        ``"reject"``, no partition or parent): ``submit_keyed`` (``submit_one``'s
-        parameters and ``key``: the key claimed, the task written only if the
-        claim won) and ``key_holder`` (``key``: the columns of
-        :func:`conveyor.store.protocol.queries.view_columns` of the task holding it, in queue
-        mode, its key row locked; no row when none does). One task with a key
-        (``"reuse"`` or ``"reject"``) and a parent: ``submit_keyed_child``
-        (``submit_child``'s parameters and ``key``: the key claimed only if the
-        parent is a task, the task written only if the claim won), then
-        ``key_holder``. One with a key and a partition: ``claim_keys`` and
-        ``lock_keys`` of its key, ``share_groups``, ``lock_streams``,
-        ``submit_keyed_partitioned`` (``submit_partitioned``'s parameters and
-        ``keys``, a list: each task written only if its key's row names it),
-        ``lock_group_streams``, ``refresh_group_streams``, then ``key_holder``.
-        One with a key and conflict ``"replace"`` (no parent): ``claim_keys`` and
-        ``lock_keys``; ``replace_share`` (``queues``, a JSON array: the active
-        groups of those queues and of the holder's shared), ``replace_lock``
-        (``pairs``, as ``lock_group_streams`` takes them: the holder's streams and
-        those of ``pairs`` in queue mode and every active group locked in one
-        pass in the lock order, created where missing), ``replace_cancel``,
-        ``replace_refresh`` and ``replace_key`` (all with ``key`` and ``id``, the
-        new task's: the holder named by the key row, if not ``id``, has its active
-        rows cancelled and a registered ``wait()`` told, its streams recomputed,
-        and the key row then names ``id``); the task written by
-        ``submit_key_owned`` (``submit_one``'s parameters and ``key``: written
-        only if the key's row names it) or, with a partition, by
-        ``submit_keyed_partitioned`` and the two stream statements after it; then
-        ``key_holder``. A batch with keys (``"reuse"``, no parent): ``claim_keys``
-        and ``lock_keys`` of its keys; ``submit_keyed_many`` (``submit_plain``'s
-        parameters and ``keys``, a list with ``None`` for no key) or, with
-        partitions, ``submit_keyed_partitioned`` between the stream statements;
-        then ``key_answers`` (``ids`` and ``keys``, lists: the columns of
-        :func:`conveyor.store.protocol.queries.view_columns` of each task of ``ids`` with
-        ``holds`` ``NULL``, and of the task holding each of ``keys`` with
-        ``holds`` its key). ``submit_one_in``, ``submit_plain_in``,
-        ``submit_child_in`` and ``submit_children_in``: ``submit_one``,
-        ``submit_plain``, ``submit_child`` and ``submit_children`` for a caller's
-        transaction (``submit(..., connection=...)``), announcing their queues
-        whether or not anyone listens (no lock held until the caller commits).
-        Partitioned tasks with parents (no key): as
-        partitioned ones without, through ``submit_partitioned_children``
-        (``submit_children``'s parameters and ``partitions``; its rows as
-        ``submit_children``'s) and the stream locks ``lock_streams_if_parents`` and
-        ``lock_group_streams_if_parents`` (``parent_ids`` too: nothing locked or
-        created unless every parent is a task).
-
-        ``succeed_plain``: one ``succeed()`` of an unpartitioned leased row, fenced
-        (``id``, ``grp``, ``worker_id``, ``attempt`` or ``None``), with ``result``
-        (JSON text) and ``offset_us``; announced to a registered ``wait()``.
-        Returns the columns of :func:`conveyor.store.protocol.queries.view_columns` for the
-        row finished, or no row (fence failed, or a partitioned row).
-
-        ``ack_plain``: finish a batch of unpartitioned leased rows as ``succeeded``
-        in one statement, each fenced on its own, and announce the finished tasks
-        to whoever waits for them. Bind parameters: ``items``, one JSON text
-        holding an array of ``[id, worker_id, grp, attempt, result]`` per item
-        (``attempt`` ``null``: any attempt; ``result`` the result's JSON text), and
-        ``offset_us``. Returns at least one row;
-        column ``idx`` is the 1-based position of each item it did not finish (fence
-        failed, or a partitioned row), ``NULL`` in a single row when it finished
-        them all.
-
-        ``ack_streams_lock`` and ``ack_streams``: finish a batch that may hold
-        partitioned rows, in one transaction of two statements. The first locks the
-        stream rows of the items' partitions (``items``, as below) in the lock order
-        (:mod:`conveyor.store.protocol.streams`); the second, whose snapshot then sees every
-        change to those streams, finishes the rows as ``ack_plain`` does (any row,
-        partitioned or not) and recomputes each touched stream as
-        :func:`conveyor.store.protocol.streams.refresh` would, announcing new work on the
-        queues where a stream's head became claimable. Same parameters and ``idx``
-        column as ``ack_plain``, plus ``freed`` (streams whose head is claimable
-        now).
-
-        For a dialect without those, the claim of one queue as sets
-        (:func:`conveyor.store.protocol.steps.claim_tx`; lists bound as the dialect takes
-        them, JSON text on SQLite): ``step_candidates`` reads, for ``grp`` and
-        ``queue``, rows of three kinds (column ``kind``) — 1: up to ``streams`` free streams
-        (only ``partition``'s when not ``None``) fairest first, each with its first
-        ``per_stream`` active rows from its head (``priority``, ``at`` = its
-        ``available_at``, ``queue``, ``partition``, ``head_seq``, ``task_seq``,
-        ``status``, ``due``); 0: up to ``limit`` ready unpartitioned rows in claim
-        order (``priority``, ``at`` = ``run_at``, ``task_seq``; none when
-        ``partition`` is given); 2: a row when a lease of the queue has expired.
-        ``step_lease_seqs`` leases the rows ``seqs`` to ``w_id`` as
-        :func:`conveyor.store.protocol.queries.take` does (``lease`` or ``None``: the queue's
-        setting, else the default); ``step_view_seqs`` returns the columns of
-        :func:`conveyor.store.protocol.queries.view_columns` of the rows ``seqs`` leased to
-        ``w_id``; ``step_hold_streams`` marks the streams ``partitions`` of
-        ``queue`` held (``available_at`` NULL). ``refresh_streams`` recomputes the
-        streams ``keys`` (a JSON array of (queue, grp, partition) triples in the
-        lock order) as :func:`conveyor.store.protocol.streams.refresh` does; with
-        ``lock_streams`` (same parameter), which locks their rows first in that
-        order, creating missing ones, in a statement of its own, else (a dialect
-        where one writer holds the whole database: no lock order) creating the
-        missing rows itself.
-        """
+    def _statement_texts(self) -> Mapping[str, str]:
+        """The dialect's SQL of the statements of :mod:`conveyor.store.catalogue`, by
+        name, written with ``:name`` bind parameters (read from the dialect's
+        ``sql/*.sql`` files with :func:`conveyor.store.protocol.texts.load`); each
+        meets the contract its catalogue entry states."""
 
     @abc.abstractmethod
     def _direct_runner(self) -> DirectRunner | None:
@@ -449,6 +289,18 @@ class Seam(abc.ABC):
     async def _stop_wake(self) -> None:
         """Stop the cross-process wake channel (called by close(), after the start
         has finished, whether or not it was ever started)."""
+
+    @abc.abstractmethod
+    async def _add_waiter(self, task_id: str, token: str, ttl_us: int) -> None:
+        """Register (or renew) a ``wait()`` on ``task_id`` under ``token`` for ``ttl_us``
+        microseconds, committed on its own, where the wake channel announces
+        completions only to registered waiters (Postgres: a ``conveyor_waiters`` row,
+        so an acknowledgement nobody waits for costs no NOTIFY). Elsewhere it does
+        nothing."""
+
+    @abc.abstractmethod
+    async def _drop_waiter(self, task_id: str, token: str) -> None:
+        """Drop the registration :meth:`_add_waiter` made (nothing where it made none)."""
 
     @abc.abstractmethod
     async def _notify(

@@ -22,7 +22,6 @@ from typing import Any, ClassVar
 
 from sqlalchemy import (
     BigInteger,
-    ClauseElement,
     ColumnElement,
     Select,
     Update,
@@ -43,7 +42,6 @@ from conveyor.schema import tasks as t
 from conveyor.store.base import TaskStore
 from conveyor.store.postgres import direct as pg_direct
 from conveyor.store.postgres import listen as pg_listen
-from conveyor.store.postgres import texts as pg_texts
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import texts
 from conveyor.store.seam import BatchRunner, DirectRunner, StepsRunner
@@ -311,8 +309,12 @@ class PostgresStore(TaskStore):
         # An idle claim takes no lock worth sparing (SKIP LOCKED, row locks only).
         return None
 
-    def _statement_texts(self) -> Mapping[str, ClauseElement | str]:
-        return pg_texts.texts(self.durable_claims)
+    def _statement_texts(self) -> Mapping[str, str]:
+        own = dict(texts.load("conveyor.store.postgres"))
+        if self.durable_claims:
+            # The claim whose commit waits for the WAL flush (durable_claims=True).
+            own["claim_one"], own["claim_any"] = own["claim_one_durable"], own["claim_any_durable"]
+        return own
 
     def _direct_runner(self) -> DirectRunner | None:
         # Outside a transaction the timeouts hold only when set on the connection.
@@ -372,6 +374,16 @@ class PostgresStore(TaskStore):
         if listener is not None:
             await listener.stop()
 
+    async def _add_waiter(self, task_id: str, token: str, ttl_us: int) -> None:
+        add = await texts.get(self, "wake.waiter_add")
+        assert add is not None
+        await texts.alone(self, add, {"task_id": task_id, "token": token, "ttl_us": ttl_us})
+
+    async def _drop_waiter(self, task_id: str, token: str) -> None:
+        drop = await texts.get(self, "wake.waiter_drop")
+        assert drop is not None
+        await texts.alone(self, drop, {"task_id": task_id, "token": token})
+
     async def _notify(
         self,
         conn: AsyncConnection,
@@ -382,8 +394,8 @@ class PostgresStore(TaskStore):
         params = pg_listen.notify_params(queues, done, task_ids)
         if params is None:
             return
-        built = texts.usable(self, conn, "notify")
+        built = texts.usable(self, conn, "wake.notify")
         if built is not None:
-            await texts.execute(conn, self, built, params)  # built once (pg_texts)
+            await texts.execute(conn, self, built, params)  # built once (sql/wake.sql)
         else:
             await conn.execute(pg_listen.NOTIFY, params)

@@ -27,13 +27,11 @@ import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from sqlalchemy import bindparam, func, select
+from sqlalchemy import bindparam
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.errors import InvalidArgument
 from conveyor.models import Task
-from conveyor.schema import deliveries as d
-from conveyor.schema import tasks as t
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import streams, texts, upkeep
 from conveyor.store.protocol.requests import Request
@@ -46,12 +44,6 @@ _QUEUE: Any = bindparam("queue")
 
 #: A validated acknowledgement: (index, task_id, worker_id, grp, attempt, result JSON).
 AckItem = tuple[int, str, str, str, int | None, str]
-
-
-def _steps(st: Seam) -> bool:
-    # Postgres claims in one statement and acknowledges in two (its own texts);
-    # these steps serve the dialect without them.
-    return not st.row_locks
 
 
 #: The task columns a submit writes (the rest take their defaults).
@@ -78,80 +70,6 @@ def insert_params(row: dict[str, Any]) -> dict[str, Any]:
     """The parameters of ``step_submit_insert`` for a task row (named apart from the
     columns: a bind parameter may not share a column's name in VALUES)."""
     return {f"v_{name}": row[name] for name in _TASK_COLUMNS}
-
-
-@texts.shared("step_submit_context")
-def _submit_context(st: Seam) -> Any:
-    if not _steps(st):
-        return None
-    return q.submit_context([_QUEUE], texts.now(st))
-
-
-@texts.shared("step_parent_root")
-def _parent_root(st: Seam) -> Any:
-    if not _steps(st):
-        return None
-    return select(t.c.root_id).where(t.c.id == bindparam("parent"))
-
-
-@texts.shared("step_touched_after")
-def _touched_after(st: Seam) -> Any:
-    # The streams the delivery rows of tasks above ``after`` joined: the rows this
-    # transaction just inserted, under the single writer lock.
-    if not _steps(st):
-        return None
-    return (
-        select(d.c.queue, d.c.grp, d.c.partition)
-        .where(d.c.task_seq > bindparam("after"), d.c.partition.is_not(None))
-        .distinct()
-    )
-
-
-@texts.shared("step_submit_insert")
-def _submit_insert(st: Seam) -> Any:
-    if not _steps(st):
-        return None
-    values: dict[str, Any] = {name: bindparam(f"v_{name}") for name in _TASK_COLUMNS}
-    return t.insert().values(values).returning(t.c.seq)
-
-
-@texts.shared("step_fan_out")
-def _fan_out(st: Seam) -> Any:
-    if not _steps(st):
-        return None
-    return q.fan_out(one=True)
-
-
-@texts.shared("step_submit_insert_many")
-def _submit_insert_many(st: Seam) -> Any:
-    # Run once per row (executemany): no RETURNING, whose rows executemany drops.
-    if not _steps(st):
-        return None
-    values: dict[str, Any] = {name: bindparam(f"v_{name}") for name in _TASK_COLUMNS}
-    return t.insert().values(values)
-
-
-@texts.shared("step_last_seq")
-def _last_seq(st: Seam) -> Any:
-    # The largest seq so far; under the single writer lock, the rows a submit then
-    # inserts are exactly those above it.
-    if not _steps(st):
-        return None
-    return select(func.coalesce(func.max(t.c.seq), 0))
-
-
-@texts.shared("step_fan_out_after")
-def _fan_out_after(st: Seam) -> Any:
-    if not _steps(st):
-        return None
-    return q.fan_out(after=True)
-
-
-@texts.shared("step_finish")
-def _finish(st: Seam) -> Any:
-    if not _steps(st):
-        return None
-    return q.finish_row(_GRP, texts.now(st))
 
 
 async def refresh_after(st: Seam, conn: AsyncConnection, after: int) -> None:

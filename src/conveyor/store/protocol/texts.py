@@ -6,14 +6,11 @@ client time than the database spends running it. So each hot statement is
 named here, built once per store at ``open()``, and kept as driver text with
 named bind parameters (lists go in as arrays, never as growing ``IN`` lists).
 
-Where a statement comes from, for each name:
-
-* the dialect's own text (:meth:`~conveyor.store.seam.Seam._statement_texts`),
-  where the SQL must differ (Postgres's data-modifying CTEs);
-* else the shared builder registered under the name with :func:`shared`: a
-  function of the store returning Core (compiled with the store's dialect) or
-  text; ``None`` means "not on this backend";
-* else there is none, and the caller takes its step-by-step path.
+Where a statement comes from: the dialect's SQL files (``sql/*.sql`` in the
+dialect's package, one ``-- name:`` block per statement, written with ``:name``
+bind parameters), read once per process by :func:`load` and turned into the
+driver's parameter style at open() (:func:`build`). The statements and their
+contracts are listed in :mod:`conveyor.store.catalogue`.
 
 Running:
 
@@ -31,11 +28,14 @@ attribute access by column name.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import functools
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from importlib import resources
 from typing import Any
 
-from sqlalchemy import BigInteger, ClauseElement, ColumnElement, bindparam
+from sqlalchemy import BigInteger, ColumnElement, bindparam
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -51,25 +51,6 @@ CLOCK = "now_us"
 #: (``submit(..., connection=...)``), where the dialect has one: see
 #: :meth:`Texts.in_callers`.
 IN_CALLERS = "_in"
-
-Builder = Callable[[Seam], "ClauseElement | str | None"]
-
-_SHARED: dict[str, Builder] = {}
-
-
-def shared(name: str) -> Callable[[Builder], Builder]:
-    """Register the shared builder of statement ``name`` (a decorator). The builder
-    gets the store and returns Core with named :func:`~sqlalchemy.bindparam`\\ s (no
-    expanding ones), driver text, or ``None`` where the backend has no such
-    statement; it runs once per store, at open()."""
-
-    def register(build: Builder) -> Builder:
-        if name in _SHARED:
-            raise ValueError(f"statement {name!r} is registered twice")
-        _SHARED[name] = build
-        return build
-
-    return register
 
 
 def now(st: Seam) -> ColumnElement[int]:
@@ -143,50 +124,66 @@ class Texts:
         return sorted(self._items)
 
 
-def build(st: Seam, dialect: Dialect, builders: Mapping[str, Builder] | None = None) -> Texts:
-    """Build every statement for ``st`` (once, at open()): the dialect's own texts,
-    and ``builders`` (default: the registered shared builders) for the rest."""
-    own = dict(st._statement_texts())
-    builders = _SHARED if builders is None else builders
-    items: list[Text] = []
-    for name in sorted(set(own) | set(builders)):
-        made: ClauseElement | str | None
-        made = own[name] if name in own else builders[name](st)
-        if made is None:
-            continue
-        items.append(_text(name, made, dialect))
+def build(st: Seam, dialect: Dialect, own: Mapping[str, str] | None = None) -> Texts:
+    """Build every statement for ``st`` (once, at open()): the dialect's SQL
+    (:meth:`~conveyor.store.seam.Seam._statement_texts`, or ``own``) in its
+    driver's parameter style."""
+    pyformat = dialect.paramstyle == "pyformat"
+    items = []
+    for name, sql in sorted((st._statement_texts() if own is None else own).items()):
+        driver = to_pyformat(sql) if pyformat else sql
+        items.append(Text(name, driver, clock=f":{OFFSET}" in sql, now=f":{CLOCK}" in sql))
     return Texts(items)
 
 
-def _text(name: str, made: ClauseElement | str, dialect: Dialect) -> Text:
-    if isinstance(made, str):
-        return Text(
-            name,
-            made,
-            clock=f"%({OFFSET})s" in made or f":{OFFSET}" in made,
-            now=f"%({CLOCK})s" in made or f":{CLOCK}" in made,
-        )
-    if dialect.positional:
-        # Named parameters, so one dict binds on every driver (sqlite3 takes
-        # ``:name`` as well as ``?``).
-        dialect = type(dialect)(paramstyle="named")  # type: ignore[call-arg]
-    compiled: Any = made.compile(dialect=dialect)
-    for bind in compiled.binds.values():
-        if bind.expanding:
-            raise ValueError(
-                f"statement {name!r}: parameter {bind.key!r} expands (an IN list); pass "
-                "an array instead"
-            )
-    # Values Core fixed (literals, and NULLs a statement sets, as SET col = NULL),
-    # not the named parameters the caller binds (required ones).
-    binds = compiled.binds
-    fixed = {
-        key: val
-        for key, val in compiled.params.items()
-        if val is not None or (key in binds and not binds[key].required)
-    }
-    params = compiled.params
-    return Text(name, compiled.string, fixed=fixed, clock=OFFSET in params, now=CLOCK in params)
+#: A bind parameter in a statement file: ``:name``, not a ``::type`` cast.
+_PARAM = re.compile(r"(?<![:\w]):(\w+)")
+_BLOCK = re.compile(r"^-- name: (\S+)[ \t]*$", re.MULTILINE)
+
+
+def to_pyformat(sql: str) -> str:
+    """``sql`` with ``:name`` parameters as ``%(name)s`` (psycopg's style), and
+    its literal ``%`` doubled."""
+    return _PARAM.sub(r"%(\1)s", sql.replace("%", "%%"))
+
+
+def parse(source: str, where: str = "<sql>") -> dict[str, str]:
+    """The statements of one SQL file, by name: each ``-- name: NAME`` line starts
+    a statement that runs to the next such line (comments kept; surrounding blank
+    lines and a trailing ``;`` dropped). A name given twice is an error."""
+    found: dict[str, str] = {}
+    marks = list(_BLOCK.finditer(source))
+    if marks and source[: marks[0].start()].strip(" \t\n-"):
+        head = source[: marks[0].start()]
+        if any(line.strip() and not line.lstrip().startswith("--") for line in head.splitlines()):
+            raise ValueError(f"{where}: SQL before the first '-- name:' line")
+    for n, mark in enumerate(marks):
+        end = marks[n + 1].start() if n + 1 < len(marks) else len(source)
+        body = source[mark.end() : end].strip().removesuffix(";").rstrip()
+        name = mark.group(1)
+        if name in found:
+            raise ValueError(f"{where}: statement {name!r} is named twice")
+        if not body:
+            raise ValueError(f"{where}: statement {name!r} is empty")
+        found[name] = body
+    return found
+
+
+@functools.cache
+def load(package: str) -> Mapping[str, str]:
+    """Every statement of the SQL files in ``package``'s ``sql`` folder, by name
+    (read once per process). A name in two files is an error."""
+    found: dict[str, str] = {}
+    folder = resources.files(package).joinpath("sql")
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if not entry.name.endswith(".sql"):
+            continue
+        where = f"{package}/sql/{entry.name}"
+        for name, sql in parse(entry.read_text(encoding="utf-8"), where).items():
+            if name in found:
+                raise ValueError(f"{where}: statement {name!r} is also in another file")
+            found[name] = sql
+    return found
 
 
 async def of(st: Seam) -> Texts:

@@ -44,6 +44,7 @@ crash (kill -9) but a power cut may lose the last transactions. Pass
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import sqlite3
 import time
@@ -54,13 +55,13 @@ from typing import Any, ClassVar
 
 from sqlalchemy import (
     BigInteger,
-    ClauseElement,
     ColumnElement,
     Select,
     Update,
     bindparam,
     event,
     literal,
+    select,
 )
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine, create_engine, make_url
@@ -70,10 +71,12 @@ from sqlalchemy.pool import StaticPool
 
 from conveyor import _values as v
 from conveyor.errors import ConfigurationError, InvalidArgument
+from conveyor.schema import deliveries as d
+from conveyor.schema import tasks as t
 from conveyor.store.base import TaskStore
 from conveyor.store.protocol import queries as q
+from conveyor.store.protocol import texts
 from conveyor.store.seam import BatchRunner, ConnectionRunner, DirectRunner, StepsRunner
-from conveyor.store.sqlite import texts as sqlite_texts
 from conveyor.store.sqlite.thread import CHECKPOINT_EVERY, ConnectionThread
 
 SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
@@ -363,7 +366,7 @@ class SQLiteStore(TaskStore):
         return sqlite_insert(table)
 
     def _returning_view(self, stmt: Update) -> Update:
-        return stmt.returning(*sqlite_texts.returned_view())
+        return stmt.returning(*_returned_view())
 
     def _claim_probe(
         self, grp: str, queues: Sequence[str], partition: str | None, now: ColumnElement[int]
@@ -382,14 +385,14 @@ class SQLiteStore(TaskStore):
             probe = self._probes[key] = q.claim_probe(grp, queues, clock, partition)
         return probe
 
-    def _statement_texts(self) -> Mapping[str, ClauseElement | str]:
+    def _statement_texts(self) -> Mapping[str, str]:
         # No data-modifying CTEs, arrays, LATERAL or UPDATE … FROM a set-returning
         # function: claim, plain submit and ack run step by step
         # (conveyor.store.protocol.steps), on the one connection that holds the write lock,
         # so it costs no extra round trips to a server. The steps that take a list
         # take it as JSON text read by json_each (an IN list would be rebuilt per
         # size); why each differs is in conveyor.store.sqlite.texts.
-        return sqlite_texts.texts()
+        return texts.load("conveyor.store.sqlite")
 
     def _direct_runner(self) -> DirectRunner | None:
         return None
@@ -420,6 +423,14 @@ class SQLiteStore(TaskStore):
             thread.close()  # also done by the engine's disposal; harmless twice
             await thread.wait_closed()
 
+    async def _add_waiter(self, task_id: str, token: str, ttl_us: int) -> None:
+        # The wake channel (data_version) wakes every waiter of this process on any
+        # commit: no registration to keep.
+        return None
+
+    async def _drop_waiter(self, task_id: str, token: str) -> None:
+        return None
+
     async def _notify(
         self,
         conn: AsyncConnection,
@@ -429,3 +440,24 @@ class SQLiteStore(TaskStore):
     ) -> None:
         # Nobody outside this process listens; the store wakes its own waiters.
         return None
+
+
+@functools.cache
+def _returned_view() -> tuple[Any, ...]:
+    """The task view as SQLite's RETURNING can give it, built once (a claim or
+    fenced write needs it every time, and building it cost a tenth of a claim).
+
+    SQLite's RETURNING may name only the updated table's columns (an UPDATE …
+    FROM table may not appear there), so each task column is a correlated lookup
+    by primary key. Same names and values as Postgres's joined form.
+    """
+    columns: list[Any] = []
+    for col in q.view_columns():
+        if col.table is d:
+            columns.append(col)
+        elif col.name == "seq":
+            columns.append(d.c.task_seq.label("seq"))
+        else:
+            lookup = select(col).where(t.c.seq == d.c.task_seq).correlate(d)
+            columns.append(lookup.scalar_subquery().label(col.name))
+    return tuple(columns)

@@ -1,0 +1,474 @@
+"""The statement catalogue: every named statement the protocol runs, with its
+contract, which each dialect implements in its SQL files
+(``store/<dialect>/sql/*.sql``, one ``-- name:`` block per statement).
+
+A contract says what a statement is given (bind parameters, ``:name`` in the
+files), what it returns (columns), what it locks and what it writes. The SQL of
+each dialect is free in how it meets the contract (a data-modifying CTE on
+Postgres; on SQLite, where one writer holds the whole database, a lock is the
+write lock the transaction already holds), never in what it does. Lists are
+bound as JSON arrays where the contract says "JSON", else as the driver binds a
+Python list (a Postgres array).
+
+Two kinds of entry:
+
+* :data:`STATEMENTS` — statements of the protocol, run by the role module named
+  in the entry;
+* :data:`HOOKS` — operation-level hooks of the seam, where the dialects' algorithms
+  differ and not only their SQL (:meth:`conveyor.store.seam.Seam._claim`): a
+  dialect's statements named ``<hook>.<part>`` serve only its own hook.
+
+:data:`ONLY_ON` names the statements that one dialect does not yet implement: the
+protocol reaches each of them only where a shared statement does not serve yet
+(see CONTRIBUTING: "A new statement"). The catalogue test
+(``tests/dialect/test_catalogue.py``) fails when a dialect lacks a statement
+not listed there, has one the catalogue does not name, or when a listed one is
+in fact on both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    """One named statement and its contract."""
+
+    name: str
+    #: The protocol module that runs it (``conveyor.store.protocol.<role>``).
+    role: str
+    #: Parameters, rows returned, locks taken, rows written.
+    contract: str
+
+
+_VIEW = "the columns of ``queries.view_columns`` (the task as the delivery sees it)"
+_PLAIN = (
+    "equal-length lists ``ids``, ``names``, ``queues``, ``payloads``, ``metadatas`` "
+    "(JSON text), ``priorities``, ``max_attempts``, ``backoffs``, ``delays``, ``run_ats`` "
+    "(µs), ``correlation_ids`` (``None`` entries: the queue's setting or the default; "
+    "``None`` for a whole list of the last five: ``None`` for every task)"
+)
+_ONE = (
+    "the singular ``id``, ``name``, ``queue``, ``payload``, ``metadata``, ``priority``, "
+    "``max_attempts``, ``backoff``, ``delay``, ``run_at``, ``correlation_id``"
+)
+_STORED = "one row per task written: ``id``, ``max_attempts``, ``created_at``, ``run_at``"
+_IN = (
+    " Its ``_in`` variant is the same statement for a caller's transaction "
+    "(``submit(..., connection=...)``): it announces whether or not anyone listens, "
+    "holding no lock until the caller commits."
+)
+_ITEMS = (
+    "``items``: one JSON array of ``[id, worker_id, grp, attempt, result]`` per item "
+    "(``attempt`` null: any attempt; ``result`` the result's JSON text)"
+)
+
+
+def _s(name: str, role: str, contract: str) -> Statement:
+    return Statement(name, role, " ".join(contract.split()))
+
+
+STATEMENTS: tuple[Statement, ...] = (
+    # ---------------------------------------------------------------- keys
+    _s(
+        "claim_keys",
+        "producer",
+        """``keys`` and ``ids`` (JSON arrays, keys sorted by code
+        point: the lock order): inserts each key for its task, in that order, leaving
+        keys already held alone; a row (``key``) per key inserted.""",
+    ),
+    _s(
+        "lock_keys",
+        "producer",
+        """``keys`` (a JSON array, sorted): locks the key rows
+        that exist, in that order, until commit; their ``key`` and ``task_id``.""",
+    ),
+    _s(
+        "key_holder",
+        "submit_together",
+        f"""``key``: {_VIEW} of the task holding it, in
+        queue mode, its key row locked; no row when no task holds it.""",
+    ),
+    _s(
+        "key_answers",
+        "submit_together",
+        f"""``ids`` and ``keys`` (lists): {_VIEW} of
+        each task of ``ids`` with ``holds`` NULL, and of the task holding each of
+        ``keys`` with ``holds`` its key.""",
+    ),
+    _s(
+        "replace_share",
+        "submit_together",
+        """``queues`` (JSON array) and ``key``: the
+        active group rows of those queues and of the key holder's queue shared, in the
+        lock order.""",
+    ),
+    _s(
+        "replace_lock",
+        "submit_together",
+        """``key``, ``id`` and ``pairs`` (JSON array of
+        ``[queue, partition]``): the holder's streams and those of ``pairs``, in queue
+        mode and every active group, locked in one pass in the lock order, created
+        where missing.""",
+    ),
+    _s(
+        "replace_cancel",
+        "submit_together",
+        """``key`` and ``id`` (the new task's): the
+        holder the key row names, if not ``id``, has its active rows cancelled and a
+        registered ``wait()`` told.""",
+    ),
+    _s(
+        "replace_refresh",
+        "submit_together",
+        """``key`` and ``id``: the streams of the
+        holder cancelled by ``replace_cancel`` recomputed.""",
+    ),
+    _s(
+        "replace_key",
+        "submit_together",
+        """``key`` and ``id``: the key row names
+        ``id``.""",
+    ),
+    # ------------------------------------------------------------- submits
+    _s(
+        "submit_context",
+        "producer",
+        """``queues`` (a list): the clock reading (``now``)
+        and the stored settings (``queue``, ``max_attempts``, ``backoff``) of those
+        queues; at least one row.""",
+    ),
+    _s(
+        "insert_rows",
+        "producer",
+        """``rows``: one JSON array of ``[id, name, queue,
+        partition, payload, metadata, priority, max_attempts, backoff, created_at,
+        run_at, key, parent_id, root_id, correlation_id]`` in request order: the task
+        rows, inserted in that order, and their delivery rows for queue mode and every
+        active group (``queries.fan_out``); no announcement. Returns the ``(queue, grp,
+        partition)`` of every stream the new delivery rows joined, once each.""",
+    ),
+    _s(
+        "submit_plain",
+        "producer",
+        f"""Plain tasks (no key, partition or parent) in one
+        statement, from {_PLAIN}: task rows, their delivery rows for queue mode and
+        every active group of the queue (groups shared), and the new-work announcement
+        of their queues. Returns {_STORED}.{_IN}""",
+    ),
+    _s("submit_one", "producer", f"""``submit_plain`` for one task, from {_ONE}.{_IN}"""),
+    _s(
+        "submit_children",
+        "producer",
+        """``submit_plain`` for tasks with parents (no key or
+        partition), with ``parent_ids`` (``None`` entries: no parent): each child's
+        ``root_id`` is its parent's root; each row also has ``root_id`` and ``orphan``
+        (NULL). When a parent is not a task nothing is written and the rows are one
+        per such parent, all NULL but ``orphan``, its id."""
+        + _IN,
+    ),
+    _s(
+        "submit_child",
+        "producer",
+        """``submit_children`` for one task, with
+        ``parent_id``."""
+        + _IN,
+    ),
+    _s(
+        "submit_partitioned",
+        "submit_together",
+        """``submit_plain`` with a ``partitions``
+        list (``None`` entries unpartitioned); run after ``share_groups`` and
+        ``lock_streams`` of the queue-mode streams, before ``lock_group_streams`` and
+        ``refresh_group_streams``."""
+        + _IN,
+    ),
+    _s(
+        "submit_partitioned_children",
+        "submit_together",
+        """``submit_children``'s
+        parameters and ``partitions``; its rows as ``submit_children``'s; between
+        ``lock_streams_if_parents`` and ``lock_group_streams_if_parents``."""
+        + _IN,
+    ),
+    _s(
+        "submit_keyed",
+        "submit_together",
+        f"""One task with a key (conflict ``"reuse"`` or
+        ``"reject"``, no partition or parent), from {_ONE} and ``key``: the key
+        claimed, the task written only if the claim won; then ``key_holder``.{_IN}""",
+    ),
+    _s(
+        "submit_keyed_child",
+        "submit_together",
+        """``submit_child``'s parameters and
+        ``key``: the key claimed only if the parent is a task, the task written only
+        if the claim won; then ``key_holder``."""
+        + _IN,
+    ),
+    _s(
+        "submit_keyed_partitioned",
+        "submit_together",
+        """``submit_partitioned``'s
+        parameters and ``keys`` (a list): each task written only if its key's row
+        names it."""
+        + _IN,
+    ),
+    _s(
+        "submit_keyed_many",
+        "submit_together",
+        """``submit_plain``'s parameters and
+        ``keys`` (a list, ``None`` for no key): each keyed task written only if its
+        key's row names it."""
+        + _IN,
+    ),
+    _s(
+        "submit_key_owned",
+        "submit_together",
+        f"""From {_ONE} and ``key``: the task written
+        only if the key's row names it (a replace).{_IN}""",
+    ),
+    # ------------------------------------------------------------- streams
+    _s(
+        "share_groups",
+        "producer",
+        """``queues`` (a JSON array): the active group rows of
+        those queues shared (``FOR KEY SHARE``) in the lock order, until commit.""",
+    ),
+    _s(
+        "lock_streams",
+        "streams",
+        """``keys`` (a JSON array of ``[queue, grp,
+        partition]`` in the lock order): their stream rows locked in that order until
+        commit, missing ones created.""",
+    ),
+    _s(
+        "lock_streams_if_parents",
+        "submit_together",
+        """``lock_streams`` of the queue-mode
+        streams of ``pairs``, only if every one of ``parent_ids`` is a task.""",
+    ),
+    _s(
+        "lock_group_streams",
+        "submit_together",
+        """``pairs`` (a JSON array of ``[queue,
+        partition]``): ``lock_streams`` of those streams in every active group of the
+        queue.""",
+    ),
+    _s(
+        "lock_group_streams_if_parents",
+        "submit_together",
+        """``lock_group_streams``, only
+        if every one of ``parent_ids`` is a task.""",
+    ),
+    _s(
+        "refresh_streams",
+        "streams",
+        """``keys`` (as ``lock_streams``): each stream's head,
+        priority, availability and holder recomputed from its active rows
+        (``streams.refresh``); rows ``available_at`` of the streams whose head is
+        claimable now.""",
+    ),
+    _s(
+        "refresh_group_streams",
+        "submit_together",
+        """``pairs``: ``refresh_streams`` of
+        those streams in queue mode and every active group of the queue.""",
+    ),
+    # ---------------------------------------------------------------- acks
+    _s(
+        "succeed_plain",
+        "consumer",
+        f"""One ``succeed()`` of an unpartitioned leased row,
+        fenced (``id``, ``grp``, ``worker_id``, ``attempt`` or NULL), with ``result``
+        (JSON text); announced to a registered ``wait()``. Returns {_VIEW} of the row
+        finished, or no row (fence failed, or a partitioned row).""",
+    ),
+    _s(
+        "ack_plain",
+        "acks",
+        f"""Finish a batch of unpartitioned leased rows as
+        ``succeeded``, each fenced on its own, and announce the finished tasks to
+        registered waiters. {_ITEMS}. At least one row: ``idx``, the 1-based position of
+        each item not finished (fence failed, or a partitioned row); a single NULL row
+        when all were.""",
+    ),
+    _s(
+        "ack_streams_lock",
+        "acks",
+        f"""{_ITEMS}: the stream rows of the items'
+        partitions locked in the lock order (run before ``ack_streams``).""",
+    ),
+    _s(
+        "ack_streams",
+        "acks",
+        """``ack_plain`` for any rows, partitioned or not, each
+        touched stream recomputed (``refresh_streams``) and new work announced where a
+        head became claimable; ``idx`` as ``ack_plain``'s, plus ``freed`` (streams whose
+        head is claimable now).""",
+    ),
+    # --------------------------------------------------------------- claim
+    _s(
+        "claim_one",
+        "consumer",
+        f"""Claim in one statement: free streams' heads and
+        unpartitioned work of ``queue`` in one claim order, the streams taken marked
+        held. ``grp``, ``queue``, ``partition`` (or NULL), ``limit``, ``per_stream``
+        (tasks per stream), ``streams`` (streams to take at most), ``mix`` (several
+        units, or one stream or plain work only), ``worker_id``, ``lease`` (seconds or
+        NULL: the queue's setting, else the default). At least one row: ``busy`` and
+        ``rank`` (the unit's place in claim order), then {_VIEW} for each task leased
+        (all NULL when none). When ``busy`` it leases nothing: an expired lease in
+        these queues must be recovered first. Its commit does not wait for the WAL
+        flush (``quick``).""",
+    ),
+    _s("claim_any", "consumer", """``claim_one`` over ``queues`` (a list)."""),
+    _s(
+        "claim_one_durable",
+        "consumer",
+        """``claim_one`` whose commit waits for the WAL
+        flush (``durable_claims=True``).""",
+    ),
+    _s(
+        "claim_any_durable",
+        "consumer",
+        """``claim_any`` whose commit waits for the WAL
+        flush.""",
+    ),
+    _s(
+        "step_candidates",
+        "steps",
+        """What a claim of ``queue`` in ``grp`` chooses from,
+        in one read (column ``kind``): 1, up to ``streams`` free streams (only
+        ``partition``'s when given), fairest first, each with its first
+        ``per_stream`` active rows from its head; 0, up to ``limit`` ready unpartitioned
+        rows in claim order; 2, a row when a lease of the queue has expired.""",
+    ),
+    _s(
+        "step_lease_seqs",
+        "steps",
+        """``seqs`` (JSON), ``grp``, ``w_id``, ``lease``: those
+        rows leased to the worker (``queries.take``).""",
+    ),
+    _s(
+        "step_view_seqs",
+        "steps",
+        f"""``seqs``, ``grp``, ``w_id``: {_VIEW} of those rows
+        leased to the worker.""",
+    ),
+    _s(
+        "step_hold_streams",
+        "steps",
+        """``queue``, ``grp``, ``partitions`` (JSON): those
+        streams marked held.""",
+    ),
+    # ------------------------------------------------ SQLite's steps (to merge)
+    _s(
+        "step_submit_context",
+        "producer",
+        """``queue``: ``submit_context`` of one queue,
+        the clock as ``now``.""",
+    ),
+    _s("step_parent_root", "steps", """``parent``: the parent's ``root_id``."""),
+    _s(
+        "step_touched_after",
+        "steps",
+        """``after``: the ``(queue, grp, partition)`` of the
+        streams the delivery rows of tasks above seq ``after`` joined.""",
+    ),
+    _s("step_submit_insert", "producer", """One task row (``v_<column>``); its ``seq``."""),
+    _s(
+        "step_submit_insert_many",
+        "producer",
+        """``step_submit_insert`` run once per row,
+        no rows returned.""",
+    ),
+    _s(
+        "step_fan_out",
+        "producer",
+        """``seq``: the delivery rows of that task (queue mode,
+        every active group).""",
+    ),
+    _s(
+        "step_fan_out_after",
+        "producer",
+        """``after``: the delivery rows of every task
+        above seq ``after``.""",
+    ),
+    _s("step_last_seq", "producer", """The largest task seq so far (0 when none)."""),
+    _s(
+        "step_finish",
+        "steps",
+        """``seq``, ``grp``, ``result``: the row finished as
+        succeeded.""",
+    ),
+    _s(
+        "ack_held",
+        "steps",
+        """``ids`` (JSON), ``grp``, ``worker_id``: the rows of those
+        tasks in the group leased to the worker (``id``, ``task_seq``, ``attempt``,
+        ``queue``, ``partition``).""",
+    ),
+)
+
+#: The variants of the submits for a caller's transaction: each its own statement.
+STATEMENTS += tuple(
+    Statement(f"{s.name}_in", s.role, f"``{s.name}`` for a caller's transaction.")
+    for s in STATEMENTS
+    if s.contract.endswith(_IN.strip())
+)
+
+_NAMES = {s.name for s in STATEMENTS}
+
+#: The seam's operation-level hooks, by name: where the dialects' algorithms differ
+#: (not only their SQL). A dialect's statements named ``<hook>.<part>`` serve it.
+HOOKS: dict[str, str] = {
+    "wake": """The wake channel (``Seam._notify``, ``_add_waiter``, ``_drop_waiter``,
+        ``_start_wake``): Postgres announces with ``wake.notify`` (``channels`` and
+        ``payloads``, lists: one NOTIFY per pair at commit, a ``conveyor_done`` one
+        only to registered waiters) and registers waiters with ``wake.waiter_add``
+        (``task_id``, ``token``, ``ttl_us``; expired registrations dropped) and
+        ``wake.waiter_drop``; SQLite's channel is its connection thread's
+        ``data_version`` poll and needs no statement.""",
+}
+
+#: Catalogue statements one dialect does not implement yet, and that dialect's name.
+ONLY_ON: dict[str, str] = {
+    **{
+        name: "postgres"
+        for name in (
+            "key_holder key_answers replace_share replace_lock replace_cancel "
+            "replace_refresh replace_key submit_context insert_rows submit_plain "
+            "submit_one submit_children submit_child submit_partitioned "
+            "submit_partitioned_children submit_keyed submit_keyed_child "
+            "submit_keyed_partitioned submit_keyed_many submit_key_owned share_groups "
+            "lock_streams lock_streams_if_parents lock_group_streams "
+            "lock_group_streams_if_parents refresh_group_streams succeed_plain ack_plain "
+            "ack_streams_lock ack_streams claim_one claim_any "
+            "claim_one_durable claim_any_durable"
+        ).split()
+    },
+    **{
+        name: "sqlite"
+        for name in (
+            "step_submit_context step_parent_root step_touched_after step_submit_insert "
+            "step_submit_insert_many step_fan_out step_fan_out_after step_last_seq "
+            "step_finish ack_held step_candidates step_lease_seqs step_view_seqs "
+            "step_hold_streams"
+        ).split()
+    },
+}
+
+
+ONLY_ON.update({f"{name}_in": ONLY_ON[name] for name in list(ONLY_ON) if name + "_in" in _NAMES})
+
+
+def names() -> list[str]:
+    """Every catalogue statement's name, sorted."""
+    return sorted(s.name for s in STATEMENTS)
+
+
+def by_name() -> dict[str, Statement]:
+    """The catalogue by statement name."""
+    return {s.name: s for s in STATEMENTS}

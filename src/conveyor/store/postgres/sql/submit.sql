@@ -1,0 +1,1068 @@
+-- name: insert_rows
+WITH r AS (
+    SELECT e.v ->> 0 AS id, e.v ->> 1 AS name, e.v ->> 2 AS queue, e.v ->> 3 AS partition,
+        e.v ->> 4 AS payload, e.v ->> 5 AS metadata, (e.v ->> 6)::int AS priority,
+        (e.v ->> 7)::int AS max_attempts, e.v ->> 8 AS backoff,
+        (e.v ->> 9)::bigint AS created_at, (e.v ->> 10)::bigint AS run_at, e.v ->> 11 AS key,
+        e.v ->> 12 AS parent_id, e.v ->> 13 AS root_id, e.v ->> 14 AS correlation_id, e.n
+    FROM json_array_elements(:rows::json) WITH ORDINALITY AS e(v, n)
+),
+ins AS (
+    INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
+        max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
+    SELECT id, name, queue, partition, payload, metadata, priority, max_attempts, backoff,
+        created_at, run_at, key, parent_id, root_id, correlation_id
+    FROM r ORDER BY n
+    RETURNING seq, queue, partition, priority, max_attempts, created_at, run_at
+),
+fan AS (
+    INSERT INTO conveyor_deliveries (task_seq, grp, queue, partition, priority,
+        max_attempts, status, attempt, run_at)
+    SELECT i.seq, '', i.queue, i.partition, i.priority, i.max_attempts,
+        'queued', 0, i.run_at
+    FROM ins AS i
+    UNION ALL
+    SELECT i.seq, g.name, i.queue, i.partition, i.priority, i.max_attempts, 'queued', 0,
+        i.run_at
+    FROM ins AS i JOIN conveyor_groups AS g ON g.queue = i.queue AND g.active
+        AND (g.start_at IS NULL OR g.start_at <= i.created_at)
+    RETURNING queue, grp, partition
+)
+SELECT DISTINCT queue, grp, partition FROM fan WHERE partition IS NOT NULL
+
+-- name: submit_child
+WITH req AS (
+    SELECT :id::text AS id, :name::text AS name, :queue::text AS queue,
+        :payload::text AS payload, :metadata::text AS metadata,
+        :priority::int AS priority, :max_attempts::int AS max_attempts,
+        :backoff::text AS backoff, :delay::bigint AS delay_us,
+        :run_at::bigint AS run_at_us, :correlation_id::text AS correlation_id,
+        :parent_id::text AS parent_id, 1 AS n
+),
+orphans AS (
+    SELECT r.parent_id FROM req AS r WHERE r.parent_id IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM conveyor_tasks AS p WHERE p.id = r.parent_id)
+),
+clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+ins AS (
+    INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
+        max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
+    SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
+        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.backoff, s.backoff), c.now,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), NULL, r.parent_id, coalesce(p.root_id, r.id),
+        r.correlation_id
+    FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
+    LEFT JOIN conveyor_tasks AS p ON p.id = r.parent_id
+    WHERE NOT EXISTS (SELECT 1 FROM orphans)
+    ORDER BY r.n
+    RETURNING seq, id, queue, priority, max_attempts, created_at, run_at, root_id
+),
+fan AS (
+    INSERT INTO conveyor_deliveries (task_seq, grp, queue, partition, priority,
+        max_attempts, status, attempt, run_at)
+    SELECT i.seq, '', i.queue, NULL, i.priority, i.max_attempts, 'queued', 0,
+        i.run_at
+    FROM ins AS i
+    UNION ALL
+    SELECT i.seq, g.name, i.queue, NULL, i.priority, i.max_attempts, 'queued', 0, i.run_at
+    FROM ins AS i JOIN conveyor_groups AS g ON g.queue = i.queue AND g.active
+        AND (g.start_at IS NULL OR g.start_at <= i.created_at)
+),
+gate AS (SELECT pg_try_advisory_xact_lock(1668247160) AS nobody),
+note AS (
+    SELECT count(pg_notify('conveyor_work', w.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM ins) AS w, gate
+    WHERE NOT gate.nobody
+)
+SELECT ins.id, ins.max_attempts, ins.created_at, ins.run_at, ins.root_id,
+    NULL::text AS orphan
+FROM note, ins
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, o.parent_id FROM orphans AS o
+
+-- name: submit_child_in
+WITH req AS (
+    SELECT :id::text AS id, :name::text AS name, :queue::text AS queue,
+        :payload::text AS payload, :metadata::text AS metadata,
+        :priority::int AS priority, :max_attempts::int AS max_attempts,
+        :backoff::text AS backoff, :delay::bigint AS delay_us,
+        :run_at::bigint AS run_at_us, :correlation_id::text AS correlation_id,
+        :parent_id::text AS parent_id, 1 AS n
+),
+orphans AS (
+    SELECT r.parent_id FROM req AS r WHERE r.parent_id IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM conveyor_tasks AS p WHERE p.id = r.parent_id)
+),
+clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+ins AS (
+    INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
+        max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
+    SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
+        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.backoff, s.backoff), c.now,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), NULL, r.parent_id, coalesce(p.root_id, r.id),
+        r.correlation_id
+    FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
+    LEFT JOIN conveyor_tasks AS p ON p.id = r.parent_id
+    WHERE NOT EXISTS (SELECT 1 FROM orphans)
+    ORDER BY r.n
+    RETURNING seq, id, queue, priority, max_attempts, created_at, run_at, root_id
+),
+fan AS (
+    INSERT INTO conveyor_deliveries (task_seq, grp, queue, partition, priority,
+        max_attempts, status, attempt, run_at)
+    SELECT i.seq, '', i.queue, NULL, i.priority, i.max_attempts, 'queued', 0,
+        i.run_at
+    FROM ins AS i
+    UNION ALL
+    SELECT i.seq, g.name, i.queue, NULL, i.priority, i.max_attempts, 'queued', 0, i.run_at
+    FROM ins AS i JOIN conveyor_groups AS g ON g.queue = i.queue AND g.active
+        AND (g.start_at IS NULL OR g.start_at <= i.created_at)
+),
+gate AS (SELECT false AS nobody),
+note AS (
+    SELECT count(pg_notify('conveyor_work', w.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM ins) AS w, gate
+    WHERE NOT gate.nobody
+)
+SELECT ins.id, ins.max_attempts, ins.created_at, ins.run_at, ins.root_id,
+    NULL::text AS orphan
+FROM note, ins
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, o.parent_id FROM orphans AS o
+
+-- name: submit_children
+WITH req AS (
+    SELECT * FROM unnest(
+        :ids::text[], :names::text[], :queues::text[], :payloads::text[],
+        :metadatas::text[], :priorities::int[], :max_attempts::int[],
+        :backoffs::text[], :delays::bigint[], :run_ats::bigint[],
+        :correlation_ids::text[], :parent_ids::text[]
+    ) WITH ORDINALITY AS r(id, name, queue, payload, metadata, priority, max_attempts,
+                           backoff, delay_us, run_at_us, correlation_id, parent_id, n)
+),
+orphans AS (
+    SELECT r.parent_id FROM req AS r WHERE r.parent_id IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM conveyor_tasks AS p WHERE p.id = r.parent_id)
+),
+clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+ins AS (
+    INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
+        max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
+    SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
+        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.backoff, s.backoff), c.now,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), NULL, r.parent_id, coalesce(p.root_id, r.id),
+        r.correlation_id
+    FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
+    LEFT JOIN conveyor_tasks AS p ON p.id = r.parent_id
+    WHERE NOT EXISTS (SELECT 1 FROM orphans)
+    ORDER BY r.n
+    RETURNING seq, id, queue, priority, max_attempts, created_at, run_at, root_id
+),
+fan AS (
+    INSERT INTO conveyor_deliveries (task_seq, grp, queue, partition, priority,
+        max_attempts, status, attempt, run_at)
+    SELECT i.seq, '', i.queue, NULL, i.priority, i.max_attempts, 'queued', 0,
+        i.run_at
+    FROM ins AS i
+    UNION ALL
+    SELECT i.seq, g.name, i.queue, NULL, i.priority, i.max_attempts, 'queued', 0, i.run_at
+    FROM ins AS i JOIN conveyor_groups AS g ON g.queue = i.queue AND g.active
+        AND (g.start_at IS NULL OR g.start_at <= i.created_at)
+),
+gate AS (SELECT pg_try_advisory_xact_lock(1668247160) AS nobody),
+note AS (
+    SELECT count(pg_notify('conveyor_work', w.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM ins) AS w, gate
+    WHERE NOT gate.nobody
+)
+SELECT ins.id, ins.max_attempts, ins.created_at, ins.run_at, ins.root_id,
+    NULL::text AS orphan
+FROM note, ins
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, o.parent_id FROM orphans AS o
+
+-- name: submit_children_in
+WITH req AS (
+    SELECT * FROM unnest(
+        :ids::text[], :names::text[], :queues::text[], :payloads::text[],
+        :metadatas::text[], :priorities::int[], :max_attempts::int[],
+        :backoffs::text[], :delays::bigint[], :run_ats::bigint[],
+        :correlation_ids::text[], :parent_ids::text[]
+    ) WITH ORDINALITY AS r(id, name, queue, payload, metadata, priority, max_attempts,
+                           backoff, delay_us, run_at_us, correlation_id, parent_id, n)
+),
+orphans AS (
+    SELECT r.parent_id FROM req AS r WHERE r.parent_id IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM conveyor_tasks AS p WHERE p.id = r.parent_id)
+),
+clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+ins AS (
+    INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
+        max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
+    SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
+        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.backoff, s.backoff), c.now,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), NULL, r.parent_id, coalesce(p.root_id, r.id),
+        r.correlation_id
+    FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
+    LEFT JOIN conveyor_tasks AS p ON p.id = r.parent_id
+    WHERE NOT EXISTS (SELECT 1 FROM orphans)
+    ORDER BY r.n
+    RETURNING seq, id, queue, priority, max_attempts, created_at, run_at, root_id
+),
+fan AS (
+    INSERT INTO conveyor_deliveries (task_seq, grp, queue, partition, priority,
+        max_attempts, status, attempt, run_at)
+    SELECT i.seq, '', i.queue, NULL, i.priority, i.max_attempts, 'queued', 0,
+        i.run_at
+    FROM ins AS i
+    UNION ALL
+    SELECT i.seq, g.name, i.queue, NULL, i.priority, i.max_attempts, 'queued', 0, i.run_at
+    FROM ins AS i JOIN conveyor_groups AS g ON g.queue = i.queue AND g.active
+        AND (g.start_at IS NULL OR g.start_at <= i.created_at)
+),
+gate AS (SELECT false AS nobody),
+note AS (
+    SELECT count(pg_notify('conveyor_work', w.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM ins) AS w, gate
+    WHERE NOT gate.nobody
+)
+SELECT ins.id, ins.max_attempts, ins.created_at, ins.run_at, ins.root_id,
+    NULL::text AS orphan
+FROM note, ins
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, o.parent_id FROM orphans AS o
+
+-- name: submit_context
+SELECT c.now, s.queue, s.max_attempts, s.backoff
+FROM (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now) AS c
+LEFT JOIN conveyor_queues AS s ON s.queue = ANY(:queues::text[])
+
+-- name: submit_key_owned
+WITH req AS (
+    SELECT :id::text AS id, :name::text AS name, :queue::text AS queue,
+        :payload::text AS payload, :metadata::text AS metadata,
+        :priority::int AS priority, :max_attempts::int AS max_attempts,
+        :backoff::text AS backoff, :delay::bigint AS delay_us,
+        :run_at::bigint AS run_at_us, :correlation_id::text AS correlation_id,
+        :key::text AS key, 1 AS n
+),
+clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+ins AS (
+    INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
+        max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
+    SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
+        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.backoff, s.backoff), c.now,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), r.key, NULL, r.id,
+        r.correlation_id
+    FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
+    WHERE r.key IS NULL OR EXISTS (
+        SELECT 1 FROM conveyor_keys AS k WHERE k.key = r.key AND k.task_id = r.id
+    )
+    ORDER BY r.n
+    RETURNING seq, id, queue, priority, max_attempts, created_at, run_at
+),
+fan AS (
+    INSERT INTO conveyor_deliveries (task_seq, grp, queue, partition, priority,
+        max_attempts, status, attempt, run_at)
+    SELECT i.seq, '', i.queue, NULL, i.priority, i.max_attempts, 'queued', 0,
+        i.run_at
+    FROM ins AS i
+    UNION ALL
+    SELECT i.seq, g.name, i.queue, NULL, i.priority, i.max_attempts, 'queued', 0, i.run_at
+    FROM ins AS i JOIN conveyor_groups AS g ON g.queue = i.queue AND g.active
+        AND (g.start_at IS NULL OR g.start_at <= i.created_at)
+),
+gate AS (SELECT pg_try_advisory_xact_lock(1668247160) AS nobody),
+note AS (
+    SELECT count(pg_notify('conveyor_work', w.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM ins) AS w, gate
+    WHERE NOT gate.nobody
+)
+SELECT ins.id, ins.max_attempts, ins.created_at, ins.run_at FROM note, ins
+
+-- name: submit_key_owned_in
+WITH req AS (
+    SELECT :id::text AS id, :name::text AS name, :queue::text AS queue,
+        :payload::text AS payload, :metadata::text AS metadata,
+        :priority::int AS priority, :max_attempts::int AS max_attempts,
+        :backoff::text AS backoff, :delay::bigint AS delay_us,
+        :run_at::bigint AS run_at_us, :correlation_id::text AS correlation_id,
+        :key::text AS key, 1 AS n
+),
+clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+ins AS (
+    INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
+        max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
+    SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
+        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.backoff, s.backoff), c.now,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), r.key, NULL, r.id,
+        r.correlation_id
+    FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
+    WHERE r.key IS NULL OR EXISTS (
+        SELECT 1 FROM conveyor_keys AS k WHERE k.key = r.key AND k.task_id = r.id
+    )
+    ORDER BY r.n
+    RETURNING seq, id, queue, priority, max_attempts, created_at, run_at
+),
+fan AS (
+    INSERT INTO conveyor_deliveries (task_seq, grp, queue, partition, priority,
+        max_attempts, status, attempt, run_at)
+    SELECT i.seq, '', i.queue, NULL, i.priority, i.max_attempts, 'queued', 0,
+        i.run_at
+    FROM ins AS i
+    UNION ALL
+    SELECT i.seq, g.name, i.queue, NULL, i.priority, i.max_attempts, 'queued', 0, i.run_at
+    FROM ins AS i JOIN conveyor_groups AS g ON g.queue = i.queue AND g.active
+        AND (g.start_at IS NULL OR g.start_at <= i.created_at)
+),
+gate AS (SELECT false AS nobody),
+note AS (
+    SELECT count(pg_notify('conveyor_work', w.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM ins) AS w, gate
+    WHERE NOT gate.nobody
+)
+SELECT ins.id, ins.max_attempts, ins.created_at, ins.run_at FROM note, ins
+
+-- name: submit_keyed
+WITH req AS (
+    SELECT :id::text AS id, :name::text AS name, :queue::text AS queue,
+        :payload::text AS payload, :metadata::text AS metadata,
+        :priority::int AS priority, :max_attempts::int AS max_attempts,
+        :backoff::text AS backoff, :delay::bigint AS delay_us,
+        :run_at::bigint AS run_at_us, :correlation_id::text AS correlation_id,
+        :key::text AS key, 1 AS n
+),
+k AS (
+    INSERT INTO conveyor_keys (key, task_id) SELECT r.key, r.id FROM req AS r
+    ON CONFLICT (key) DO NOTHING RETURNING key
+),
+clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+ins AS (
+    INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
+        max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
+    SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
+        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.backoff, s.backoff), c.now,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), r.key, NULL, r.id,
+        r.correlation_id
+    FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
+    WHERE EXISTS (SELECT 1 FROM k)
+    ORDER BY r.n
+    RETURNING seq, id, queue, priority, max_attempts, created_at, run_at
+),
+fan AS (
+    INSERT INTO conveyor_deliveries (task_seq, grp, queue, partition, priority,
+        max_attempts, status, attempt, run_at)
+    SELECT i.seq, '', i.queue, NULL, i.priority, i.max_attempts, 'queued', 0,
+        i.run_at
+    FROM ins AS i
+    UNION ALL
+    SELECT i.seq, g.name, i.queue, NULL, i.priority, i.max_attempts, 'queued', 0, i.run_at
+    FROM ins AS i JOIN conveyor_groups AS g ON g.queue = i.queue AND g.active
+        AND (g.start_at IS NULL OR g.start_at <= i.created_at)
+),
+gate AS (SELECT pg_try_advisory_xact_lock(1668247160) AS nobody),
+note AS (
+    SELECT count(pg_notify('conveyor_work', w.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM ins) AS w, gate
+    WHERE NOT gate.nobody
+)
+SELECT ins.id, ins.max_attempts, ins.created_at, ins.run_at FROM note, ins
+
+-- name: submit_keyed_child
+WITH req AS (
+    SELECT :id::text AS id, :name::text AS name, :queue::text AS queue,
+        :payload::text AS payload, :metadata::text AS metadata,
+        :priority::int AS priority, :max_attempts::int AS max_attempts,
+        :backoff::text AS backoff, :delay::bigint AS delay_us,
+        :run_at::bigint AS run_at_us, :correlation_id::text AS correlation_id,
+        :parent_id::text AS parent_id, :key::text AS key, 1 AS n
+),
+orphans AS (
+    SELECT r.parent_id FROM req AS r WHERE r.parent_id IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM conveyor_tasks AS p WHERE p.id = r.parent_id)
+),
+k AS (
+    INSERT INTO conveyor_keys (key, task_id)
+    SELECT r.key, r.id FROM req AS r WHERE NOT EXISTS (SELECT 1 FROM orphans)
+    ON CONFLICT (key) DO NOTHING RETURNING key
+),
+clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+ins AS (
+    INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
+        max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
+    SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
+        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.backoff, s.backoff), c.now,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), r.key, r.parent_id, coalesce(p.root_id, r.id),
+        r.correlation_id
+    FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
+    LEFT JOIN conveyor_tasks AS p ON p.id = r.parent_id
+    WHERE NOT EXISTS (SELECT 1 FROM orphans) AND EXISTS (SELECT 1 FROM k)
+    ORDER BY r.n
+    RETURNING seq, id, queue, priority, max_attempts, created_at, run_at, root_id
+),
+fan AS (
+    INSERT INTO conveyor_deliveries (task_seq, grp, queue, partition, priority,
+        max_attempts, status, attempt, run_at)
+    SELECT i.seq, '', i.queue, NULL, i.priority, i.max_attempts, 'queued', 0,
+        i.run_at
+    FROM ins AS i
+    UNION ALL
+    SELECT i.seq, g.name, i.queue, NULL, i.priority, i.max_attempts, 'queued', 0, i.run_at
+    FROM ins AS i JOIN conveyor_groups AS g ON g.queue = i.queue AND g.active
+        AND (g.start_at IS NULL OR g.start_at <= i.created_at)
+),
+gate AS (SELECT pg_try_advisory_xact_lock(1668247160) AS nobody),
+note AS (
+    SELECT count(pg_notify('conveyor_work', w.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM ins) AS w, gate
+    WHERE NOT gate.nobody
+)
+SELECT ins.id, ins.max_attempts, ins.created_at, ins.run_at, ins.root_id,
+    NULL::text AS orphan
+FROM note, ins
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, o.parent_id FROM orphans AS o
+
+-- name: submit_keyed_child_in
+WITH req AS (
+    SELECT :id::text AS id, :name::text AS name, :queue::text AS queue,
+        :payload::text AS payload, :metadata::text AS metadata,
+        :priority::int AS priority, :max_attempts::int AS max_attempts,
+        :backoff::text AS backoff, :delay::bigint AS delay_us,
+        :run_at::bigint AS run_at_us, :correlation_id::text AS correlation_id,
+        :parent_id::text AS parent_id, :key::text AS key, 1 AS n
+),
+orphans AS (
+    SELECT r.parent_id FROM req AS r WHERE r.parent_id IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM conveyor_tasks AS p WHERE p.id = r.parent_id)
+),
+k AS (
+    INSERT INTO conveyor_keys (key, task_id)
+    SELECT r.key, r.id FROM req AS r WHERE NOT EXISTS (SELECT 1 FROM orphans)
+    ON CONFLICT (key) DO NOTHING RETURNING key
+),
+clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+ins AS (
+    INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
+        max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
+    SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
+        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.backoff, s.backoff), c.now,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), r.key, r.parent_id, coalesce(p.root_id, r.id),
+        r.correlation_id
+    FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
+    LEFT JOIN conveyor_tasks AS p ON p.id = r.parent_id
+    WHERE NOT EXISTS (SELECT 1 FROM orphans) AND EXISTS (SELECT 1 FROM k)
+    ORDER BY r.n
+    RETURNING seq, id, queue, priority, max_attempts, created_at, run_at, root_id
+),
+fan AS (
+    INSERT INTO conveyor_deliveries (task_seq, grp, queue, partition, priority,
+        max_attempts, status, attempt, run_at)
+    SELECT i.seq, '', i.queue, NULL, i.priority, i.max_attempts, 'queued', 0,
+        i.run_at
+    FROM ins AS i
+    UNION ALL
+    SELECT i.seq, g.name, i.queue, NULL, i.priority, i.max_attempts, 'queued', 0, i.run_at
+    FROM ins AS i JOIN conveyor_groups AS g ON g.queue = i.queue AND g.active
+        AND (g.start_at IS NULL OR g.start_at <= i.created_at)
+),
+gate AS (SELECT false AS nobody),
+note AS (
+    SELECT count(pg_notify('conveyor_work', w.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM ins) AS w, gate
+    WHERE NOT gate.nobody
+)
+SELECT ins.id, ins.max_attempts, ins.created_at, ins.run_at, ins.root_id,
+    NULL::text AS orphan
+FROM note, ins
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, o.parent_id FROM orphans AS o
+
+-- name: submit_keyed_in
+WITH req AS (
+    SELECT :id::text AS id, :name::text AS name, :queue::text AS queue,
+        :payload::text AS payload, :metadata::text AS metadata,
+        :priority::int AS priority, :max_attempts::int AS max_attempts,
+        :backoff::text AS backoff, :delay::bigint AS delay_us,
+        :run_at::bigint AS run_at_us, :correlation_id::text AS correlation_id,
+        :key::text AS key, 1 AS n
+),
+k AS (
+    INSERT INTO conveyor_keys (key, task_id) SELECT r.key, r.id FROM req AS r
+    ON CONFLICT (key) DO NOTHING RETURNING key
+),
+clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+ins AS (
+    INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
+        max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
+    SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
+        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.backoff, s.backoff), c.now,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), r.key, NULL, r.id,
+        r.correlation_id
+    FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
+    WHERE EXISTS (SELECT 1 FROM k)
+    ORDER BY r.n
+    RETURNING seq, id, queue, priority, max_attempts, created_at, run_at
+),
+fan AS (
+    INSERT INTO conveyor_deliveries (task_seq, grp, queue, partition, priority,
+        max_attempts, status, attempt, run_at)
+    SELECT i.seq, '', i.queue, NULL, i.priority, i.max_attempts, 'queued', 0,
+        i.run_at
+    FROM ins AS i
+    UNION ALL
+    SELECT i.seq, g.name, i.queue, NULL, i.priority, i.max_attempts, 'queued', 0, i.run_at
+    FROM ins AS i JOIN conveyor_groups AS g ON g.queue = i.queue AND g.active
+        AND (g.start_at IS NULL OR g.start_at <= i.created_at)
+),
+gate AS (SELECT false AS nobody),
+note AS (
+    SELECT count(pg_notify('conveyor_work', w.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM ins) AS w, gate
+    WHERE NOT gate.nobody
+)
+SELECT ins.id, ins.max_attempts, ins.created_at, ins.run_at FROM note, ins
+
+-- name: submit_keyed_many
+WITH req AS (
+    SELECT * FROM unnest(
+        :ids::text[], :names::text[], :queues::text[], :payloads::text[],
+        :metadatas::text[], :priorities::int[], :max_attempts::int[],
+        :backoffs::text[], :delays::bigint[], :run_ats::bigint[],
+        :correlation_ids::text[], :keys::text[]
+    ) WITH ORDINALITY AS r(id, name, queue, payload, metadata, priority, max_attempts,
+                           backoff, delay_us, run_at_us, correlation_id, key, n)
+),
+clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+ins AS (
+    INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
+        max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
+    SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
+        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.backoff, s.backoff), c.now,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), r.key, NULL, r.id,
+        r.correlation_id
+    FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
+    WHERE r.key IS NULL OR EXISTS (
+        SELECT 1 FROM conveyor_keys AS k WHERE k.key = r.key AND k.task_id = r.id
+    )
+    ORDER BY r.n
+    RETURNING seq, id, queue, priority, max_attempts, created_at, run_at
+),
+fan AS (
+    INSERT INTO conveyor_deliveries (task_seq, grp, queue, partition, priority,
+        max_attempts, status, attempt, run_at)
+    SELECT i.seq, '', i.queue, NULL, i.priority, i.max_attempts, 'queued', 0,
+        i.run_at
+    FROM ins AS i
+    UNION ALL
+    SELECT i.seq, g.name, i.queue, NULL, i.priority, i.max_attempts, 'queued', 0, i.run_at
+    FROM ins AS i JOIN conveyor_groups AS g ON g.queue = i.queue AND g.active
+        AND (g.start_at IS NULL OR g.start_at <= i.created_at)
+),
+gate AS (SELECT pg_try_advisory_xact_lock(1668247160) AS nobody),
+note AS (
+    SELECT count(pg_notify('conveyor_work', w.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM ins) AS w, gate
+    WHERE NOT gate.nobody
+)
+SELECT ins.id, ins.max_attempts, ins.created_at, ins.run_at FROM note, ins
+
+-- name: submit_keyed_many_in
+WITH req AS (
+    SELECT * FROM unnest(
+        :ids::text[], :names::text[], :queues::text[], :payloads::text[],
+        :metadatas::text[], :priorities::int[], :max_attempts::int[],
+        :backoffs::text[], :delays::bigint[], :run_ats::bigint[],
+        :correlation_ids::text[], :keys::text[]
+    ) WITH ORDINALITY AS r(id, name, queue, payload, metadata, priority, max_attempts,
+                           backoff, delay_us, run_at_us, correlation_id, key, n)
+),
+clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+ins AS (
+    INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
+        max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
+    SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
+        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.backoff, s.backoff), c.now,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), r.key, NULL, r.id,
+        r.correlation_id
+    FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
+    WHERE r.key IS NULL OR EXISTS (
+        SELECT 1 FROM conveyor_keys AS k WHERE k.key = r.key AND k.task_id = r.id
+    )
+    ORDER BY r.n
+    RETURNING seq, id, queue, priority, max_attempts, created_at, run_at
+),
+fan AS (
+    INSERT INTO conveyor_deliveries (task_seq, grp, queue, partition, priority,
+        max_attempts, status, attempt, run_at)
+    SELECT i.seq, '', i.queue, NULL, i.priority, i.max_attempts, 'queued', 0,
+        i.run_at
+    FROM ins AS i
+    UNION ALL
+    SELECT i.seq, g.name, i.queue, NULL, i.priority, i.max_attempts, 'queued', 0, i.run_at
+    FROM ins AS i JOIN conveyor_groups AS g ON g.queue = i.queue AND g.active
+        AND (g.start_at IS NULL OR g.start_at <= i.created_at)
+),
+gate AS (SELECT false AS nobody),
+note AS (
+    SELECT count(pg_notify('conveyor_work', w.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM ins) AS w, gate
+    WHERE NOT gate.nobody
+)
+SELECT ins.id, ins.max_attempts, ins.created_at, ins.run_at FROM note, ins
+
+-- name: submit_keyed_partitioned
+WITH req AS (
+    SELECT * FROM unnest(
+        :ids::text[], :names::text[], :queues::text[], :payloads::text[],
+        :metadatas::text[], :priorities::int[], :max_attempts::int[],
+        :backoffs::text[], :delays::bigint[], :run_ats::bigint[],
+        :correlation_ids::text[], :partitions::text[], :keys::text[]
+    ) WITH ORDINALITY AS r(id, name, queue, payload, metadata, priority, max_attempts,
+                           backoff, delay_us, run_at_us, correlation_id, partition, key, n)
+),
+clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+ins AS (
+    INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
+        max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
+    SELECT r.id, r.name, r.queue, r.partition, r.payload, r.metadata, r.priority,
+        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.backoff, s.backoff), c.now,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), r.key, NULL, r.id,
+        r.correlation_id
+    FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
+    WHERE r.key IS NULL OR EXISTS (
+        SELECT 1 FROM conveyor_keys AS k WHERE k.key = r.key AND k.task_id = r.id
+    )
+    ORDER BY r.n
+    RETURNING seq, id, queue, partition, priority, max_attempts, created_at, run_at
+),
+fan AS (
+    INSERT INTO conveyor_deliveries (task_seq, grp, queue, partition, priority,
+        max_attempts, status, attempt, run_at)
+    SELECT i.seq, '', i.queue, i.partition, i.priority, i.max_attempts, 'queued', 0,
+        i.run_at
+    FROM ins AS i
+    UNION ALL
+    SELECT i.seq, g.name, i.queue, i.partition, i.priority, i.max_attempts, 'queued', 0, i.run_at
+    FROM ins AS i JOIN conveyor_groups AS g ON g.queue = i.queue AND g.active
+        AND (g.start_at IS NULL OR g.start_at <= i.created_at)
+),
+gate AS (SELECT pg_try_advisory_xact_lock(1668247160) AS nobody),
+note AS (
+    SELECT count(pg_notify('conveyor_work', w.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM ins) AS w, gate
+    WHERE NOT gate.nobody
+)
+SELECT ins.id, ins.max_attempts, ins.created_at, ins.run_at FROM note, ins
+
+-- name: submit_keyed_partitioned_in
+WITH req AS (
+    SELECT * FROM unnest(
+        :ids::text[], :names::text[], :queues::text[], :payloads::text[],
+        :metadatas::text[], :priorities::int[], :max_attempts::int[],
+        :backoffs::text[], :delays::bigint[], :run_ats::bigint[],
+        :correlation_ids::text[], :partitions::text[], :keys::text[]
+    ) WITH ORDINALITY AS r(id, name, queue, payload, metadata, priority, max_attempts,
+                           backoff, delay_us, run_at_us, correlation_id, partition, key, n)
+),
+clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+ins AS (
+    INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
+        max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
+    SELECT r.id, r.name, r.queue, r.partition, r.payload, r.metadata, r.priority,
+        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.backoff, s.backoff), c.now,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), r.key, NULL, r.id,
+        r.correlation_id
+    FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
+    WHERE r.key IS NULL OR EXISTS (
+        SELECT 1 FROM conveyor_keys AS k WHERE k.key = r.key AND k.task_id = r.id
+    )
+    ORDER BY r.n
+    RETURNING seq, id, queue, partition, priority, max_attempts, created_at, run_at
+),
+fan AS (
+    INSERT INTO conveyor_deliveries (task_seq, grp, queue, partition, priority,
+        max_attempts, status, attempt, run_at)
+    SELECT i.seq, '', i.queue, i.partition, i.priority, i.max_attempts, 'queued', 0,
+        i.run_at
+    FROM ins AS i
+    UNION ALL
+    SELECT i.seq, g.name, i.queue, i.partition, i.priority, i.max_attempts, 'queued', 0, i.run_at
+    FROM ins AS i JOIN conveyor_groups AS g ON g.queue = i.queue AND g.active
+        AND (g.start_at IS NULL OR g.start_at <= i.created_at)
+),
+gate AS (SELECT false AS nobody),
+note AS (
+    SELECT count(pg_notify('conveyor_work', w.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM ins) AS w, gate
+    WHERE NOT gate.nobody
+)
+SELECT ins.id, ins.max_attempts, ins.created_at, ins.run_at FROM note, ins
+
+-- name: submit_one
+WITH req AS (
+    SELECT :id::text AS id, :name::text AS name, :queue::text AS queue,
+        :payload::text AS payload, :metadata::text AS metadata,
+        :priority::int AS priority, :max_attempts::int AS max_attempts,
+        :backoff::text AS backoff, :delay::bigint AS delay_us,
+        :run_at::bigint AS run_at_us, :correlation_id::text AS correlation_id,
+        1 AS n
+),
+clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+ins AS (
+    INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
+        max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
+    SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
+        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.backoff, s.backoff), c.now,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), NULL, NULL, r.id,
+        r.correlation_id
+    FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
+    ORDER BY r.n
+    RETURNING seq, id, queue, priority, max_attempts, created_at, run_at
+),
+fan AS (
+    INSERT INTO conveyor_deliveries (task_seq, grp, queue, partition, priority,
+        max_attempts, status, attempt, run_at)
+    SELECT i.seq, '', i.queue, NULL, i.priority, i.max_attempts, 'queued', 0,
+        i.run_at
+    FROM ins AS i
+    UNION ALL
+    SELECT i.seq, g.name, i.queue, NULL, i.priority, i.max_attempts, 'queued', 0, i.run_at
+    FROM ins AS i JOIN conveyor_groups AS g ON g.queue = i.queue AND g.active
+        AND (g.start_at IS NULL OR g.start_at <= i.created_at)
+),
+gate AS (SELECT pg_try_advisory_xact_lock(1668247160) AS nobody),
+note AS (
+    SELECT count(pg_notify('conveyor_work', w.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM ins) AS w, gate
+    WHERE NOT gate.nobody
+)
+SELECT ins.id, ins.max_attempts, ins.created_at, ins.run_at FROM note, ins
+
+-- name: submit_one_in
+WITH req AS (
+    SELECT :id::text AS id, :name::text AS name, :queue::text AS queue,
+        :payload::text AS payload, :metadata::text AS metadata,
+        :priority::int AS priority, :max_attempts::int AS max_attempts,
+        :backoff::text AS backoff, :delay::bigint AS delay_us,
+        :run_at::bigint AS run_at_us, :correlation_id::text AS correlation_id,
+        1 AS n
+),
+clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+ins AS (
+    INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
+        max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
+    SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
+        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.backoff, s.backoff), c.now,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), NULL, NULL, r.id,
+        r.correlation_id
+    FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
+    ORDER BY r.n
+    RETURNING seq, id, queue, priority, max_attempts, created_at, run_at
+),
+fan AS (
+    INSERT INTO conveyor_deliveries (task_seq, grp, queue, partition, priority,
+        max_attempts, status, attempt, run_at)
+    SELECT i.seq, '', i.queue, NULL, i.priority, i.max_attempts, 'queued', 0,
+        i.run_at
+    FROM ins AS i
+    UNION ALL
+    SELECT i.seq, g.name, i.queue, NULL, i.priority, i.max_attempts, 'queued', 0, i.run_at
+    FROM ins AS i JOIN conveyor_groups AS g ON g.queue = i.queue AND g.active
+        AND (g.start_at IS NULL OR g.start_at <= i.created_at)
+),
+gate AS (SELECT false AS nobody),
+note AS (
+    SELECT count(pg_notify('conveyor_work', w.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM ins) AS w, gate
+    WHERE NOT gate.nobody
+)
+SELECT ins.id, ins.max_attempts, ins.created_at, ins.run_at FROM note, ins
+
+-- name: submit_partitioned
+WITH req AS (
+    SELECT * FROM unnest(
+        :ids::text[], :names::text[], :queues::text[], :payloads::text[],
+        :metadatas::text[], :priorities::int[], :max_attempts::int[],
+        :backoffs::text[], :delays::bigint[], :run_ats::bigint[],
+        :correlation_ids::text[], :partitions::text[]
+    ) WITH ORDINALITY AS r(id, name, queue, payload, metadata, priority, max_attempts,
+                           backoff, delay_us, run_at_us, correlation_id, partition, n)
+),
+clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+ins AS (
+    INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
+        max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
+    SELECT r.id, r.name, r.queue, r.partition, r.payload, r.metadata, r.priority,
+        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.backoff, s.backoff), c.now,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), NULL, NULL, r.id,
+        r.correlation_id
+    FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
+    ORDER BY r.n
+    RETURNING seq, id, queue, partition, priority, max_attempts, created_at, run_at
+),
+fan AS (
+    INSERT INTO conveyor_deliveries (task_seq, grp, queue, partition, priority,
+        max_attempts, status, attempt, run_at)
+    SELECT i.seq, '', i.queue, i.partition, i.priority, i.max_attempts, 'queued', 0,
+        i.run_at
+    FROM ins AS i
+    UNION ALL
+    SELECT i.seq, g.name, i.queue, i.partition, i.priority, i.max_attempts, 'queued', 0, i.run_at
+    FROM ins AS i JOIN conveyor_groups AS g ON g.queue = i.queue AND g.active
+        AND (g.start_at IS NULL OR g.start_at <= i.created_at)
+),
+gate AS (SELECT pg_try_advisory_xact_lock(1668247160) AS nobody),
+note AS (
+    SELECT count(pg_notify('conveyor_work', w.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM ins) AS w, gate
+    WHERE NOT gate.nobody
+)
+SELECT ins.id, ins.max_attempts, ins.created_at, ins.run_at FROM note, ins
+
+-- name: submit_partitioned_children
+WITH req AS (
+    SELECT * FROM unnest(
+        :ids::text[], :names::text[], :queues::text[], :payloads::text[],
+        :metadatas::text[], :priorities::int[], :max_attempts::int[],
+        :backoffs::text[], :delays::bigint[], :run_ats::bigint[],
+        :correlation_ids::text[], :parent_ids::text[], :partitions::text[]
+    ) WITH ORDINALITY AS r(id, name, queue, payload, metadata, priority, max_attempts,
+                           backoff, delay_us, run_at_us, correlation_id, parent_id, partition, n)
+),
+orphans AS (
+    SELECT r.parent_id FROM req AS r WHERE r.parent_id IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM conveyor_tasks AS p WHERE p.id = r.parent_id)
+),
+clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+ins AS (
+    INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
+        max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
+    SELECT r.id, r.name, r.queue, r.partition, r.payload, r.metadata, r.priority,
+        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.backoff, s.backoff), c.now,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), NULL, r.parent_id, coalesce(p.root_id, r.id),
+        r.correlation_id
+    FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
+    LEFT JOIN conveyor_tasks AS p ON p.id = r.parent_id
+    WHERE NOT EXISTS (SELECT 1 FROM orphans)
+    ORDER BY r.n
+    RETURNING seq, id, queue, partition, priority, max_attempts, created_at, run_at, root_id
+),
+fan AS (
+    INSERT INTO conveyor_deliveries (task_seq, grp, queue, partition, priority,
+        max_attempts, status, attempt, run_at)
+    SELECT i.seq, '', i.queue, i.partition, i.priority, i.max_attempts, 'queued', 0,
+        i.run_at
+    FROM ins AS i
+    UNION ALL
+    SELECT i.seq, g.name, i.queue, i.partition, i.priority, i.max_attempts, 'queued', 0, i.run_at
+    FROM ins AS i JOIN conveyor_groups AS g ON g.queue = i.queue AND g.active
+        AND (g.start_at IS NULL OR g.start_at <= i.created_at)
+),
+gate AS (SELECT pg_try_advisory_xact_lock(1668247160) AS nobody),
+note AS (
+    SELECT count(pg_notify('conveyor_work', w.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM ins) AS w, gate
+    WHERE NOT gate.nobody
+)
+SELECT ins.id, ins.max_attempts, ins.created_at, ins.run_at, ins.root_id,
+    NULL::text AS orphan
+FROM note, ins
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, o.parent_id FROM orphans AS o
+
+-- name: submit_partitioned_children_in
+WITH req AS (
+    SELECT * FROM unnest(
+        :ids::text[], :names::text[], :queues::text[], :payloads::text[],
+        :metadatas::text[], :priorities::int[], :max_attempts::int[],
+        :backoffs::text[], :delays::bigint[], :run_ats::bigint[],
+        :correlation_ids::text[], :parent_ids::text[], :partitions::text[]
+    ) WITH ORDINALITY AS r(id, name, queue, payload, metadata, priority, max_attempts,
+                           backoff, delay_us, run_at_us, correlation_id, parent_id, partition, n)
+),
+orphans AS (
+    SELECT r.parent_id FROM req AS r WHERE r.parent_id IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM conveyor_tasks AS p WHERE p.id = r.parent_id)
+),
+clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+ins AS (
+    INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
+        max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
+    SELECT r.id, r.name, r.queue, r.partition, r.payload, r.metadata, r.priority,
+        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.backoff, s.backoff), c.now,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), NULL, r.parent_id, coalesce(p.root_id, r.id),
+        r.correlation_id
+    FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
+    LEFT JOIN conveyor_tasks AS p ON p.id = r.parent_id
+    WHERE NOT EXISTS (SELECT 1 FROM orphans)
+    ORDER BY r.n
+    RETURNING seq, id, queue, partition, priority, max_attempts, created_at, run_at, root_id
+),
+fan AS (
+    INSERT INTO conveyor_deliveries (task_seq, grp, queue, partition, priority,
+        max_attempts, status, attempt, run_at)
+    SELECT i.seq, '', i.queue, i.partition, i.priority, i.max_attempts, 'queued', 0,
+        i.run_at
+    FROM ins AS i
+    UNION ALL
+    SELECT i.seq, g.name, i.queue, i.partition, i.priority, i.max_attempts, 'queued', 0, i.run_at
+    FROM ins AS i JOIN conveyor_groups AS g ON g.queue = i.queue AND g.active
+        AND (g.start_at IS NULL OR g.start_at <= i.created_at)
+),
+gate AS (SELECT false AS nobody),
+note AS (
+    SELECT count(pg_notify('conveyor_work', w.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM ins) AS w, gate
+    WHERE NOT gate.nobody
+)
+SELECT ins.id, ins.max_attempts, ins.created_at, ins.run_at, ins.root_id,
+    NULL::text AS orphan
+FROM note, ins
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, o.parent_id FROM orphans AS o
+
+-- name: submit_partitioned_in
+WITH req AS (
+    SELECT * FROM unnest(
+        :ids::text[], :names::text[], :queues::text[], :payloads::text[],
+        :metadatas::text[], :priorities::int[], :max_attempts::int[],
+        :backoffs::text[], :delays::bigint[], :run_ats::bigint[],
+        :correlation_ids::text[], :partitions::text[]
+    ) WITH ORDINALITY AS r(id, name, queue, payload, metadata, priority, max_attempts,
+                           backoff, delay_us, run_at_us, correlation_id, partition, n)
+),
+clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+ins AS (
+    INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
+        max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
+    SELECT r.id, r.name, r.queue, r.partition, r.payload, r.metadata, r.priority,
+        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.backoff, s.backoff), c.now,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), NULL, NULL, r.id,
+        r.correlation_id
+    FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
+    ORDER BY r.n
+    RETURNING seq, id, queue, partition, priority, max_attempts, created_at, run_at
+),
+fan AS (
+    INSERT INTO conveyor_deliveries (task_seq, grp, queue, partition, priority,
+        max_attempts, status, attempt, run_at)
+    SELECT i.seq, '', i.queue, i.partition, i.priority, i.max_attempts, 'queued', 0,
+        i.run_at
+    FROM ins AS i
+    UNION ALL
+    SELECT i.seq, g.name, i.queue, i.partition, i.priority, i.max_attempts, 'queued', 0, i.run_at
+    FROM ins AS i JOIN conveyor_groups AS g ON g.queue = i.queue AND g.active
+        AND (g.start_at IS NULL OR g.start_at <= i.created_at)
+),
+gate AS (SELECT false AS nobody),
+note AS (
+    SELECT count(pg_notify('conveyor_work', w.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM ins) AS w, gate
+    WHERE NOT gate.nobody
+)
+SELECT ins.id, ins.max_attempts, ins.created_at, ins.run_at FROM note, ins
+
+-- name: submit_plain
+WITH req AS (
+    SELECT * FROM unnest(
+        :ids::text[], :names::text[], :queues::text[], :payloads::text[],
+        :metadatas::text[], :priorities::int[], :max_attempts::int[],
+        :backoffs::text[], :delays::bigint[], :run_ats::bigint[],
+        :correlation_ids::text[]
+    ) WITH ORDINALITY AS r(id, name, queue, payload, metadata, priority, max_attempts,
+                           backoff, delay_us, run_at_us, correlation_id, n)
+),
+clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+ins AS (
+    INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
+        max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
+    SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
+        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.backoff, s.backoff), c.now,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), NULL, NULL, r.id,
+        r.correlation_id
+    FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
+    ORDER BY r.n
+    RETURNING seq, id, queue, priority, max_attempts, created_at, run_at
+),
+fan AS (
+    INSERT INTO conveyor_deliveries (task_seq, grp, queue, partition, priority,
+        max_attempts, status, attempt, run_at)
+    SELECT i.seq, '', i.queue, NULL, i.priority, i.max_attempts, 'queued', 0,
+        i.run_at
+    FROM ins AS i
+    UNION ALL
+    SELECT i.seq, g.name, i.queue, NULL, i.priority, i.max_attempts, 'queued', 0, i.run_at
+    FROM ins AS i JOIN conveyor_groups AS g ON g.queue = i.queue AND g.active
+        AND (g.start_at IS NULL OR g.start_at <= i.created_at)
+),
+gate AS (SELECT pg_try_advisory_xact_lock(1668247160) AS nobody),
+note AS (
+    SELECT count(pg_notify('conveyor_work', w.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM ins) AS w, gate
+    WHERE NOT gate.nobody
+)
+SELECT ins.id, ins.max_attempts, ins.created_at, ins.run_at FROM note, ins
+
+-- name: submit_plain_in
+WITH req AS (
+    SELECT * FROM unnest(
+        :ids::text[], :names::text[], :queues::text[], :payloads::text[],
+        :metadatas::text[], :priorities::int[], :max_attempts::int[],
+        :backoffs::text[], :delays::bigint[], :run_ats::bigint[],
+        :correlation_ids::text[]
+    ) WITH ORDINALITY AS r(id, name, queue, payload, metadata, priority, max_attempts,
+                           backoff, delay_us, run_at_us, correlation_id, n)
+),
+clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+ins AS (
+    INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
+        max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
+    SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
+        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.backoff, s.backoff), c.now,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), NULL, NULL, r.id,
+        r.correlation_id
+    FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
+    ORDER BY r.n
+    RETURNING seq, id, queue, priority, max_attempts, created_at, run_at
+),
+fan AS (
+    INSERT INTO conveyor_deliveries (task_seq, grp, queue, partition, priority,
+        max_attempts, status, attempt, run_at)
+    SELECT i.seq, '', i.queue, NULL, i.priority, i.max_attempts, 'queued', 0,
+        i.run_at
+    FROM ins AS i
+    UNION ALL
+    SELECT i.seq, g.name, i.queue, NULL, i.priority, i.max_attempts, 'queued', 0, i.run_at
+    FROM ins AS i JOIN conveyor_groups AS g ON g.queue = i.queue AND g.active
+        AND (g.start_at IS NULL OR g.start_at <= i.created_at)
+),
+gate AS (SELECT false AS nobody),
+note AS (
+    SELECT count(pg_notify('conveyor_work', w.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM ins) AS w, gate
+    WHERE NOT gate.nobody
+)
+SELECT ins.id, ins.max_attempts, ins.created_at, ins.run_at FROM note, ins

@@ -1,0 +1,66 @@
+-- name: step_candidates
+WITH free AS (
+    SELECT s.queue AS queue, s."partition" AS "partition", s.priority AS priority,
+           s.available_at AS available_at, s.head_seq AS head_seq
+    FROM conveyor_streams AS s
+    WHERE s.grp = :grp AND s.queue = :queue
+      AND s.available_at IS NOT NULL AND s.available_at <= :now_us
+      AND (:partition IS NULL OR s."partition" = :partition)
+    ORDER BY s.priority DESC, s.available_at, s.queue, s."partition"
+    LIMIT :streams
+)
+SELECT 1 AS kind, f.priority AS priority, f.available_at AS at, f.queue AS queue,
+       f."partition" AS "partition", f.head_seq AS head_seq, y.task_seq AS task_seq,
+       y.status AS status, y.run_at <= :now_us AS due
+FROM free AS f JOIN conveyor_deliveries AS y ON 
+    y.grp = :grp AND y.queue = f.queue AND y."partition" = f."partition"
+    AND y.status IN ('queued', 'running') AND y.task_seq >= f.head_seq
+    AND y.task_seq <= coalesce((
+        SELECT z.task_seq FROM conveyor_deliveries AS z
+        WHERE 
+    z.grp = :grp AND z.queue = f.queue AND z."partition" = f."partition"
+    AND z.status IN ('queued', 'running') AND z.task_seq >= f.head_seq
+        ORDER BY z.task_seq LIMIT 1 OFFSET :per_stream - 1
+    ), 9223372036854775807)
+UNION ALL
+SELECT 0, p.priority, p.run_at, p.queue, NULL, NULL, p.task_seq, 'queued', 1
+FROM (
+    -- The ready index; its partial WHERE matched by the literal status.
+    SELECT r.task_seq AS task_seq, r.priority AS priority, r.run_at AS run_at,
+           r.queue AS queue
+    FROM conveyor_deliveries AS r
+    WHERE r.grp = :grp AND r.queue = :queue AND r.status = 'queued'
+      AND r."partition" IS NULL AND r.run_at <= :now_us AND :partition IS NULL
+    ORDER BY r.priority DESC, r.run_at, r.task_seq
+    LIMIT :limit
+) AS p
+UNION ALL
+SELECT 2, NULL, NULL, NULL, NULL, NULL, e.task_seq, NULL, NULL
+FROM (
+    -- The leased index; its partial WHERE matched by the literal status.
+    SELECT x.task_seq AS task_seq FROM conveyor_deliveries AS x
+    WHERE x.grp = :grp AND x.queue = :queue AND x.status = 'running'
+      AND x.lease_expires_at < :now_us
+    LIMIT 1
+) AS e
+ORDER BY 1, 2 DESC, 3, 4, 5, 7
+
+-- name: step_hold_streams
+UPDATE conveyor_streams SET available_at = NULL
+WHERE grp = :grp AND queue = :queue
+  AND "partition" IN (SELECT j.value FROM json_each(:partitions) AS j)
+
+-- name: step_lease_seqs
+UPDATE conveyor_deliveries SET status='running', attempt=(conveyor_deliveries.attempt + 1), lease_expires_at=(:now_us + CAST(round(1000000.0 * coalesce(:lease, coalesce((SELECT conveyor_queues.lease 
+FROM conveyor_queues 
+WHERE conveyor_queues.queue = conveyor_deliveries.queue), 30.0))) AS BIGINT)), lease=coalesce(:lease, coalesce((SELECT conveyor_queues.lease 
+FROM conveyor_queues 
+WHERE conveyor_queues.queue = conveyor_deliveries.queue), 30.0)), worker_id=:w_id, started_at=coalesce(conveyor_deliveries.started_at, :now_us), progress=NULL, progress_message=NULL WHERE conveyor_deliveries.grp = :grp AND conveyor_deliveries.queue IN (:queue) AND conveyor_deliveries.task_seq IN (SELECT anon_1.value 
+FROM json_each(:seqs) AS anon_1) AND conveyor_deliveries.status = 'queued'
+
+-- name: step_view_seqs
+SELECT t."seq", t."id", t."name", t."queue", t."partition", t."payload", t."metadata", t."priority", d."max_attempts", t."created_at", t."key", t."parent_id", t."root_id", t."correlation_id", d."grp", d."status", d."attempt", d."run_at", d."started_at", d."finished_at", d."lease_expires_at", d."worker_id", d."progress", d."progress_message", d."result", d."error", d."lease"
+FROM json_each(:seqs) AS j
+CROSS JOIN conveyor_tasks AS t ON t.seq = j.value
+CROSS JOIN conveyor_deliveries AS d ON d.task_seq = t.seq AND d.grp = :grp
+WHERE d.status = 'running' AND d.worker_id = :w_id
