@@ -14,6 +14,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from conveyor.errors import ConfigurationError
+from conveyor.store.api_internal import ScheduleInfo
 from conveyor.store.base import TaskStore
 
 DEFAULT_URL = "sqlite:///conveyor.db"
@@ -66,9 +67,10 @@ def connect(url: str | None = None, **options: Any) -> TaskStore:
     ``direct_connections`` (default 10: the most connections, beyond the pool,
     kept in autocommit for statements that run by themselves; two stay open, the
     others only while that many such statements run at once). ``gc_freeze``
-    (default True): the first store opened in a process collects garbage once and
-    freezes what is alive (``gc.freeze()``), as a worker does, so the collector's
-    full passes stop walking every module loaded; False leaves the collector alone.
+    (default False): True makes the store's first open collect garbage once and
+    freeze what is alive (``gc.freeze()``, once per process), as a worker's start
+    does, so the collector's full passes stop walking every module loaded; a
+    producer that submits much may want it, the default leaves the collector alone.
     """
     dialect, async_url = resolve_url(url)
     if dialect == "sqlite":
@@ -96,6 +98,22 @@ def _blocking(
     return call
 
 
+class SyncInternal:
+    """The blocking twin of the store's internal methods that conveyor's CLI
+    calls (see :class:`conveyor.store.api_internal.Internal`); not covered by
+    semver."""
+
+    def __init__(self, store: TaskStore, call: Callable[[Coroutine[Any, Any, Any]], Any]) -> None:
+        self._store = store
+        self._call = call
+
+    def schedules(self) -> list[ScheduleInfo]:
+        """Internal, for ``conveyor schedules``; not covered by semver. Every
+        registered periodic schedule, by name."""
+        found: list[ScheduleInfo] = self._call(self._store.internal.schedules())
+        return found
+
+
 class SyncStore:
     """The same API as :class:`TaskStore`, blocking.
 
@@ -109,6 +127,8 @@ class SyncStore:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        #: The blocking twin of ``store.internal`` (conveyor's CLI; not covered by semver).
+        self.internal = SyncInternal(store, self._call)
 
     def _call(self, coro: Coroutine[Any, Any, R]) -> R:
         loop = self._ensure_loop()

@@ -306,8 +306,8 @@ class _StoreReader:
             try:
                 if self._store is None:
                     self._store = connect_sync(self.url)
-                store = self._store.store
-                snap = self._store._call(snapshot(store))
+                sync = self._store
+                snap = StoreSnapshot(stats=sync.stats(), totals=sync.finished_totals())
             except (ConveyorError, OSError):
                 up.add_metric([], 0)
                 return [up]

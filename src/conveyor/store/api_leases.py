@@ -218,34 +218,6 @@ class LeaseOps(Seam):
         wake.wake_local(self, work=partitioned)
         return [o for o in out if o is not None]
 
-    async def _ack_claimed(
-        self,
-        done: Sequence[tuple[Task, Any]],
-        worker_id: str,
-        group: str | None,
-        *,
-        partitioned: bool,
-    ) -> builtins.list[ConveyorError | None]:
-        """:meth:`ack_many` for a worker's own group commit: ``done`` pairs tasks this
-        store's :meth:`claim` returned to ``worker_id`` with their results, so the
-        ids, worker and group were checked when they were claimed; only each result
-        is encoded and held to ``max_result_size`` (an error in its place, as
-        :meth:`ack_many` gives)."""
-        grp = codec.group_key(group)
-        outcomes: builtins.list[Task | ConveyorError | None] = []
-        todo: builtins.list[acks.AckItem] = []
-        for i, (task, result) in enumerate(done):
-            try:
-                encoded = v.to_json("result", result, max_size=self.max_result_size)
-            except InvalidArgument as exc:
-                outcomes.append(exc)
-                continue
-            outcomes.append(None)
-            todo.append((i, task.id, worker_id, grp, task.attempt, encoded))
-        if not todo:
-            return [o if isinstance(o, ConveyorError) else None for o in outcomes]
-        return await acks.ack_many(self, outcomes, todo, partitioned=partitioned)
-
     async def ack_many(
         self, items: Iterable[Mapping[str, Any]], *, partitioned: bool | None = None
     ) -> builtins.list[ConveyorError | None]:

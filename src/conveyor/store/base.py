@@ -15,6 +15,15 @@ holds its part of the protocol:
 
 The dialect subclasses (:mod:`conveyor.store.sqlite`, :mod:`conveyor.store.postgres`)
 implement only the seam declared in :mod:`conveyor.store.seam`.
+
+Public, internal, private. The methods of :class:`TaskStore` without a leading
+underscore are the public API, covered by semantic versioning. What conveyor's
+own worker, scheduler and CLI need beyond it lives in one place,
+``store.internal`` (:class:`~conveyor.store.api_internal.Internal`): each of
+its docstrings starts with "Internal, for conveyor's ...; not covered by
+semver", and applications should not call it. Names with a leading underscore
+are private to the store package: code of conveyor outside ``conveyor.store``
+never reads them (``tests/test_no_back_doors.py`` fails if it does).
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from conveyor.collector import settle_collector
 from conveyor.errors import ConveyorError, InvalidArgument, NotFound
 from conveyor.models import Backoff, ConsumerGroup, Page, QueueStats, Status, Task
 from conveyor.schema import keys as k
+from conveyor.store.api_internal import Internal
 from conveyor.store.api_leases import MAX_LIMIT, LeaseOps
 from conveyor.store.api_reads import InspectReads
 from conveyor.store.protocol import (
@@ -81,13 +91,16 @@ class TaskStore(LeaseOps, InspectReads):
         engine_options: Mapping[str, Any] | None = None,
         max_payload_size: int | None = v.DEFAULT_MAX_SIZE,
         max_result_size: int | None = v.DEFAULT_MAX_SIZE,
-        gc_freeze: bool = True,
+        gc_freeze: bool = False,
     ) -> None:
         self.url = url
         if not isinstance(gc_freeze, bool):
             raise InvalidArgument("gc_freeze", "must be True or False")
         #: Settle the process's garbage collector at the first open (see open()).
         self.gc_freeze = gc_freeze
+        #: The internal methods of conveyor's own worker, scheduler and CLI (not
+        #: covered by semver; see the module docs).
+        self.internal = Internal(self)
         #: Largest payload (and metadata) accepted, in bytes of JSON; None: no limit.
         self.max_payload_size = v.size_limit("max_payload_size", max_payload_size)
         #: Largest result accepted by succeed(), in bytes of JSON; None: no limit.
@@ -111,9 +124,10 @@ class TaskStore(LeaseOps, InspectReads):
         """Connect, apply pending migrations (unless ``migrate=False``), check the
         protocol version. Called for you by ``async with`` or the first call.
 
-        The first store opened in a process also settles the garbage collector
-        (:func:`conveyor.collector.settle_collector`), as a worker does;
-        ``gc_freeze=False`` leaves it alone."""
+        With ``gc_freeze=True``, opening also settles the garbage collector, once
+        per process (:func:`conveyor.collector.settle_collector`), as a worker's
+        start does. By default the collector is left alone: freezing a process's
+        objects is the application's choice, not a side effect of opening a store."""
         if self._engine is not None:
             return
         if self._open_lock is None:
@@ -520,13 +534,6 @@ class TaskStore(LeaseOps, InspectReads):
         if self._engine is None:
             await self.open()
         return await upkeep.maintain(self)
-
-    async def _maintain_at_start(self) -> dict[str, int]:
-        """A worker's first pass: :meth:`maintain` without retention, roll-up and idle
-        streams (see :func:`conveyor.store.protocol.upkeep.maintain`)."""
-        if self._engine is None:
-            await self.open()
-        return await upkeep.maintain(self, housekeeping=False)
 
     async def maintenance_history(self, limit: int = 20) -> builtins.list[dict[str, Any]]:
         """The most recent :meth:`maintain` passes, newest first.

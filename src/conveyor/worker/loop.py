@@ -574,7 +574,8 @@ class Worker:
 
     async def _maintain_once(self, start: bool = False) -> None:
         try:
-            counts = await (self.store._maintain_at_start() if start else self.store.maintain())
+            maintain = self.store.internal.maintain_at_start if start else self.store.maintain
+            counts = await maintain()
             if any(counts.get(k) for k in ("recovered", "expired", "evicted", "deleted")):
                 log.info("maintenance: %s", counts)
         except (ConveyorError, OSError) as exc:
