@@ -5,6 +5,8 @@ How to read it (five minutes)::
     base.py          TaskStore: the public API (producer, bus, settings, upkeep)
     api_leases.py    its consumer half: claim, heartbeat, succeed, fail, acks
     api_reads.py     its reads for dashboards and metrics
+    api_internal.py  store.internal: what conveyor's worker, scheduler and CLI
+                     need beyond the public API (not covered by semver)
         │  validates arguments, then calls one protocol function per operation
         ▼
     protocol/        the protocol, one module per role (imports no dialect):
@@ -25,6 +27,7 @@ How to read it (five minutes)::
       groups           consumer groups: subscribe, backfill, unsubscribe
       upkeep           recovery, eviction, retention, counts, maintain()
       observed         the throughput and totals roll-ups
+      schedules        the periodic tasks' schedule rows
       codec            rows to tasks, cursors
       wake             in-process wake-ups
         │  runs named statements and calls the seam
