@@ -65,6 +65,7 @@ from conveyor.store.protocol import (
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.protocol.requests import Preparing, Request
+from conveyor.store.protocol.stats import stats_tx
 
 T = TypeVar("T")
 
@@ -474,10 +475,13 @@ class TaskStore(LeaseOps, InspectReads):
     async def stats(self, queue: str | None = None) -> builtins.list[QueueStats]:
         """Per queue: counts by status (queue mode), age in seconds of the oldest
         claimable task, and per group its counts, lag (tasks not yet terminal for
-        it) and oldest claimable age."""
+        it) and oldest claimable age — one consistent snapshot, so each view's
+        counts add up to its tasks even while others claim and finish them. A
+        queue consumed by groups only leaves queue mode out (see
+        :class:`~conveyor.models.QueueStats`)."""
         if queue is not None:
             queue = v.name("queue", queue)
-        return await self._run(lambda conn: upkeep.stats_tx(self, conn, queue), write=False)
+        return await self._run(lambda conn: stats_tx(self, conn, queue), write=False)
 
     # ---------------------------------------------------- settings, upkeep
     async def configure_queue(
