@@ -41,6 +41,7 @@ from conveyor.task_functions import (
     task_factory,
 )
 from conveyor.worker import Worker
+from conveyor.worker.startup import Start
 
 if TYPE_CHECKING:
     from conveyor.schedule import Schedule
@@ -253,6 +254,7 @@ class App:
         *,
         concurrency: int = 10,
         group: str | None = None,
+        subscribe: Start | None = None,
         lease: v.Duration | None = None,
         poll_interval: v.Duration = 1.0,
         grace: v.Duration = 30.0,
@@ -262,13 +264,16 @@ class App:
         gc_freeze: bool = True,
     ) -> Worker:
         """A :class:`~conveyor.worker.Worker` running this app's tasks; ``await
-        worker.run()`` until ``worker.stop()``. ``store`` defaults to :attr:`store`."""
+        worker.run()`` until ``worker.stop()``. ``store`` defaults to :attr:`store`.
+        ``group`` must be subscribed to the queues unless ``subscribe`` says where a
+        new group starts (see :class:`~conveyor.worker.Worker`)."""
         return Worker(
             self,
             queues,
             store=store,
             concurrency=concurrency,
             group=group,
+            subscribe=subscribe,
             lease=lease,
             poll_interval=poll_interval,
             grace=grace,
@@ -283,6 +288,7 @@ class App:
         *,
         concurrency: int = 10,
         group: str | None = None,
+        subscribe: Start | None = None,
         lease: v.Duration | None = None,
         poll_interval: v.Duration = 1.0,
         grace: v.Duration = 30.0,
@@ -308,6 +314,7 @@ class App:
                 queues,
                 concurrency=concurrency,
                 group=group,
+                subscribe=subscribe,
                 lease=lease,
                 poll_interval=poll_interval,
                 grace=grace,

@@ -87,13 +87,18 @@ class ProtocolVersionMismatch(ConveyorError):
 
 
 class NotFound(ConveyorError):
-    """No task (or group) has the given id."""
+    """No task has the given id, or no consumer group the given name on a queue.
+
+    ``what`` names what was looked for; ``hint``, when given, says what to do next
+    (it ends the message).
+    """
 
     code = "not_found"
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, *, hint: str | None = None) -> None:
         self.what = what
-        super().__init__(f"{what} not found")
+        self.hint = hint
+        super().__init__(f"{what} not found" + (f": {hint}" if hint else ""))
 
 
 class StoreUnavailable(ConveyorError):

@@ -23,6 +23,7 @@ from conveyor.store.base import TaskStore
 
 if TYPE_CHECKING:
     from conveyor.app import App
+    from conveyor.worker.startup import Start
 
 
 @dataclass
@@ -70,12 +71,14 @@ async def run_tasks(
     *,
     queues: str | Sequence[str] | None = None,
     group: str | None = None,
+    subscribe: Start | None = None,
     store: TaskStore | None = None,
 ) -> Drained:
     """Run the app's claimable tasks now, one at a time, until none is left.
 
     ``queues`` defaults to every queue the app's task functions use; ``store`` to
-    the app's store; ``group`` consumes as that consumer group. Tasks a handler
+    the app's store; ``group`` consumes as that consumer group (subscribed, or
+subscribed from ``subscribe``: ``"all"``, ``"new"`` or a datetime). Tasks a handler
     submits run too. A failed attempt whose retry waits out a backoff is not run
     again: it is reported in :attr:`Drained.failed` with its error. Periodic
     schedules are not ticked.
@@ -89,6 +92,7 @@ async def run_tasks(
         store=cast(TaskStore, recording),
         concurrency=1,
         group=group,
+        subscribe=subscribe,
         poll_interval=0.05,
         grace=60,  # after the last claim, wait for acknowledgements still being written
         maintain_interval=None,

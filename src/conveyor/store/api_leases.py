@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from datetime import datetime
+from typing import Any, Literal
 
 from conveyor import _values as v
 from conveyor.errors import ConveyorError, InvalidArgument
@@ -38,6 +39,7 @@ class LeaseOps(Seam):
         group: str | None = None,
         partition: str | None = None,
         per_stream: int | None = None,
+        subscribe: Literal["all", "new"] | datetime | None = None,
     ) -> builtins.list[Task]:
         """Lease up to ``limit`` claimable tasks, after recovering expired leases.
 
@@ -46,6 +48,13 @@ class LeaseOps(Seam):
         earlier task of their stream is leased or waiting: from one stream per
         claim, or with ``per_stream`` at most that many from each of several
         streams (each stream's tasks together), until ``limit`` is used up.
+
+        With ``group``, the group must be subscribed to each queue, else
+        :class:`NotFound` says how to subscribe it: a claim never creates a group
+        on its own, so a misspelt name cannot start a new group that replays the
+        whole history. ``subscribe`` (``"all"``, ``"new"`` or a datetime, as
+        :meth:`subscribe`'s ``start``) asks the claim to subscribe a group never
+        registered, from there; an unsubscribed group stays so either way.
         """
         names = v.names("queues", queues)
         worker_id = v.name("worker_id", worker_id)
@@ -57,17 +66,30 @@ class LeaseOps(Seam):
         if per_stream is not None:
             per_stream = v.positive_int("per_stream", per_stream)
         grp = codec.group_key(group)
+        if subscribe is not None:
+            if group is None:
+                raise InvalidArgument("subscribe", "subscribes a group: give group= too")
+            groups.parse_start("subscribe", subscribe)
         # Listening before the claim looks: work announced after it is heard.
         await wake.listen(self)
         if group is not None:
-            for queue in names:
-                if (queue, group) not in self._known_groups:
-                    await groups.subscribe(
-                        self, queue, group, new=False, start_at=None, if_missing=True
-                    )
+            await self._join_groups(names, group, subscribe)
         return await consumer.claim(
             self, grp, names, worker_id, lease_s, limit, partition, per_stream
         )
+
+    async def _join_groups(
+        self,
+        queues: Sequence[str],
+        group: str,
+        subscribe: Literal["all", "new"] | datetime | None,
+    ) -> None:
+        """Check (once per store) that ``group`` is subscribed to each of ``queues``,
+        subscribing it first where ``subscribe`` asks (see :meth:`claim`); a worker
+        calls it at start, so a missing group stops it before any claim."""
+        for queue in queues:
+            if (queue, group) not in self._known_groups:
+                await groups.join(self, queue, group, subscribe)
 
     async def heartbeat(
         self,

@@ -445,17 +445,13 @@ class TaskStore(LeaseOps, InspectReads):
         (``"all"``: the retained history; ``"new"``: tasks submitted after this call
         returns; a datetime: tasks created since then). Subscribing an active group
         again changes nothing and returns it; subscribing an unsubscribed one starts
-        it over from ``start``. (A claim subscribes only a group never seen before.)"""
+        it over from ``start``. A claim as a group never subscribed raises
+        :class:`NotFound` unless it is given ``subscribe=`` (see :meth:`claim`)."""
         queue = v.name("queue", queue)
         group = v.name("group", group)
-        if isinstance(start, datetime):
-            start_at: int | None = v.to_us(v.aware("start", start))
-        elif start in ("all", "new"):
-            start_at = None
-        else:
-            raise InvalidArgument("start", f'must be "all", "new" or a datetime, got {start!r}')
+        new, start_at = groups.parse_start("start", start)
         return await groups.subscribe(
-            self, queue, group, new=start == "new", start_at=start_at, if_missing=_if_missing
+            self, queue, group, new=new, start_at=start_at, if_missing=_if_missing
         )
 
     async def unsubscribe(self, queue: str, group: str) -> bool:

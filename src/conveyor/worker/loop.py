@@ -54,11 +54,12 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Coroutine, Sequence
-from typing import Any
+from datetime import datetime
+from typing import Any, Literal
 
 from conveyor import _values as v
 from conveyor.collector import settle_collector
-from conveyor.errors import ConveyorError, InvalidArgument, LostLease, TaskCancelled
+from conveyor.errors import ConveyorError, InvalidArgument, LostLease, NotFound, TaskCancelled
 from conveyor.models import Task
 from conveyor.outcomes import Snooze, TaskTimeout, UnknownTask, is_retryable
 from conveyor.schedule import scheduler_for
@@ -70,7 +71,7 @@ from conveyor.worker.group_commit import Acks
 from conveyor.worker.heartbeats import Heartbeats
 from conveyor.worker.instrument import Instruments
 from conveyor.worker.recording import Held, Recorder, Run
-from conveyor.worker.startup import open_when_ready
+from conveyor.worker.startup import join_group, open_when_ready, subscribe_start
 
 log = logging.getLogger("conveyor.worker")
 
@@ -86,7 +87,11 @@ class Worker:
 
     ``lease`` (seconds) is the lease asked for each claim; ``None`` uses the
     queue's configured lease, else 30 s. ``group`` consumes as that consumer
-    group (bus mode). ``maintain_interval=None`` leaves maintenance to others.
+    group (bus mode): it must be subscribed to every queue, or :meth:`run` raises
+    :class:`NotFound` before claiming anything, unless ``subscribe`` (``"all"``,
+    ``"new"`` or a datetime, as :meth:`TaskStore.subscribe`'s ``start``) asks the
+    worker to subscribe a group never registered from there.
+    ``maintain_interval=None`` leaves maintenance to others.
     ``gc_freeze=False`` leaves the garbage collector alone (see
     :func:`conveyor.collector.settle_collector`).
     """
@@ -99,6 +104,7 @@ class Worker:
         store: TaskStore | None = None,
         concurrency: int = 10,
         group: str | None = None,
+        subscribe: Literal["all", "new"] | datetime | None = None,
         lease: v.Duration | None = None,
         poll_interval: v.Duration = 1.0,
         grace: v.Duration = 30.0,
@@ -111,6 +117,7 @@ class Worker:
         self.queues = v.names("queues", queues)
         self.concurrency = v.positive_int("concurrency", concurrency)
         self.group = v.opt_name("group", group)
+        self.subscribe = subscribe_start(subscribe, self.group)
         self.lease = None if lease is None else v.duration_seconds("lease", lease, allow_zero=False)
         self.poll_interval = v.duration_seconds("poll_interval", poll_interval, allow_zero=False)
         self.grace = v.duration_seconds("grace", grace)
@@ -154,6 +161,7 @@ class Worker:
         self._resume: deque[tuple[asyncio.Future[None], Run]] = deque()
         self._stop_calls = 0
         self._running = False
+        self._fatal: NotFound | None = None  # raised by run() once wound down
         #: Drain mode (``conveyor.testing.run_tasks``): return once a claim finds
         #: nothing and nothing is held, instead of waiting for more work.
         self.stop_when_idle = False
@@ -213,6 +221,10 @@ class Worker:
         try:
             if not await open_when_ready(self.store, self.wait_for_db, self._stopping):
                 return
+            if self.group is not None and not await join_group(
+                self.store, self.queues, self.group, self.subscribe, self._stopping
+            ):
+                return
             await self._heartbeats.refresh()
             if self.gc_freeze:
                 settle_collector()
@@ -240,8 +252,11 @@ class Worker:
                     job.cancel()
                 await asyncio.gather(*jobs, return_exceptions=True)
             log.info("worker %s stopped", self.worker_id)
+            if self._fatal is not None:
+                raise self._fatal
         finally:
             self._running = False
+
 
     # ------------------------------------------------------------ claiming
     async def _claim_loop(self) -> None:
@@ -262,6 +277,13 @@ class Worker:
             self._stream_freed.clear()
             try:
                 found, took_all = await self._claim_round(room)
+            except NotFound as exc:
+                # The group was unsubscribed through this worker's store: every claim
+                # would fail the same way. Stop, hand back what is held, then raise.
+                log.error("%s; stopping", exc)
+                self._fatal = exc
+                self._request_stop()
+                break
             except (ConveyorError, OSError) as exc:
                 failures += 1
                 pause = min(CLAIM_RETRY_FIRST * 2 ** min(failures - 1, 6), CLAIM_RETRY_MAX)
