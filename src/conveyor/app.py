@@ -42,6 +42,7 @@ from conveyor.task_functions import (
 )
 from conveyor.worker import Worker
 from conveyor.worker.startup import Start
+from conveyor.worker.unknown import Policy
 
 if TYPE_CHECKING:
     from conveyor.schedule import Schedule
@@ -262,11 +263,13 @@ class App:
         worker_id: str | None = None,
         store: TaskStore | None = None,
         gc_freeze: bool = True,
+        unknown: Policy = "release",
     ) -> Worker:
         """A :class:`~conveyor.worker.Worker` running this app's tasks; ``await
         worker.run()`` until ``worker.stop()``. ``store`` defaults to :attr:`store`.
         ``group`` must be subscribed to the queues unless ``subscribe`` says where a
-        new group starts (see :class:`~conveyor.worker.Worker`)."""
+        new group starts; ``unknown`` is what happens to a task whose name has no
+        handler here (see :class:`~conveyor.worker.Worker`)."""
         return Worker(
             self,
             queues,
@@ -280,6 +283,7 @@ class App:
             maintain_interval=maintain_interval,
             worker_id=worker_id,
             gc_freeze=gc_freeze,
+            unknown=unknown,
         )
 
     def run_worker(
@@ -297,6 +301,7 @@ class App:
         url: str | None = None,
         wait_for_db: v.Duration = 60.0,
         gc_freeze: bool = True,
+        unknown: Policy = "release",
     ) -> None:
         """Run a worker in this thread until SIGINT or SIGTERM, then return.
 
@@ -322,6 +327,7 @@ class App:
                 worker_id=worker_id,
                 store=store,
                 gc_freeze=gc_freeze,
+                unknown=unknown,
             )
             worker.wait_for_db = wait
             loop = asyncio.get_running_loop()

@@ -207,16 +207,6 @@ async def test_submit_child_by_name_and_function(app: conveyor.App) -> None:
     assert kids[2].priority == 5
 
 
-async def test_unknown_task_name_is_a_terminal_failure(app: conveyor.App) -> None:
-    async with running(app.worker("q", poll_interval=0.05)):
-        task = await app.store.submit("nobody.knows", {"x": 1}, queue="q", max_attempts=5)
-        done = await app.store.wait(task.id, timeout=10)
-    assert done.status is Status.FAILED and done.attempt == 1
-    assert done.error is not None
-    assert done.error["code"] == "unknown_task" and done.error["retryable"] is False
-    assert "nobody.knows" in done.error["message"]
-
-
 async def test_result_that_is_not_json_fails_for_good(app: conveyor.App) -> None:
     @app.task(queue="q")
     async def weird(ctx: Context) -> object:

@@ -23,6 +23,7 @@ from conveyor.errors import ConveyorError, NotFound
 from conveyor.worker.logs import FORMATS, LEVELS, setup_logging
 from conveyor.worker.startup import Start
 from conveyor.worker.supervisor import Supervisor, watch_parent
+from conveyor.worker.unknown import POLICIES, policy
 
 
 @cli.command()
@@ -61,6 +62,16 @@ def worker(
         str | None,
         typer.Option("--url", help="Database URL (default: the App's URL).", show_default=False),
     ] = None,
+    unknown: Annotated[
+        str,
+        typer.Option(
+            "--unknown",
+            metavar="release|fail",
+            help="A claimed task whose name the app has no handler for: release hands it "
+            "back (no attempt spent, claimable again after a growing delay, for a worker "
+            "that knows it); fail fails it for good.",
+        ),
+    ] = "release",
     grace: Annotated[
         float,
         typer.Option(
@@ -126,6 +137,7 @@ def worker(
 ) -> None:
     """Run a worker for an App until SIGINT/SIGTERM, then exit 0."""
     for option, value, allowed in (
+        ("--unknown", unknown, POLICIES),
         ("--log-level", log_level, LEVELS),
         ("--library-log-level", library_log_level, LEVELS),
         ("--log-format", log_format, FORMATS),
@@ -154,7 +166,7 @@ def worker(
             argv = [sys.executable, "-m", "conveyor.cli", "worker", app_path, "--queues", queues]
             argv += ["--concurrency", str(concurrency), "--grace", str(grace)]
             argv += ["--poll-interval", str(poll_interval), "--log-level", log_level]
-            argv += ["--wait-for-db", str(wait_for_db)]
+            argv += ["--wait-for-db", str(wait_for_db), "--unknown", unknown]
             argv += ["--log-format", log_format, "--library-log-level", library_log_level]
             argv += ["--supervised-by", str(os.getpid())]
             given_options = (
@@ -186,6 +198,7 @@ def worker(
             lease=lease,
             poll_interval=poll_interval,
             wait_for_db=wait_for_db,
+            unknown=policy(unknown.lower()),
         )
     except NotFound as exc:
         # Only the group check raises it: a misspelt --group, or a group not

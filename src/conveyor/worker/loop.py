@@ -21,10 +21,13 @@ What it does, in order of a task's life:
   cannot be killed in Python, so the attempt is recorded as timed out and the
   thread is left to finish in the background, its result ignored;
 * **record**: ``succeed(result)``, or ``fail(error, retryable=True)`` (the store
-  applies the task's backoff and attempt budget and keeps the traceback). An
-  unknown task name is a terminal failure (``code="unknown_task"``), not a crash
-  loop. Every write carries ``attempt=`` so a stale attempt can never complete a
-  newer one; ``LostLease``/``TaskCancelled`` drop the task quietly;
+  applies the task's backoff and attempt budget and keeps the traceback). A
+  task whose name the app has no handler for is handed back for a worker that
+  knows it (no attempt spent, with a growing delay; see
+  :mod:`conveyor.worker.unknown`), or with ``unknown="fail"`` failed for good
+  (``code="unknown_task"``). Every write carries ``attempt=`` so a stale attempt
+  can never complete a newer one; ``LostLease``/``TaskCancelled`` drop the task
+  quietly;
 * **settle the collector**: at its first start in a process, a worker collects
   garbage once and freezes what is alive (``gc.freeze()``): the modules, the app,
   the store. Python's full collections then skip them; otherwise each one walks
@@ -72,6 +75,7 @@ from conveyor.worker.heartbeats import Heartbeats
 from conveyor.worker.instrument import Instruments
 from conveyor.worker.recording import Held, Recorder, Run
 from conveyor.worker.startup import join_group, open_when_ready, subscribe_start
+from conveyor.worker.unknown import Policy, UnknownNames, policy, release_delay
 
 log = logging.getLogger("conveyor.worker")
 
@@ -91,6 +95,9 @@ class Worker:
     :class:`NotFound` before claiming anything, unless ``subscribe`` (``"all"``,
     ``"new"`` or a datetime, as :meth:`TaskStore.subscribe`'s ``start``) asks the
     worker to subscribe a group never registered from there.
+    ``unknown`` says what happens to a claimed task whose name the app has no
+    handler for: ``"release"`` (hand it back, no attempt spent, claimable again
+    after a growing delay) or ``"fail"`` (fail it for good).
     ``maintain_interval=None`` leaves maintenance to others.
     ``gc_freeze=False`` leaves the garbage collector alone (see
     :func:`conveyor.collector.settle_collector`).
@@ -111,6 +118,7 @@ class Worker:
         maintain_interval: v.Duration | None = 30.0,
         worker_id: str | None = None,
         gc_freeze: bool = True,
+        unknown: Policy = "release",
     ) -> None:
         self.app = app
         self.store = store if store is not None else app.store
@@ -133,6 +141,7 @@ class Worker:
         if not isinstance(gc_freeze, bool):
             raise InvalidArgument("gc_freeze", "must be True or False")
         self.gc_freeze = gc_freeze
+        self._unknown = UnknownNames(policy(unknown))
         self._held: dict[str, Held] = {}
         self._feed: Feed[Held] = Feed(self.concurrency)
         self._acks = Acks(self.store, self.worker_id, self.group)
@@ -484,12 +493,13 @@ class Worker:
         task = held.task
         fn = self.app.tasks.get(task.name)
         if fn is None:
-            known = ", ".join(sorted(self.app.tasks)) or "none"
-            error = UnknownTask(
-                f"no task named {task.name!r} is registered in this worker's app (known: {known})"
-            )
-            held.log.error("no handler is registered under this name")
-            return await self._record.fail(held, error, retryable=False)
+            if self._unknown.policy == "fail":
+                held.log.error("no handler is registered under this name")
+                error = self._unknown.error(task, self.app.tasks)
+                return await self._record.fail(held, error, retryable=False)
+            delay = release_delay(task)
+            self._unknown.note_release(task, delay, self.app.tasks)
+            return await self._record.snooze(held, delay)
         args, kwargs = payload_arguments(task.payload)
         ctx = Context(
             task,
