@@ -13,12 +13,12 @@ from __future__ import annotations
 import builtins
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from conveyor import _values as v
 from conveyor.errors import ConveyorError, InvalidArgument
 from conveyor.models import Task
-from conveyor.store.protocol import acks, codec, schedules, upkeep
+from conveyor.store.protocol import acks, codec, groups, schedules, upkeep
 from conveyor.store.protocol.schedules import Handled, Registration, ScheduleInfo
 
 if TYPE_CHECKING:
@@ -63,6 +63,24 @@ class Internal:
         if not todo:
             return [o if isinstance(o, ConveyorError) else None for o in outcomes]
         return await acks.ack_many(st, outcomes, todo, partitioned=partitioned)
+
+    async def join_groups(
+        self,
+        queues: Sequence[str],
+        group: str,
+        subscribe: Literal["all", "new"] | datetime | None = None,
+    ) -> None:
+        """Internal, for conveyor's worker (before its first claim); not covered by
+        semver. The group check of :meth:`~TaskStore.claim` without claiming:
+        ``group`` must be subscribed to each of ``queues`` (subscribed first where
+        ``subscribe`` asks), else :class:`~conveyor.errors.NotFound` says how to
+        subscribe it. Checked once per store and pair, as claims do."""
+        st = self._store
+        names = v.names("queues", queues)
+        group = v.name("group", group)
+        for queue in names:
+            if (queue, group) not in st._known_groups:
+                await groups.join(st, queue, group, subscribe)
 
     async def maintain_at_start(self) -> dict[str, int]:
         """Internal, for conveyor's worker (its first maintenance pass); not

@@ -73,23 +73,12 @@ class LeaseOps(Seam):
         # Listening before the claim looks: work announced after it is heard.
         await wake.listen(self)
         if group is not None:
-            await self._join_groups(names, group, subscribe)
+            for queue in names:
+                if (queue, group) not in self._known_groups:
+                    await groups.join(self, queue, group, subscribe)
         return await consumer.claim(
             self, grp, names, worker_id, lease_s, limit, partition, per_stream
         )
-
-    async def _join_groups(
-        self,
-        queues: Sequence[str],
-        group: str,
-        subscribe: Literal["all", "new"] | datetime | None,
-    ) -> None:
-        """Check (once per store) that ``group`` is subscribed to each of ``queues``,
-        subscribing it first where ``subscribe`` asks (see :meth:`claim`); a worker
-        calls it at start, so a missing group stops it before any claim."""
-        for queue in queues:
-            if (queue, group) not in self._known_groups:
-                await groups.join(self, queue, group, subscribe)
 
     async def heartbeat(
         self,

@@ -101,7 +101,7 @@ async def join_group(
     pause = FIRST_PAUSE
     while not stopping.is_set():
         try:
-            await store._join_groups(queues, group, subscribe)
+            await store.internal.join_groups(queues, group, subscribe)
             return True
         except NotFound:
             raise
