@@ -24,8 +24,10 @@ How to read it (five minutes)::
       consumer         claim, and the lease holder's fenced writes
       acks             succeed_many / ack_many
       streams          the FIFO state machine of partitions; the lock order
-      groups           consumer groups: subscribe, backfill, unsubscribe
+      groups           consumer groups: subscribe, backfill, unsubscribe, the
+                       claim's check that its group exists
       upkeep           recovery, eviction, retention, counts, maintain()
+      stats            stats(): one statement, one snapshot
       observed         the throughput and totals roll-ups
       schedules        the periodic tasks' schedule rows
       codec            rows to tasks, cursors
