@@ -45,7 +45,12 @@ def worker(
     group: GroupOption = None,
     url: Annotated[
         str | None,
-        typer.Option("--url", help="Database URL (default: the App's URL).", show_default=False),
+        typer.Option(
+            "--url",
+            help="Database URL (default: $CONVEYOR_URL, else the App's URL, else "
+            "sqlite:///conveyor.db).",
+            show_default=False,
+        ),
     ] = None,
     grace: Annotated[
         float,
@@ -153,7 +158,7 @@ def worker(
     if supervised_by is not None:
         watch_parent(supervised_by)
     if metrics_port is not None:
-        serve_metrics(metrics_port, url or application.url)
+        serve_metrics(metrics_port, application.database(url).url)
     application.run_worker(
         queues=names,
         concurrency=concurrency,
