@@ -42,7 +42,7 @@ from conveyor.errors import (
 )
 from conveyor.migrations import HEAD_REVISION, SCRIPT_LOCATION, VERSION_TABLE
 from conveyor.schema import PROTOCOL_VERSION, meta
-from conveyor.store.refusals import check_unrecorded_tables, refused_login
+from conveyor.store.protocol.refusals import check_unrecorded_tables, refused_login
 from conveyor.store.seam import Seam
 
 log = logging.getLogger("conveyor.store")
