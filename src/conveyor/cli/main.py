@@ -104,8 +104,8 @@ def _classify(exc: BaseException, command: str, url: str | None) -> tuple[int, s
     if isinstance(exc, MigrationRequired):
         return EXIT_NO_SCHEMA, *_needs_migration(exc, url, origin)
     if isinstance(exc, ConfigurationError):
-        if "pip install" in message:  # the message names the command to run
-            return EXIT_UNAVAILABLE, message, None
+        if "pip install" in message or "conveyor migrate" in message:
+            return EXIT_UNAVAILABLE, message, None  # the message names what to do
         return EXIT_UNAVAILABLE, message, f"fix the database URL (from {origin})"
     if isinstance(exc, StoreUnavailable | SQLAlchemyError):
         # SQLAlchemy's pointer to its error catalogue is noise on a one-line report.
