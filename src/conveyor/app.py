@@ -329,7 +329,8 @@ class App:
         wait = v.duration_seconds("wait_for_db", wait_for_db)
 
         async def serve() -> None:
-            store = connect(url, **self.connect_options) if url else self.store
+            # Without url=, the app's own store, so the worker says where its URL came from.
+            own = connect(url, **self.connect_options) if url else None
             worker = self.worker(
                 queues,
                 concurrency=concurrency,
@@ -339,9 +340,10 @@ class App:
                 grace=grace,
                 maintain_interval=maintain_interval,
                 worker_id=worker_id,
-                store=store,
+                store=own,
                 gc_freeze=gc_freeze,
             )
+            store = worker.store
             worker.wait_for_db = wait
             loop = asyncio.get_running_loop()
             installed = []
