@@ -36,9 +36,10 @@ _REFUSED = re.compile(
     r"|permission denied for database"
     r"|no password supplied"
 )
-# What libpq puts before the server's words: 'connection to server at "h", port
-# 5432 failed: FATAL:  '.
-_PREFIX = re.compile(r"^.*?failed:\s*(?:FATAL:\s*)?", re.DOTALL)
+# What psycopg and libpq put before the server's words: 'connection failed:
+# connection to server at "h", port 5432 failed: FATAL:  ' (or 'on socket "..."
+# failed:'); up to the last "failed:", which none of the words above contains.
+_PREFIX = re.compile(r"^.*\bfailed:\s*(?:FATAL:\s*)?", re.DOTALL)
 
 
 def refused_login(exc: BaseException) -> str | None:
