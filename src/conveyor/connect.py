@@ -8,7 +8,7 @@ import os
 import threading
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, NamedTuple, ParamSpec, TypeVar
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
@@ -24,9 +24,52 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
+#: The environment variable that names the database.
+URL_VARIABLE = "CONVEYOR_URL"
+
+
+class ChosenUrl(NamedTuple):
+    """The database URL a command, a worker or an App uses, and where it came from:
+    ``"given"`` (``--url``, a ``url=`` argument), ``"env"`` (``$CONVEYOR_URL``),
+    ``"app"`` (the URL given to :class:`~conveyor.App`) or ``"default"``."""
+
+    url: str
+    origin: str
+
+
+def choose_url(given: str | None = None, app: str | None = None) -> ChosenUrl:
+    """The one precedence rule every command, worker and App follows: a URL given
+    for this very call (``--url``, ``url=``) first, then ``$CONVEYOR_URL``, then
+    the App's own URL, then ``sqlite:///conveyor.db``.
+
+    ``$CONVEYOR_URL`` comes before the App's URL so that what the deployment says
+    wins over what the code says, and so that the commands that load no App
+    (``conveyor submit``, ``list``, ``stats``) and those that do (``worker``,
+    ``submit --app``) always reach the same database."""
+    if given:
+        return ChosenUrl(given, "given")
+    env = os.environ.get(URL_VARIABLE)
+    if env:
+        return ChosenUrl(env, "env")
+    if app:
+        return ChosenUrl(app, "app")
+    return ChosenUrl(DEFAULT_URL, "default")
+
+
+def display_url(url: str) -> str:
+    """``url`` as shown to people: the password masked, the driver left out
+    (``sqlite+aiosqlite://`` shows as ``sqlite://``)."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return url
+    backend = parsed.drivername.partition("+")[0]
+    return parsed.set(drivername=backend).render_as_string(hide_password=True)
+
+
 def resolve_url(url: str | None) -> tuple[str, str]:
     """``(dialect, async SQLAlchemy URL)`` for a user's URL, or ConfigurationError."""
-    raw = url or os.environ.get("CONVEYOR_URL") or DEFAULT_URL
+    raw = choose_url(url).url
     try:
         parsed = make_url(raw)
     except ArgumentError:

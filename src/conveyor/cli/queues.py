@@ -18,6 +18,7 @@ from conveyor.cli._common import (
     UrlOption,
     age,
     cli,
+    database_line,
     err,
     open_store,
     out,
@@ -137,6 +138,7 @@ def stats(
         print_json([{**r.as_dict(), "settings": settings[r.queue]} for r in reports])
         return
     console = out()
+    console.print(f"[dim]{escape(database_line(url))}[/]")
     if not reports:
         console.print("[dim]no queues yet: submit a task with `conveyor submit NAME`[/]")
         return

@@ -13,7 +13,7 @@ from conveyor.cli._common import JsonOption, UrlOption, cli, open_store, out, pr
 @cli.command()
 def schedules(url: UrlOption = None, as_json: JsonOption = False) -> None:
     """Periodic schedules (@app.periodic): task, cron or interval, last and next run."""
-    with open_store(url) as store:
+    with open_store(url, create=False) as store:
         infos = store.internal.schedules()
     if as_json:
         print_json([info.as_dict() for info in infos])

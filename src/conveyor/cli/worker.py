@@ -60,7 +60,12 @@ def worker(
     ] = None,
     url: Annotated[
         str | None,
-        typer.Option("--url", help="Database URL (default: the App's URL).", show_default=False),
+        typer.Option(
+            "--url",
+            help="Database URL (default: $CONVEYOR_URL, else the App's URL, else "
+            "sqlite:///conveyor.db).",
+            show_default=False,
+        ),
     ] = None,
     unknown: Annotated[
         str,
@@ -186,7 +191,7 @@ def worker(
     if supervised_by is not None:
         watch_parent(supervised_by)
     if metrics_port is not None:
-        serve_metrics(metrics_port, url or application.url)
+        serve_metrics(metrics_port, application.database(url).url)
     try:
         application.run_worker(
             queues=names,

@@ -11,6 +11,8 @@ How to read it (five minutes)::
         ▼
     protocol/        the protocol, one module per role (imports no dialect):
       transactions     open, migrate, one transaction per call, retries, clock
+      refusals         what opening refuses: a login the server turned down,
+                       conveyor tables no revision records
       texts            named statements: loaded, built once, run (alone, in a
                        transaction, or several sent together)
       queries          statements written once in SQLAlchemy Core (cold paths)

@@ -30,6 +30,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from conveyor import metrics
+from conveyor.connect import display_url
 from conveyor.errors import ConveyorError, InvalidArgument
 from conveyor.models import Status
 from conveyor.store.base import TaskStore
@@ -93,6 +94,8 @@ class Dashboard:
         self.store = store
         self.allow_actions = allow_actions
         self.refresh = refresh
+        #: Which database the pages show, its password masked (in every header).
+        self.database = display_url(store.url)
         self.env = _environment()
 
     # ------------------------------------------------------------ helpers
@@ -104,6 +107,7 @@ class Dashboard:
             here=str(request.url.path) + (f"?{request.url.query}" if request.url.query else ""),
             allow_actions=self.allow_actions,
             refresh=self.refresh,
+            database=self.database,
             now=datetime.now(UTC),
             **ctx,
         )

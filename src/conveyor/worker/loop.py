@@ -62,6 +62,7 @@ from typing import Any, Literal
 
 from conveyor import _values as v
 from conveyor.collector import settle_collector
+from conveyor.connect import display_url
 from conveyor.errors import ConveyorError, InvalidArgument, LostLease, NotFound, TaskCancelled
 from conveyor.models import Task
 from conveyor.outcomes import Snooze, TaskTimeout, UnknownTask, is_retryable
@@ -179,6 +180,9 @@ class Worker:
         #: Seconds :meth:`run` keeps trying to reach a database that does not answer
         #: before it gives up (``App.run_worker`` and the CLI wait a minute).
         self.wait_for_db = 0.0
+        #: Where the store's URL came from (``"$CONVEYOR_URL"``, ...), for the start
+        #: line; None says nothing.
+        self.database_origin: str | None = None
         self.instruments = Instruments(self)
         self._acks.observe = self.instruments.acked
 
@@ -245,12 +249,15 @@ class Worker:
             scheduler = scheduler_for(self.app, self.store)  # periodic tasks, if the app has any
             if scheduler is not None and self.run_schedules:
                 background.append(asyncio.create_task(scheduler.run(), name="conveyor-scheduler"))
+            origin = f" (from {self.database_origin})" if self.database_origin else ""
             log.info(
-                "worker %s started: queues %s, concurrency %d%s",
+                "worker %s started: queues %s, concurrency %d%s, database %s%s",
                 self.worker_id,
                 ",".join(self.queues),
                 self.concurrency,
                 f", group {self.group}" if self.group else "",
+                display_url(self.store.url),
+                origin,
             )
             try:
                 await self._claim_loop()
