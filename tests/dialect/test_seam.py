@@ -353,8 +353,7 @@ async def test_returning_view_returns_the_task_as_the_view_reads_it(store: TaskS
 async def test_claim_probe_is_none_or_says_whether_work_is_there(
     store: TaskStore, backend: str
 ) -> None:
-    now = store._now()
-    probe = store._claim_probe(q.QUEUE_MODE, ["q"], None, now)
+    probe = store._claim_probe(q.QUEUE_MODE, ["q"], None)
     if backend == "postgres":
         # Its claims go straight in (an idle claim takes no lock worth sparing).
         assert probe is None
@@ -367,7 +366,7 @@ async def test_claim_probe_is_none_or_says_whether_work_is_there(
 
     assert await store._run(ask, write=False) is False
     await store.submit("t", queue="q")
-    probe = store._claim_probe(q.QUEUE_MODE, ["q"], None, store._now())
+    probe = store._claim_probe(q.QUEUE_MODE, ["q"], None)
     assert await store._run(ask, write=False) is True
 
 

@@ -18,7 +18,7 @@ from conveyor.errors import ConveyorError, InvalidArgument, StoreUnavailable
 from conveyor.store.base import TaskStore
 from conveyor.store.protocol import texts
 
-PG_ONLY = ("claim_one", "claim_any", "submit_plain", "ack_plain")
+PG_ONLY = ("claim.one", "claim.any", "submit_plain", "ack_plain")
 
 
 def _sql(backend: str) -> dict[str, str]:

@@ -308,61 +308,6 @@ STATEMENTS: tuple[Statement, ...] = (
         head became claimable; ``idx`` as ``ack_plain``'s, plus ``freed`` (streams whose
         head is claimable now).""",
     ),
-    # --------------------------------------------------------------- claim
-    _s(
-        "claim_one",
-        "consumer",
-        f"""Claim in one statement: free streams' heads and
-        unpartitioned work of ``queue`` in one claim order, the streams taken marked
-        held. ``grp``, ``queue``, ``partition`` (or NULL), ``limit``, ``per_stream``
-        (tasks per stream), ``streams`` (streams to take at most), ``mix`` (several
-        units, or one stream or plain work only), ``worker_id``, ``lease`` (seconds or
-        NULL: the queue's setting, else the default). At least one row: ``busy`` and
-        ``rank`` (the unit's place in claim order), then {_VIEW} for each task leased
-        (all NULL when none). When ``busy`` it leases nothing: an expired lease in
-        these queues must be recovered first. Its commit does not wait for the WAL
-        flush (``quick``).""",
-    ),
-    _s("claim_any", "consumer", """``claim_one`` over ``queues`` (a list)."""),
-    _s(
-        "claim_one_durable",
-        "consumer",
-        """``claim_one`` whose commit waits for the WAL
-        flush (``durable_claims=True``).""",
-    ),
-    _s(
-        "claim_any_durable",
-        "consumer",
-        """``claim_any`` whose commit waits for the WAL
-        flush.""",
-    ),
-    _s(
-        "step_candidates",
-        "steps",
-        """What a claim of ``queue`` in ``grp`` chooses from,
-        in one read (column ``kind``): 1, up to ``streams`` free streams (only
-        ``partition``'s when given), fairest first, each with its first
-        ``per_stream`` active rows from its head; 0, up to ``limit`` ready unpartitioned
-        rows in claim order; 2, a row when a lease of the queue has expired.""",
-    ),
-    _s(
-        "step_lease_seqs",
-        "steps",
-        """``seqs`` (JSON), ``grp``, ``w_id``, ``lease``: those
-        rows leased to the worker (``queries.take``).""",
-    ),
-    _s(
-        "step_view_seqs",
-        "steps",
-        f"""``seqs``, ``grp``, ``w_id``: {_VIEW} of those rows
-        leased to the worker.""",
-    ),
-    _s(
-        "step_hold_streams",
-        "steps",
-        """``queue``, ``grp``, ``partitions`` (JSON): those
-        streams marked held.""",
-    ),
     # ------------------------------------------------ SQLite's steps (to merge)
     _s(
         "step_submit_context",
@@ -431,6 +376,20 @@ HOOKS: dict[str, str] = {
         (``task_id``, ``token``, ``ttl_us``; expired registrations dropped) and
         ``wake.waiter_drop``; SQLite's channel is its connection thread's
         ``data_version`` poll and needs no statement.""",
+    "claim": " ".join(
+        f"""``Seam._claim(grp, queues, worker_id, lease, limit, partition,
+        per_stream)``, its own transaction: when a lease of ``grp`` in ``queues`` has
+        expired, nothing leased or written and ``None`` returned (the protocol
+        recovers, ``upkeep.recover_tx``, and asks again); else the rows
+        ``claim_order.claim_order`` chooses leased to the worker (running, attempt +
+        1, lease set: ``lease`` seconds, or the queue's setting, else the default),
+        the streams taken from marked held, and {_VIEW} of each returned in claim
+        order. Concurrent claims never lease one row twice nor wait for each other.
+        One round trip (Postgres: ``claim.one`` / ``claim.any``, their ``_durable``
+        variants with ``durable_claims=True``) or one connection-thread hop (SQLite:
+        ``claim.candidates`` per queue, ``claim.lease``, ``claim.view``,
+        ``claim.hold``).""".split()
+    ),
 }
 
 #: Catalogue statements one dialect does not implement yet, and that dialect's name.
@@ -445,8 +404,7 @@ ONLY_ON: dict[str, str] = {
             "submit_keyed_partitioned submit_keyed_many submit_key_owned share_groups "
             "lock_streams lock_streams_if_parents lock_group_streams "
             "lock_group_streams_if_parents refresh_group_streams succeed_plain ack_plain "
-            "ack_streams_lock ack_streams claim_one claim_any "
-            "claim_one_durable claim_any_durable"
+            "ack_streams_lock ack_streams"
         ).split()
     },
     **{
@@ -454,8 +412,7 @@ ONLY_ON: dict[str, str] = {
         for name in (
             "step_submit_context step_parent_root step_touched_after step_submit_insert "
             "step_submit_insert_many step_fan_out step_fan_out_after step_last_seq "
-            "step_finish ack_held step_candidates step_lease_seqs step_view_seqs "
-            "step_hold_streams"
+            "step_finish ack_held"
         ).split()
     },
 }

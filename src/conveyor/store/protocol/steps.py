@@ -1,39 +1,30 @@
-"""Claim and acknowledgement step by step, each step a statement built once.
+"""Acknowledgement and submit step by step, each step a statement built once.
 
-A dialect without a one-statement claim and acknowledgement (SQLite: no
+A dialect without a one-statement acknowledgement and submit (SQLite: no
 data-modifying CTEs, no arrays) runs them as several statements in one
 transaction. Built with SQLAlchemy Core on every call, those statements cost far
 more client time than the database spends on them; here each is built once per
 store (:mod:`conveyor.store.protocol.texts`), with the per-call values as named bind
-parameters. The claim makes the choice :func:`.consumer.claim_tx` makes, but as
-sets: a fixed number of statements however many streams it takes (the dialect
-supplies the texts that read candidates and take lists; the choice is
-:func:`choose`, here). The acknowledgement takes the steps of
-:func:`.batch_ack.succeed_many_tx`.
+parameters. The acknowledgement takes the steps of
+:func:`.batch_ack.succeed_many_tx`. (The claim is the seam's claim hook:
+:meth:`conveyor.store.seam.Seam._claim`.)
 
-Lease recovery is off the claim path: a claim's candidates read also asks
-whether any lease of this queue has expired, and recovers only when one has, so
-an expired lease is still recovered by the next claim of its queue.
-
-Covered: claims of one queue (plain work and streams), batch acknowledgement,
-and the submit of plain tasks, one (:func:`.producer.submit_one_tx`) or many
-(:func:`.producer.submit_plain_tx`). The rest (several queues at once; fence
-failures, to learn why; keys, partitions, parents) takes the Core path.
+Covered: batch acknowledgement, and the submit of plain tasks, one
+(:func:`.producer.submit_one_tx`) or many (:func:`.producer.submit_plain_tx`).
+The rest (fence failures, to learn why; keys, partitions, parents) takes the
+Core path.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from sqlalchemy import bindparam
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.errors import InvalidArgument
-from conveyor.models import Task
-from conveyor.store.protocol import queries as q
-from conveyor.store.protocol import streams, texts, upkeep
+from conveyor.store.protocol import streams, texts
 from conveyor.store.protocol.requests import Request
 from conveyor.store.seam import Seam
 
@@ -98,151 +89,6 @@ async def parent_roots(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> 
             raise InvalidArgument("parent", f"no task has id {parent!r}")
         roots[parent] = root
     return roots
-
-
-async def ready(st: Seam, names: Sequence[str]) -> bool:
-    """Whether a claim of ``names`` can take the built-once steps."""
-    built = await texts.of(st)
-    return len(names) == 1 and "step_candidates" in built
-
-
-async def claim_rounds(
-    once: Callable[[int, int], Awaitable[tuple[list[Task], bool]]],
-    limit: int,
-    partition: str | None,
-    per_stream: int | None,
-) -> list[Task]:
-    """The rounds of a step-by-step claim (both paths, built once or not): ``once(
-    left, cap)`` takes one stream (at most ``cap`` tasks) or plain work and says
-    whether free streams remain; with ``per_stream`` the claim goes on choosing
-    until ``limit`` is used up or nothing is left."""
-    claimed: list[Task] = []
-    left = limit
-    while left > 0:
-        cap = left if per_stream is None else min(left, per_stream)
-        got, streams_left = await once(left, cap)
-        claimed += got
-        left -= len(got)
-        if not got or not streams_left or per_stream is None or partition is not None:
-            break
-    return claimed
-
-
-async def claim_tx(
-    st: Seam,
-    conn: AsyncConnection,
-    grp: str,
-    queue: str,
-    worker_id: str,
-    lease: float | None,
-    limit: int,
-    partition: str | None,
-    per_stream: int | None,
-) -> list[Any]:
-    """:func:`.consumer.claim_tx` for one queue, on the built-once steps (see
-    :func:`ready`): the same choice, as sets — a fixed number of statements
-    however many streams the claim takes. One read of the candidates (free
-    streams with their runs, ready unpartitioned rows, an expired lease), the
-    choice (:func:`choose`), one lease of every row chosen, one read of them back,
-    and one update marking the streams taken as held (what recomputing them would
-    write: their heads are leased now).
-
-    Returns the leased rows (the task view, in claim order), not Tasks: the caller
-    builds those after the commit, so JSON decoding and Task construction do not
-    run while this transaction holds SQLite's one write lock, which every other
-    process's claims and acknowledgements wait for (three consumer groups' workers
-    on one file queue there)."""
-    built = st._texts
-    assert built is not None
-
-    def step(name: str) -> texts.Text:
-        text = built.get(name)
-        assert text is not None
-        return text
-
-    base = {"grp": grp, "queue": queue}
-    mix = per_stream is not None and partition is None
-    params = {
-        **base,
-        "partition": partition,
-        "limit": limit,
-        # Without per_stream a claim is one unit: one stream (up to ``limit`` of its
-        # tasks) or plain work; with it, several streams, each capped.
-        "streams": limit if mix else 1,
-        "per_stream": limit if per_stream is None else min(per_stream, limit),
-    }
-    rows = list(await texts.execute(conn, st, step("step_candidates"), params))
-    if any(row.kind == _EXPIRED for row in rows):
-        # Recovery changes streams and ready rows: choose from what it leaves.
-        await upkeep.recover_tx(st, conn, grp, [queue])
-        rows = list(await texts.execute(conn, st, step("step_candidates"), params))
-    picked = choose(_units(rows), limit, mix)
-    if not picked:
-        return []
-    seqs = json.dumps(picked)
-    lease_params = {**base, "seqs": seqs, "w_id": worker_id, "lease": lease}
-    await texts.execute(conn, st, step("step_lease_seqs"), lease_params)
-    view = {"grp": grp, "seqs": seqs, "w_id": worker_id}
-    taken = {row.seq: row for row in await texts.execute(conn, st, step("step_view_seqs"), view)}
-    held = sorted({row.partition for row in taken.values() if row.partition is not None})
-    if held:
-        hold = {**base, "partitions": json.dumps(held)}
-        await texts.execute(conn, st, step("step_hold_streams"), hold)
-    return [taken[seq] for seq in picked if seq in taken]
-
-
-#: ``kind`` of the candidate rows (see the dialect's ``step_candidates``).
-_PLAIN, _STREAM, _EXPIRED = 0, 1, 2
-
-#: A unit of a claim: its place in claim order, and the rows it would lease.
-_Unit = tuple[tuple[Any, ...], list[int]]
-
-
-def _units(rows: Sequence[Any]) -> list[_Unit]:
-    """The claim's candidate units: each free stream's run (its rows from the head,
-    while queued and due), and each ready unpartitioned row, keyed by claim order
-    (priority, then who waited longest, plain first on a tie)."""
-    units: list[_Unit] = []
-    found: dict[tuple[str, str], list[Any]] = {}
-    for row in rows:
-        if row.kind == _PLAIN:
-            units.append(((-row.priority, row.at, 0, row.task_seq, "", ""), [row.task_seq]))
-        elif row.kind == _STREAM:
-            found.setdefault((row.queue, row.partition), []).append(row)
-    for stream in found.values():
-        first = stream[0]
-        if first.task_seq != first.head_seq:
-            continue  # the stream row names another head: not a run to take
-        # A leased or waiting row holds the rest of the stream back.
-        run: list[int] = []
-        for row in stream:
-            if row.status != q.QUEUED or not row.due:
-                break
-            run.append(row.task_seq)
-        if run:
-            units.append(((-first.priority, first.at, 1, 0, first.queue, first.partition), run))
-    return units
-
-
-def choose(units: list[_Unit], limit: int, mix: bool) -> list[int]:
-    """The rows a claim leases from its candidate ``units``, in claim order: with
-    ``mix``, units in order while ``limit`` allows (the last stream's run cut
-    short); without, the first unit if it is a stream, else every unpartitioned
-    row (a claim without ``per_stream`` takes one stream or plain work)."""
-    units.sort(key=lambda unit: unit[0])
-    if not units:
-        return []
-    if not mix:
-        first_key, first_rows = units[0]
-        if first_key[2] == _STREAM:
-            return first_rows[:limit]
-        return [rows[0] for key, rows in units if key[2] == _PLAIN][:limit]
-    picked: list[int] = []
-    for _, rows in units:
-        picked += rows[: limit - len(picked)]
-        if len(picked) >= limit:
-            break
-    return picked
 
 
 async def ack_ready(st: Seam) -> bool:

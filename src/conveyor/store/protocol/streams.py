@@ -139,20 +139,6 @@ async def lock_task_streams(
         await conn.execute(st._lock_rows(q.partition_streams(pairs, grp)))
 
 
-async def next_run(
-    st: Seam, conn: AsyncConnection, queue: str, grp: str, partition: str, limit: int
-) -> list[int]:
-    """The sequence numbers a claim of this stream may take: its first active rows
-    while they are queued and due, at most ``limit``."""
-    rows = await conn.execute(q.stream_rows(queue, grp, partition, limit, tx.now(st)))
-    seqs = []
-    for row in rows:
-        if row.status != q.QUEUED or not row.due:
-            break
-        seqs.append(row.task_seq)
-    return seqs
-
-
 async def refresh(st: Seam, conn: AsyncConnection, keys: Iterable[tuple[Any, ...]]) -> bool:
     """Recompute head and availability of each (queue, group, partition) stream;
     whether one of them is available now where it was not (or may be: a stream
