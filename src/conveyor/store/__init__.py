@@ -24,6 +24,7 @@ How to read it (five minutes)::
       caller_tx        a submit in the caller's transaction
       withdraw         cancel and retry
       consumer         claim, and the lease holder's fenced writes
+      claim_order      which tasks a claim takes, in which order (stated once)
       acks             succeed_many / ack_many
       streams          the FIFO state machine of partitions; the lock order
       groups           consumer groups: subscribe, backfill, unsubscribe, the
@@ -43,10 +44,10 @@ How to read it (five minutes)::
         ▲
         │  implemented by
     sqlite/          SQLiteStore (store.py), its connection thread (thread.py),
-                     its statements (sql/*.sql)
+                     its claim hook (claim.py), its statements (sql/*.sql)
     postgres/        PostgresStore (store.py), kept driver connections
-                     (direct.py), LISTEN/NOTIFY (listen.py), its statements
-                     (sql/*.sql)
+                     (direct.py), LISTEN/NOTIFY (listen.py), its claim hook
+                     (claim.py), its statements (sql/*.sql)
 
 The rules that keep it one protocol:
 
