@@ -331,3 +331,67 @@ def test_the_claim_order_by_example(claim: Claim, expected: list[int]) -> None:
         per_stream=claim.per_stream,
     )
     assert got == expected
+
+
+async def test_the_hook_leases_nothing_while_a_lease_of_its_queues_has_expired(
+    store: TaskStore,
+) -> None:
+    """The hook reports an expired lease instead of claiming, and writes nothing;
+    the claim then recovers the lease and takes the task again with the rest."""
+    first = await store.submit("t", queue="q")
+    second = await store.submit("t", queue="q")
+    [leased] = await store.claim("q", worker_id="w", lease=1)
+    assert leased.id == first.id
+    store.clock_offset = 10.0
+    for queues in (["q"], ["other", "q"]):
+        assert await store._claim("", queues, "w2", None, 5, None, None) is None
+    assert (await store.get(first.id)).worker_id == "w"  # type: ignore[union-attr]
+    assert (await store.get(second.id)).status is conveyor.Status.QUEUED  # type: ignore[union-attr]
+    got = await store.claim(["other", "q"], worker_id="w2", limit=5)
+    assert [task.id for task in got] == [first.id, second.id]
+    assert [task.attempt for task in got] == [2, 1]
+
+
+async def test_a_claim_that_finds_work_is_one_transaction_of_one_hop(
+    store: TaskStore, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hot path: on Postgres one statement on a kept autocommit connection (one
+    round trip), on SQLite one function on the connection thread (one hop), for one
+    queue or several."""
+    from conveyor.store.protocol import transactions
+
+    await store.submit_many([{"name": "t", "queue": q} for q in ("q", "r") for _ in range(4)])
+    assert await store.claim("q", worker_id="w")  # the probe is skipped from now on
+    assert await store.claim(["q", "r"], worker_id="w")
+    runs: list[str] = []
+    run = transactions.run
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        runs.append("alone" if kwargs.get("alone") is not None else "transaction")
+        return await run(*args, **kwargs)
+
+    monkeypatch.setattr(transactions, "run", counted)
+    hops: list[str] = []
+    if backend == "sqlite":
+        thread: Any = store._connection_runner()
+        call = thread.call
+
+        async def hop(*args: Any, **kwargs: Any) -> Any:
+            hops.append("hop")
+            return await call(*args, **kwargs)
+
+        monkeypatch.setattr(thread, "call", hop)
+    else:
+        direct = store._run_direct  # type: ignore[attr-defined]
+
+        async def sent(*args: Any) -> Any:
+            hops.append("statement")
+            return await direct(*args)
+
+        monkeypatch.setattr(store, "_run_direct", sent)
+    for queues in (["q"], ["q", "r"]):
+        runs.clear()
+        hops.clear()
+        assert len(await store.claim(queues, worker_id="w", limit=2)) == 2
+        assert len(runs) == 1, runs
+        assert hops == ["statement" if backend == "postgres" else "hop"]
