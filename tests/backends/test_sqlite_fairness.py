@@ -67,10 +67,10 @@ def test_a_writer_gets_the_lock_in_the_gaps_another_process_leaves(
 
 #: What a plan step may scan whole: the batch's items, and the script's own
 #: one-row and derived tables.
-_SCANNED = re.compile(r"^SCAN (j VIRTUAL TABLE|CONSTANT ROW|one|k|lost)\b")
+_SCANNED = re.compile(r"^SCAN (j VIRTUAL TABLE|CONSTANT ROW|one|i|k|lost)\b")
 
 
-@pytest.mark.parametrize("name", ["ack_plain", "ack_streams", "succeed_plain"])
+@pytest.mark.parametrize("name", ["ack_plain", "ack_streams", "succeed_plain", "task_views"])
 async def test_the_ack_lookup_probes_by_id_not_through_the_history(
     tmp_path: Path, name: str
 ) -> None:
@@ -81,6 +81,7 @@ async def test_the_ack_lookup_probes_by_id_not_through_the_history(
     params = {
         "items": '[["x","w","",null,"1"]]',
         "now_us": 1,
+        "ids": '["x"]',
         **{"id": "x", "grp": "", "worker_id": "w", "attempt": None, "result": "1"},
     }
     async with conveyor.connect(f"sqlite:///{path}") as store:

@@ -1,9 +1,9 @@
 """The acknowledgement statements of the catalogue (``succeed_plain``, ``ack_plain``,
-``ack_streams_lock``, ``ack_streams``) against their contracts, run by themselves on
-both backends: each item fenced on its own, the 1-based positions of the items
-not finished (a single NULL row when all were), the streams of the finished rows
-recomputed and the freed ones counted, and the completion heard by a ``wait()``
-in another process."""
+``ack_streams_lock``, ``ack_streams``, and ``task_views``, which reads tasks back)
+against their contracts, run by themselves on both backends: each item fenced on
+its own, the 1-based positions of the items not finished (a single NULL row when
+all were), the streams of the finished rows recomputed and the freed ones
+counted, and the completion heard by a ``wait()`` in another process."""
 
 from __future__ import annotations
 
@@ -159,6 +159,22 @@ async def test_ack_streams_frees_a_stream_in_each_group(store: TaskStore) -> Non
     assert nxt.id == second.id
     done = await store.get(first.id, group="g")
     assert done is not None and done.result == 2
+
+
+async def test_task_views_reads_the_tasks_as_a_group_sees_them(store: TaskStore) -> None:
+    await store.subscribe("q", "g")
+    a, b = await store.submit_many([{"name": "t", "queue": "q"} for _ in range(2)])
+    [got] = await store.claim("q", worker_id="w", group="g")
+    views = await _text(store, "task_views")
+    ids = json.dumps([a.id, b.id, "no-such-task"])
+    rows = await texts.alone(store, views, {"ids": ids, "grp": "g"}, write=False)
+    seen = {row.id: (row.grp, row.status, row.worker_id) for row in rows}
+    assert seen == {
+        got.id: ("g", "running", "w"),
+        ({a.id, b.id} - {got.id}).pop(): ("g", "queued", None),
+    }
+    rows = await texts.alone(store, views, {"ids": json.dumps([a.id]), "grp": "h"}, write=False)
+    assert rows == []  # no row in a group it is not delivered to
 
 
 async def test_ack_streams_lock_takes_the_stream_rows_until_commit(

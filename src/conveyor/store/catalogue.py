@@ -310,6 +310,13 @@ STATEMENTS: tuple[Statement, ...] = (
         head became claimable; ``idx`` as ``ack_plain``'s, plus ``freed`` (streams whose
         head is claimable now).""",
     ),
+    _s(
+        "task_views",
+        "acks",
+        f"""``ids`` (a JSON array) and ``grp``: {_VIEW} of each of
+        those tasks that has a row in the group (no row for the others), each task
+        found by its id and its row by the primary key.""",
+    ),
     # ---------------------------------------------------------------- wake
     _s(
         "notify",

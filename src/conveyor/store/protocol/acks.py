@@ -1,6 +1,6 @@
 """Acknowledgements: ``succeed`` (one task), ``succeed_many`` and ``ack_many``
 (batches), each one path on every dialect, run by the catalogue's four ack
-statements.
+statements (and ``task_views``, which reads the tasks back).
 
 * ``succeed_plain`` finishes one unpartitioned row;
 * ``ack_plain`` finishes a batch of unpartitioned rows;
@@ -189,9 +189,12 @@ async def finish_tx(
         if n not in lost:
             by_group.setdefault(item[3], []).append(item[1])
     tasks: dict[tuple[str, str], Task] = {}
+    views = _need(built, "task_views")
     for grp, ids in by_group.items():
-        found = await codec.fetch_tasks(conn, grp, ids=ids)
-        tasks.update({(grp, task_id): task for task_id, task in found.items()})
+        found = await texts.execute(
+            conn, st, views, {"ids": json.dumps(sorted(set(ids))), "grp": grp}
+        )
+        tasks.update({(grp, row.id): codec.row_to_task(row) for row in found})
     out: dict[int, Outcome] = {}
     for n, item in enumerate(todo, 1):
         out[item[0]] = await _why(conn, item) if n in lost else tasks.get((item[3], item[1]))

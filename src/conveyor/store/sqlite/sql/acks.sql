@@ -8,9 +8,11 @@
 -- The report: a later statement of the script no longer sees which rows the
 -- UPDATE changed, so it asks which items' rows are now in the state it wrote:
 -- succeeded at this run's clock reading (``now_us``, one value for the whole
--- script) by the item's worker, on its attempt. In ack_plain, when the UPDATE
--- changed as many rows as there are items (``changes()``, the usual case), every
--- item was finished and nothing is looked up again.
+-- script) by the item's worker, on its attempt. (A row that worker had finished
+-- in another transaction at the very same microsecond would count as finished
+-- here too: it is, by that worker, on that attempt.) In ack_plain, when the
+-- UPDATE changed as many rows as there are items (``changes()``, the usual
+-- case), every item was finished and nothing is looked up again.
 --
 -- Waiters: a commit is SQLite's announcement. Other processes' connection
 -- threads see ``PRAGMA data_version`` move and wake their waiters; this process
@@ -44,6 +46,18 @@ RETURNING task_seq AS seq,
     (SELECT t.correlation_id FROM conveyor_tasks AS t WHERE t.seq = task_seq) AS correlation_id,
     grp, status, attempt, run_at, started_at, finished_at, lease_expires_at, worker_id,
     progress, progress_message, result, error, lease
+
+-- name: task_views
+SELECT t.seq, t.id, t.name, t.queue, t."partition", t.payload, t.metadata, t.priority,
+       d.max_attempts, t.created_at, t."key", t.parent_id, t.root_id, t.correlation_id,
+       d.grp, d.status, d.attempt, d.run_at, d.started_at, d.finished_at,
+       d.lease_expires_at, d.worker_id, d.progress, d.progress_message, d.result, d.error,
+       d.lease
+-- CROSS JOIN: SQLite keeps that order, from the ids (given the choice, it walked
+-- the group's delivery rows, which hold the history, by the status index).
+FROM json_each(:ids) AS j
+CROSS JOIN conveyor_tasks AS t ON t.id = j.value
+CROSS JOIN conveyor_deliveries AS d ON d.task_seq = t.seq AND d.grp = :grp
 
 -- name: ack_plain
 UPDATE conveyor_deliveries AS d SET
@@ -103,8 +117,8 @@ WHERE d.task_seq = i.seq AND d.grp = i.grp
 WITH k AS (
     SELECT DISTINCT d.queue AS queue, d.grp AS grp, d."partition" AS part
     FROM json_each(:items) AS j
-    JOIN conveyor_tasks AS t ON t.id = json_extract(j.value, '$[0]')
-    JOIN conveyor_deliveries AS d
+    CROSS JOIN conveyor_tasks AS t ON t.id = json_extract(j.value, '$[0]')
+    CROSS JOIN conveyor_deliveries AS d
       ON d.task_seq = t.seq AND d.grp = json_extract(j.value, '$[2]')
     WHERE d."partition" IS NOT NULL AND d.status = 'succeeded' AND d.finished_at = :now_us
       AND d.worker_id = json_extract(j.value, '$[1]')
@@ -141,31 +155,27 @@ ON CONFLICT (queue, grp, "partition") DO UPDATE SET
         ))
         ELSE excluded.available_at
     END;
+-- The report, from one look at each item's row: whether it is finished, and its
+-- stream.
+WITH i AS MATERIALIZED (
+    SELECT j.key + 1 AS idx, d.task_seq IS NOT NULL AS done,
+           d.queue AS queue, d.grp AS grp, d."partition" AS part
+    FROM json_each(:items) AS j
+    LEFT JOIN conveyor_tasks AS t ON t.id = json_extract(j.value, '$[0]')
+    LEFT JOIN conveyor_deliveries AS d
+      ON d.task_seq = t.seq AND d.grp = json_extract(j.value, '$[2]')
+     AND d.status = 'succeeded' AND d.finished_at = :now_us
+     AND d.worker_id = json_extract(j.value, '$[1]')
+     AND (json_extract(j.value, '$[3]') IS NULL OR d.attempt = json_extract(j.value, '$[3]'))
+)
 SELECT lost.idx, (
     -- The streams of the finished rows whose head is claimable now, found from the
     -- items (CROSS JOIN keeps them the outer loop: a walk of the available streams
     -- would look at every stream of the database).
-    SELECT count(*) FROM (
-        SELECT DISTINCT d.queue AS queue, d.grp AS grp, d."partition" AS part
-        FROM json_each(:items) AS j
-        JOIN conveyor_tasks AS t ON t.id = json_extract(j.value, '$[0]')
-        JOIN conveyor_deliveries AS d
-          ON d.task_seq = t.seq AND d.grp = json_extract(j.value, '$[2]')
-        WHERE d."partition" IS NOT NULL AND d.status = 'succeeded' AND d.finished_at = :now_us
-          AND d.worker_id = json_extract(j.value, '$[1]')
-    ) AS k CROSS JOIN conveyor_streams AS s
+    SELECT count(*)
+    FROM (SELECT DISTINCT queue, grp, part FROM i WHERE done AND part IS NOT NULL) AS k
+    CROSS JOIN conveyor_streams AS s
     WHERE s.queue = k.queue AND s.grp = k.grp AND s."partition" = k.part
       AND s.available_at IS NOT NULL
 ) AS freed
-FROM (SELECT 1) AS one LEFT JOIN (
-    -- (changes() would count the stream rows written last, not the items finished.)
-    SELECT j.key + 1 AS idx FROM json_each(:items) AS j
-    WHERE NOT EXISTS (
-          SELECT 1 FROM conveyor_tasks AS t
-          JOIN conveyor_deliveries AS d ON d.task_seq = t.seq
-          WHERE t.id = json_extract(j.value, '$[0]') AND d.grp = json_extract(j.value, '$[2]')
-            AND d.status = 'succeeded' AND d.finished_at = :now_us
-            AND d.worker_id = json_extract(j.value, '$[1]')
-            AND (json_extract(j.value, '$[3]') IS NULL OR d.attempt = json_extract(j.value, '$[3]'))
-      )
-) AS lost ON true
+FROM (SELECT 1) AS one LEFT JOIN (SELECT idx FROM i WHERE NOT done) AS lost ON true
