@@ -288,6 +288,18 @@ async def test_locking_the_streams_of_an_acknowledgement_looks_its_tasks_up_by_i
     assert _rows_read(plan, "conveyor_tasks") <= 10
 
 
+async def test_reading_acknowledged_tasks_back_looks_them_up_by_id(young_db: str) -> None:
+    """succeed_many's read-back of 10 tasks (task_views) with 5,000 tasks and no
+    statistics: 10 task rows and 10 delivery rows, each found by its key."""
+    leased = await _fill(young_db)
+    _no_statistics(young_db)
+    ids = json.dumps([t.id for t in leased[:10]])
+    plan = _explain(young_db, "task_views", {"ids": ids, "grp": ""})
+    assert _rows_read(plan, "conveyor_tasks") <= 10
+    assert _rows_read(plan, "conveyor_deliveries") <= 10
+    assert plan["Plan"]["Actual Rows"] == 10
+
+
 def _index_pages(url: str, names: list[str]) -> dict[str, int]:
     with psycopg.connect(_dsn(url)) as conn:
         return {

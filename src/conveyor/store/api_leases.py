@@ -2,7 +2,8 @@
 fenced writes (heartbeat, progress, succeed, fail, release, snooze, batch acks).
 
 :class:`LeaseOps` is a base of :class:`~conveyor.store.base.TaskStore`; each method
-validates its arguments and delegates to :mod:`.consumer`, where the protocol lives.
+validates its arguments and delegates to :mod:`.consumer` and :mod:`.acks`, where the
+protocol lives.
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ class LeaseOps(Seam):
     ) -> Task:
         """Finish a leased task as ``succeeded`` with ``result`` (JSON)."""
         encoded = v.to_json("result", result, max_size=self.max_result_size)
-        return await consumer.succeed(self, task_id, worker_id, group, attempt, encoded)
+        return await acks.succeed(self, task_id, worker_id, group, attempt, encoded)
 
     async def fail(
         self,
@@ -222,12 +223,7 @@ class LeaseOps(Seam):
         outcomes, todo = acks.validate_acks(items, max_size=self.max_result_size)
         if not todo:
             return [o for o in outcomes if o is not None]
-
-        out, partitioned = await tx.run(
-            self, lambda conn: acks.succeed_many_tx(self, conn, outcomes, todo)
-        )
-        wake.wake_local(self, work=partitioned)
-        return [o for o in out if o is not None]
+        return await acks.succeed_many(self, outcomes, todo)
 
     async def ack_many(
         self, items: Iterable[Mapping[str, Any]], *, partitioned: bool | None = None

@@ -5,10 +5,12 @@ contract, which each dialect implements in its SQL files
 A contract says what a statement is given (bind parameters, ``:name`` in the
 files), what it returns (columns), what it locks and what it writes. The SQL of
 each dialect is free in how it meets the contract (a data-modifying CTE on
-Postgres; on SQLite, where one writer holds the whole database, a lock is the
-write lock the transaction already holds), never in what it does. Lists are
-bound as JSON arrays where the contract says "JSON", else as the driver binds a
-Python list (a Postgres array).
+Postgres, a script of several statements on SQLite; there, where one writer
+holds the whole database, a lock is the write lock the transaction already
+holds), never in what it does. An announcement is the dialect's: a NOTIFY sent
+at commit on Postgres; on SQLite the commit itself, which other processes see
+move ``PRAGMA data_version``. Lists are bound as JSON arrays where the contract
+says "JSON", else as the driver binds a Python list (a Postgres array).
 
 Two kinds of entry:
 
@@ -279,7 +281,7 @@ STATEMENTS: tuple[Statement, ...] = (
     # ---------------------------------------------------------------- acks
     _s(
         "succeed_plain",
-        "consumer",
+        "acks",
         f"""One ``succeed()`` of an unpartitioned leased row,
         fenced (``id``, ``grp``, ``worker_id``, ``attempt`` or NULL), with ``result``
         (JSON text); announced to a registered ``wait()``. Returns {_VIEW} of the row
@@ -307,6 +309,13 @@ STATEMENTS: tuple[Statement, ...] = (
         touched stream recomputed (``refresh_streams``) and new work announced where a
         head became claimable; ``idx`` as ``ack_plain``'s, plus ``freed`` (streams whose
         head is claimable now).""",
+    ),
+    _s(
+        "task_views",
+        "acks",
+        f"""``ids`` (a JSON array) and ``grp``: {_VIEW} of each of
+        those tasks that has a row in the group (no row for the others), each task
+        found by its id and its row by the primary key.""",
     ),
     # ------------------------------------------------ SQLite's steps (to merge)
     _s(
@@ -342,19 +351,6 @@ STATEMENTS: tuple[Statement, ...] = (
         above seq ``after``.""",
     ),
     _s("step_last_seq", "producer", """The largest task seq so far (0 when none)."""),
-    _s(
-        "step_finish",
-        "steps",
-        """``seq``, ``grp``, ``result``: the row finished as
-        succeeded.""",
-    ),
-    _s(
-        "ack_held",
-        "steps",
-        """``ids`` (JSON), ``grp``, ``worker_id``: the rows of those
-        tasks in the group leased to the worker (``id``, ``task_seq``, ``attempt``,
-        ``queue``, ``partition``).""",
-    ),
 )
 
 #: The variants of the submits for a caller's transaction: each its own statement.
@@ -403,8 +399,7 @@ ONLY_ON: dict[str, str] = {
             "submit_partitioned_children submit_keyed submit_keyed_child "
             "submit_keyed_partitioned submit_keyed_many submit_key_owned share_groups "
             "lock_streams lock_streams_if_parents lock_group_streams "
-            "lock_group_streams_if_parents refresh_group_streams succeed_plain ack_plain "
-            "ack_streams_lock ack_streams"
+            "lock_group_streams_if_parents refresh_group_streams"
         ).split()
     },
     **{
@@ -412,7 +407,6 @@ ONLY_ON: dict[str, str] = {
         for name in (
             "step_submit_context step_parent_root step_touched_after step_submit_insert "
             "step_submit_insert_many step_fan_out step_fan_out_after step_last_seq "
-            "step_finish ack_held"
         ).split()
     },
 }

@@ -1,6 +1,6 @@
 """Consumer: claiming (plain work and streams), the fenced writes of a lease holder
-(heartbeat, progress, succeed, fail, release), and the explanation of a failed
-fence. Batch acknowledgement is :mod:`conveyor.store.protocol.acks`.
+(heartbeat, progress, fail, release, snooze), and the explanation of a failed
+fence. Acknowledgements (succeed, one or many) are :mod:`conveyor.store.protocol.acks`.
 
 Fencing: every write of a holder names the task, its group, the worker and
 optionally the attempt; it changes the row only while the row is running and
@@ -23,7 +23,7 @@ from conveyor.models import Task
 from conveyor.schema import deliveries as d
 from conveyor.schema import queues as qs
 from conveyor.schema import tasks as t
-from conveyor.store.protocol import codec, streams, texts, upkeep, wake
+from conveyor.store.protocol import codec, streams, upkeep
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.seam import Seam
@@ -105,20 +105,6 @@ def progress_values(progress: float | None, message: str | None) -> Values:
     return values
 
 
-def succeed_values(encoded: str) -> Values:
-    """Success with the JSON ``encoded`` result."""
-
-    def values(now: ColumnElement[int]) -> dict[str, Any]:
-        return {
-            "status": "succeeded",
-            "result": encoded,
-            "finished_at": now,
-            "lease_expires_at": None,
-        }
-
-    return values
-
-
 def snooze_values(delay_s: float) -> Values:
     """A snooze: queued again ``delay_s`` from now without spending an attempt.
 
@@ -157,35 +143,6 @@ def release_values(now: ColumnElement[int]) -> dict[str, Any]:
     }
 
 
-async def succeed(
-    st: Seam,
-    task_id: str,
-    worker_id: str,
-    group: str | None,
-    attempt: int | None,
-    encoded: str,
-) -> Task:
-    """Finish a leased task as ``succeeded`` with the JSON ``encoded`` result: one
-    statement where the dialect has one (unpartitioned rows), else, and when that
-    statement's fence matched nothing (to learn why), :func:`owned_write`."""
-    text = await texts.get(st, "succeed_plain")
-    if text is not None:
-        params = {
-            "id": v.name("task_id", task_id),
-            "worker_id": v.name("worker_id", worker_id),
-            "grp": codec.group_key(group),
-            "attempt": None if attempt is None else v.positive_int("attempt", attempt),
-            "result": encoded,
-        }
-        rows = await texts.alone(st, text, params)
-        if rows:
-            wake.wake_local(st, work=False)
-            return codec.row_to_task(rows[0])
-    return await owned_write(
-        st, task_id, worker_id, group, attempt, succeed_values(encoded), done=True
-    )
-
-
 async def owned_write(
     st: Seam,
     task_id: str,
@@ -193,10 +150,9 @@ async def owned_write(
     group: str | None,
     attempt: int | None,
     values: Values,
-    *,
-    done: bool = False,
 ) -> Task:
-    """Validate the fence's arguments and apply ``values`` in its own transaction."""
+    """Validate the fence's arguments and apply ``values`` in its own transaction
+    (heartbeat, progress, release, snooze: a success is :func:`.acks.succeed`)."""
     grp = codec.group_key(group)
     task_id = v.name("task_id", task_id)
     worker_id = v.name("worker_id", worker_id)
@@ -205,13 +161,10 @@ async def owned_write(
 
     async def work(conn: AsyncConnection) -> Task:
         return await owned_update(
-            st, conn, task_id, grp, worker_id, attempt, values(tx.now(st)), done=done
+            st, conn, task_id, grp, worker_id, attempt, values(tx.now(st)), done=False
         )
 
-    task = await tx.run(st, work)
-    if done:
-        wake.wake_local(st, work=False)
-    return task
+    return await tx.run(st, work)
 
 
 async def owned_update(

@@ -12,12 +12,18 @@ bind parameters), read once per process by :func:`load` and turned into the
 driver's parameter style at open() (:func:`build`). The statements and their
 contracts are listed in :mod:`conveyor.store.catalogue`.
 
+A block may be a *script*: several statements, each ended by a ``;`` at the end
+of a line, run in order in one transaction with the same parameters; the rows
+are the last one's (:attr:`Text.before` holds the earlier ones). A dialect that
+cannot say in one statement what another does (SQLite has no data-modifying
+CTEs) meets the same contract so.
+
 Running:
 
 * :func:`alone` — one statement by itself, committed on its own (autocommit where
   the dialect allows), with the store's retries; on Postgres it runs on a
   driver connection kept in autocommit (:mod:`.pg_direct`), skipping SQLAlchemy's
-  execution layer and pool;
+  execution layer and pool (a script runs as :func:`together` runs steps);
 * :func:`execute` — one statement inside a transaction the caller runs
   (:func:`conveyor.store.protocol.transactions.run`).
 
@@ -65,7 +71,7 @@ def now(st: Seam) -> ColumnElement[int]:
 
 @dataclass(frozen=True, slots=True)
 class Text:
-    """One statement as driver text."""
+    """One statement as driver text (a script: the last of its statements)."""
 
     name: str
     sql: str
@@ -76,6 +82,12 @@ class Text:
     clock: bool = False
     #: Whether the text reads ``now_us`` (a process clock, read per run).
     now: bool = False
+    #: A script's statements before :attr:`sql`, run first with the same parameters.
+    before: tuple[str, ...] = ()
+
+    def statements(self) -> tuple[str, ...]:
+        """Every statement of the text, in order (one unless it is a script)."""
+        return (*self.before, self.sql)
 
     def bind(self, st: Seam, params: Mapping[str, Any]) -> dict[str, Any]:
         """The driver parameters for one run."""
@@ -131,9 +143,31 @@ def build(st: Seam, dialect: Dialect, own: Mapping[str, str] | None = None) -> T
     pyformat = dialect.paramstyle == "pyformat"
     items = []
     for name, sql in sorted((st._statement_texts() if own is None else own).items()):
-        driver = to_pyformat(sql) if pyformat else sql
-        items.append(Text(name, driver, clock=f":{OFFSET}" in sql, now=f":{CLOCK}" in sql))
+        *before, last = (to_pyformat(one) if pyformat else one for one in split(sql))
+        clock, now = f":{OFFSET}" in sql, f":{CLOCK}" in sql
+        items.append(Text(name, last, clock=clock, now=now, before=tuple(before)))
     return Texts(items)
+
+
+#: The end of a script's statement: a ``;`` closing a line (not a comment line).
+_END = re.compile(r"^(?!\s*--).*;[ \t]*$", re.MULTILINE)
+
+
+def split(sql: str) -> list[str]:
+    """The statements of one block: one, or a script's, each ended by a ``;`` at
+    the end of a line (the ``;`` dropped)."""
+    parts: list[str] = []
+    start = 0
+    for end in _END.finditer(sql):
+        parts.append(sql[start : end.end()].rstrip().removesuffix(";").strip())
+        start = end.end()
+    parts.append(sql[start:].strip())
+    return [part for part in parts if _code(part)]
+
+
+def _code(sql: str) -> bool:
+    """Whether ``sql`` holds more than comments and blank lines."""
+    return any(line.strip() and not line.lstrip().startswith("--") for line in sql.splitlines())
 
 
 #: A bind parameter in a statement file: ``:name``, not a ``::type`` cast.
@@ -222,17 +256,24 @@ async def execute(conn: AsyncConnection, st: Seam, text: Text, params: Mapping[s
     On a connection that can run it on the driver's cursor itself (SQLite's
     connection thread, :meth:`~conveyor.store.protocol.transactions.InlineConnection.run_text`)
     it does, skipping SQLAlchemy's per-statement execution layer."""
+    bound = text.bind(st, params)
     direct = getattr(conn, "run_text", None)
     if direct is not None:
-        return direct(text.sql, text.bind(st, params))
-    return await conn.exec_driver_sql(text.sql, text.bind(st, params))
+        for sql in text.before:
+            direct(sql, bound)
+        return direct(text.sql, bound)
+    for sql in text.before:
+        await conn.exec_driver_sql(sql, bound)
+    return await conn.exec_driver_sql(text.sql, bound)
 
 
 async def execute_many(
     conn: AsyncConnection, st: Seam, text: Text, params: Iterable[Mapping[str, Any]]
 ) -> None:
     """Run ``text`` once per parameter set in ``params`` (``executemany``) inside the
-    caller's transaction; on the driver's cursor where :func:`execute` would be."""
+    caller's transaction; on the driver's cursor where :func:`execute` would be.
+    Not for a script."""
+    assert not text.before, f"{text.name} is a script: run it with execute()"
     bound = [text.bind(st, one) for one in params]
     direct = getattr(conn, "run_text_many", None)
     if direct is not None:
@@ -255,7 +296,6 @@ async def together(
     (one round trip); else, or when it has no connection free, as an ordinary
     transaction. On ``conn`` (a caller's, in its transaction), one after another
     there, with no transaction or retry of ours."""
-    bound = [(text.sql, text.bind(st, params)) for text, params in steps]
     runner = st._steps_runner()
     chosen = range(len(steps))[rows_of]
 
@@ -271,18 +311,32 @@ async def together(
         return await work(conn)
     if runner is None:
         return await tx.run(st, work, write=write)
-    return await tx.run(st, work, write=write, together=lambda: runner(bound, rows_of))
+    # A script's statements are steps of their own; its rows are its last one's.
+    bound: list[tuple[str, Mapping[str, Any]]] = []
+    rows_at = 0
+    for n, (text, params) in enumerate(steps):
+        one = text.bind(st, params)
+        bound += [(sql, one) for sql in text.statements()]
+        if n == chosen:
+            rows_at = len(bound) - 1
+    return await tx.run(st, work, write=write, together=lambda: runner(bound, rows_at))
 
 
 async def alone(
     st: Seam, text: Text, params: Mapping[str, Any], *, write: bool = True
 ) -> list[Any]:
     """Run ``text`` by itself, committed on its own, with the store's retries; its
-    rows. One round trip where the dialect runs single statements in autocommit."""
+    rows. One round trip where the dialect runs single statements in autocommit; a
+    script runs in a transaction of its own (:func:`together`)."""
+    if text.before:
+        return await together(st, [(text, params)], write=write)
     bound = text.bind(st, params)
     direct = st._direct_runner()
 
     async def work(conn: AsyncConnection) -> list[Any]:
+        on_driver = getattr(conn, "run_text", None)
+        if on_driver is not None:
+            return list(on_driver(text.sql, bound))
         return list(await conn.exec_driver_sql(text.sql, bound))
 
     if direct is None:

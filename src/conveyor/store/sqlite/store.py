@@ -243,6 +243,11 @@ class SQLiteStore(TaskStore):
             cur.execute("PRAGMA journal_mode = WAL")
             cur.execute(f"PRAGMA synchronous = {synchronous}")
             cur.execute("PRAGMA foreign_keys = ON")
+            # The ephemeral tables a statement builds (an UPDATE … FROM's rows, a
+            # DISTINCT, a materialized CTE: a batch's worth) in memory: backed by a
+            # temporary file instead, each such statement of an acknowledgement
+            # cost as much again as its writes.
+            cur.execute("PRAGMA temp_store = MEMORY")
             if fair:
                 # The store's own connection checkpoints on a timer instead of in
                 # whichever commit finds the WAL long (see sqlite_thread._checkpoint).
