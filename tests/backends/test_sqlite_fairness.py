@@ -92,9 +92,9 @@ async def test_the_ack_lookup_probes_by_id_not_through_the_history(
         with closing(sqlite3.connect(path)) as db:
             plans = [
                 [row[3] for row in db.execute("EXPLAIN QUERY PLAN " + sql, params)]
-                for sql in text.statements()
+                for sql in text.statements
             ]
-    for sql, plan in zip(text.statements(), plans, strict=True):
+    for sql, plan in zip(text.statements, plans, strict=True):
         scans = [step for step in plan if step.startswith("SCAN")]
         assert all(_SCANNED.match(step) for step in scans), plan
         if "INSERT INTO conveyor_streams" not in sql:

@@ -174,22 +174,28 @@ async def test_the_claim_reads_free_streams_in_claim_order(tmp_path: Path) -> No
     assert len([row for row in rows if row[0] == 1]) == 100
 
 
-async def test_a_partitioned_submit_writes_its_new_stream_once(
+async def test_a_partitioned_submit_writes_its_streams_in_a_fixed_number_of_statements(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With one writer, a producer has no stream row to lock before inserting: the
-    one statement that recomputes the streams the new rows joined also creates a
-    missing one (before: an upsert of the stream row first, then the recompute).
-    The streams come out right: each partition's tasks claimed in submit order."""
+    """A partitioned submit writes stream rows in the protocol's statements, the
+    same number however many streams it joins: the queue-mode streams created
+    before the insert (``lock_streams``: with one writer there is nothing to lock),
+    then every stream the rows joined created and recomputed (``lock_streams``,
+    ``refresh_streams``). The streams come out right: each partition's tasks
+    claimed in submit order."""
     async with conveyor.connect(f"sqlite:///{tmp_path / 's.db'}") as store:
         await store.submit("t", queue="q")
         seen = _count_statements(store, monkeypatch)
         first = await store.submit("t", queue="q", partition="new")
+        one = [s for s in seen if "conveyor_streams" in s and "INSERT" in s.upper()]
+        seen.clear()
         batch = await store.submit_many(
             [{"name": "t", "queue": "q", "partition": p} for p in ("new", "other", "other")]
         )
-        writes = [s for s in seen if "conveyor_streams" in s and "INSERT" in s.upper()]
-        assert len(writes) == 2  # one per submit
+        two = [s for s in seen if "conveyor_streams" in s and "INSERT" in s.upper()]
+        assert store._texts is not None
+        lock, refresh = store._texts["lock_streams"].sql, store._texts["refresh_streams"].sql
+        assert one == two == [lock, lock, refresh]
         got = await store.claim("q", worker_id="w", limit=10, per_stream=3)
         by_stream = (
             [t.id for t in got if t.partition == "new"],

@@ -53,7 +53,7 @@ async def test_no_built_statement_binds_a_status_it_filters_on(store: TaskStore)
     offenders = {
         name: match.group(0)
         for name in store._texts.names()
-        for sql in store._texts.get(name).statements()  # type: ignore[union-attr]
+        for sql in store._texts[name].statements
         for match in [bound.search(sql)]
         if match is not None
     }
@@ -144,7 +144,7 @@ async def test_a_script_runs_its_statements_in_one_transaction(store: TaskStore)
     count = "SELECT count(*) AS n FROM conveyor_waiters WHERE task_id = 's'"
     built = texts.build(store, store._engine.dialect, _script(count))
     script = built.get("script")
-    assert script is not None and len(script.statements()) == 2
+    assert script is not None and len(script.statements) == 2
     assert [row.n for row in await texts.alone(store, script, {"token": "a"})] == [1]
     rows = await texts.together(store, [(script, {"token": "b"}), (script, {"token": "c"})])
     assert [row.n for row in rows] == [3]
@@ -167,6 +167,91 @@ async def test_a_script_runs_its_statements_in_one_transaction(store: TaskStore)
 def test_a_malformed_statement_file_is_refused(source: str, problem: str) -> None:
     with pytest.raises(ValueError, match=problem):
         texts.parse(source)
+
+
+def test_a_block_of_several_statements_is_a_script() -> None:
+    """Statements ending with ``;`` at a line end (not in a comment) make a script,
+    run in order; the last one's rows are the text's. Parameters read as JSON are
+    known, for the lists given for them."""
+    found = texts.parse(
+        """-- name: s
+-- first; not the end of a statement
+INSERT INTO t SELECT value FROM json_each(:ids);
+SELECT 'a;' AS x,
+    :n::json AS y;
+SELECT 1
+"""
+    )
+    parts = texts.split(found["s"])
+    assert [p.splitlines()[-1] for p in parts] == [
+        "INSERT INTO t SELECT value FROM json_each(:ids)",
+        "    :n::json AS y",
+        "SELECT 1",
+    ]
+    assert parts[0].startswith("-- first; not")
+    assert texts.json_params(found["s"]) == ("ids", "n")
+    with pytest.raises(ValueError, match="only comments"):
+        texts.split("SELECT 1;\n-- nothing after")
+
+
+def test_a_block_of_comments_naming_another_statement_is_that_statement() -> None:
+    found = texts.parse("-- name: a\nSELECT 1\n\n-- name: b\n-- the same\n-- as: a\n")
+    assert found == {"a": "SELECT 1", "b": "SELECT 1"}
+    with pytest.raises(ValueError, match="lacks"):
+        texts.parse("-- name: b\n-- as: a\n")
+
+
+def _script_sql(backend: str) -> dict[str, str]:
+    add = "INSERT INTO conveyor_waiters (task_id, token, expires_at) VALUES ('s', :token, 0);\n"
+    if backend == "sqlite":
+        rows = "json_each(:tokens)"
+    else:
+        rows = "json_array_elements_text(:tokens::json)"
+    return {
+        "add": add + "SELECT count(*) AS n FROM conveyor_waiters WHERE task_id = 's'",
+        "twice": add + add + "SELECT 1 AS x",
+        "count": f"SELECT count(*) AS n FROM {rows}",
+    }
+
+
+async def test_a_script_runs_alone_in_one_transaction(store: TaskStore, backend: str) -> None:
+    """A script run alone: its statements in order in one transaction (the last one
+    sees what the first wrote; its rows come back), none of it kept when a later
+    statement fails; inside a caller's transaction and together with other
+    statements, the same."""
+    await store.open()
+    assert store._engine is not None
+    built = texts.build(store, store._engine.dialect, _script_sql(backend))
+    add, twice = built["add"], built["twice"]
+    assert len(add.statements) == 2 and len(twice.statements) == 3
+    assert [row.n for row in await texts.alone(store, add, {"token": "a"})] == [1]
+    assert [row.n for row in await texts.alone(store, add, {"token": "b"}, inline=True)] == [2]
+    with pytest.raises(ConveyorError):
+        await texts.alone(store, twice, {"token": "c"})
+    count = texts.Text("count", "SELECT count(*) AS n FROM conveyor_waiters")
+    assert (await texts.alone(store, count, {}))[0].n == 2
+
+    async def work(conn: Any) -> list[Any]:
+        return list(await texts.execute(conn, store, add, {"token": "d"}))
+
+    assert [row.n for row in await store._run(work)] == [3]
+    steps = [(add, {"token": "e"}), (count, {})]
+    assert [row.n for row in await texts.together(store, steps, rows_of=0)] == [4]
+    with pytest.raises(ValueError, match="script"):
+        await store._run(lambda conn: texts.execute_many(conn, store, add, [{"token": "f"}]))
+
+
+async def test_a_list_for_a_parameter_read_as_json_is_encoded(
+    store: TaskStore, backend: str
+) -> None:
+    """A Python list given for a parameter the statement reads as JSON text is
+    bound as JSON (SQLite's driver binds no lists); JSON text given is left alone."""
+    await store.open()
+    assert store._engine is not None
+    count = texts.build(store, store._engine.dialect, _script_sql(backend))["count"]
+    assert count.lists == ("tokens",)
+    assert (await texts.alone(store, count, {"tokens": ["a", "b", None]}))[0].n == 3
+    assert (await texts.alone(store, count, {"tokens": '["a"]'}))[0].n == 1
 
 
 async def test_a_refused_statement_is_a_store_error(store: TaskStore) -> None:
@@ -286,18 +371,18 @@ async def test_the_batch_runner_runs_one_statement_per_parameters_in_one_transac
     store: TaskStore, backend: str
 ) -> None:
     """The seam's batch runner (Postgres: runs pipelined on a kept connection; SQLite:
-    none) runs the statement once per parameters, in order, as it takes them; every
-    run's rows come back in order; an exception from the parameters rolls back the
-    runs already sent."""
+    every run's parameters taken first, then the runs on its connection thread) runs
+    the statements once per parameters, in order; every run's rows come back in
+    order; an exception from the parameters writes nothing of the runs."""
+    await store.open()
     runner = store._batch_runner()
-    if backend == "sqlite":
-        assert runner is None
-        return
-    assert runner is not None
+    mark = "%(token)s" if backend == "postgres" else ":token"
     add = (
         "INSERT INTO conveyor_waiters (task_id, token, expires_at) "
-        "VALUES ('b', %(token)s, 0) RETURNING token, "
-        "(SELECT count(*) FROM conveyor_waiters WHERE task_id = 'b') AS before"
+        f"VALUES ('b', {mark}, 0) RETURNING token, "
+        # (Not counting its own row, which SQLite's RETURNING sees and Postgres's not.)
+        f"(SELECT count(*) FROM conveyor_waiters WHERE task_id = 'b' AND token <> {mark}) "
+        "AS before"
     )
     taken: list[str] = []
 
@@ -308,12 +393,24 @@ async def test_the_batch_runner_runs_one_statement_per_parameters_in_one_transac
             taken.append(token)
             yield {"token": token}
 
-    rows = await runner(add, runs(["x", "y", "z"]))
+    rows = await runner([add], runs(["x", "y", "z"]))
     assert rows is not None
     # Each run saw what the runs before it wrote (same transaction, in order).
     assert [(row.token, row.before) for row in rows] == [("x", 0), ("y", 1), ("z", 2)]
     with pytest.raises(InvalidArgument):
-        await runner(add, runs(["p", "q", "r"], fail_at=2))
+        await runner([add], runs(["p", "q", "r"], fail_at=2))
     assert taken == ["x", "y", "z", "p", "q"]
     count = texts.Text("count", "SELECT count(*) AS n FROM conveyor_waiters WHERE task_id = 'b'")
     assert (await texts.alone(store, count, {}))[0].n == 3  # p and q rolled back
+
+
+async def test_the_batch_runner_runs_a_scripts_statements_in_order(
+    store: TaskStore, backend: str
+) -> None:
+    """A script's statements, once per parameters: the rows of the last of each run."""
+    await store.open()
+    mark = "%(token)s" if backend == "postgres" else ":token"
+    add = f"INSERT INTO conveyor_waiters (task_id, token, expires_at) VALUES ('s', {mark}, 0)"
+    count = "SELECT count(*) AS n FROM conveyor_waiters WHERE task_id = 's'"
+    rows = await store._batch_runner()([add, count], iter([{"token": "a"}, {"token": "b"}]))
+    assert [row.n for row in rows or []] == [1, 2]

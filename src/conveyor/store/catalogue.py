@@ -5,12 +5,15 @@ contract, which each dialect implements in its SQL files
 A contract says what a statement is given (bind parameters, ``:name`` in the
 files), what it returns (columns), what it locks and what it writes. The SQL of
 each dialect is free in how it meets the contract (a data-modifying CTE on
-Postgres, a script of several statements on SQLite; there, where one writer
-holds the whole database, a lock is the write lock the transaction already
-holds), never in what it does. An announcement is the dialect's: a NOTIFY sent
-at commit on Postgres; on SQLite the commit itself, which other processes see
-move ``PRAGMA data_version``. Lists are bound as JSON arrays where the contract
-says "JSON", else as the driver binds a Python list (a Postgres array).
+Postgres; on SQLite, where one writer holds the whole database, a lock is the
+write lock the transaction already holds; a script of several statements where
+one will not do), never in what it does. Lists are bound as JSON arrays where the
+contract says "JSON"; where it says "a list", the protocol gives a Python list,
+which the dialect binds as its driver can: a Postgres array, or JSON text where
+the statement reads it so (``json_each`` on SQLite: see
+:meth:`conveyor.store.protocol.texts.Text.bind`). An announcement is the
+dialect's: a NOTIFY sent at commit on Postgres; on SQLite the commit itself,
+which other processes see move ``PRAGMA data_version``.
 
 Two kinds of entry:
 
@@ -150,6 +153,12 @@ STATEMENTS: tuple[Statement, ...] = (
         rows, inserted in that order, and their delivery rows for queue mode and every
         active group (``queries.fan_out``); no announcement. Returns the ``(queue, grp,
         partition)`` of every stream the new delivery rows joined, once each.""",
+    ),
+    _s(
+        "parent_roots",
+        "producer",
+        """``ids`` (a JSON array): the ``id`` and ``root_id`` of each
+        of those that is a task.""",
     ),
     _s(
         "submit_plain",
@@ -317,40 +326,6 @@ STATEMENTS: tuple[Statement, ...] = (
         those tasks that has a row in the group (no row for the others), each task
         found by its id and its row by the primary key.""",
     ),
-    # ------------------------------------------------ SQLite's steps (to merge)
-    _s(
-        "step_submit_context",
-        "producer",
-        """``queue``: ``submit_context`` of one queue,
-        the clock as ``now``.""",
-    ),
-    _s("step_parent_root", "steps", """``parent``: the parent's ``root_id``."""),
-    _s(
-        "step_touched_after",
-        "steps",
-        """``after``: the ``(queue, grp, partition)`` of the
-        streams the delivery rows of tasks above seq ``after`` joined.""",
-    ),
-    _s("step_submit_insert", "producer", """One task row (``v_<column>``); its ``seq``."""),
-    _s(
-        "step_submit_insert_many",
-        "producer",
-        """``step_submit_insert`` run once per row,
-        no rows returned.""",
-    ),
-    _s(
-        "step_fan_out",
-        "producer",
-        """``seq``: the delivery rows of that task (queue mode,
-        every active group).""",
-    ),
-    _s(
-        "step_fan_out_after",
-        "producer",
-        """``after``: the delivery rows of every task
-        above seq ``after``.""",
-    ),
-    _s("step_last_seq", "producer", """The largest task seq so far (0 when none)."""),
 )
 
 #: The variants of the submits for a caller's transaction: each its own statement.
@@ -394,19 +369,11 @@ ONLY_ON: dict[str, str] = {
         name: "postgres"
         for name in (
             "key_holder key_answers replace_share replace_lock replace_cancel "
-            "replace_refresh replace_key submit_context insert_rows submit_plain "
-            "submit_one submit_children submit_child submit_partitioned "
+            "replace_refresh replace_key submit_partitioned "
             "submit_partitioned_children submit_keyed submit_keyed_child "
-            "submit_keyed_partitioned submit_keyed_many submit_key_owned share_groups "
-            "lock_streams lock_streams_if_parents lock_group_streams "
+            "submit_keyed_partitioned submit_keyed_many submit_key_owned "
+            "lock_streams_if_parents lock_group_streams "
             "lock_group_streams_if_parents refresh_group_streams"
-        ).split()
-    },
-    **{
-        name: "sqlite"
-        for name in (
-            "step_submit_context step_parent_root step_touched_after step_submit_insert "
-            "step_submit_insert_many step_fan_out step_fan_out_after step_last_seq "
         ).split()
     },
 }

@@ -36,10 +36,11 @@ DirectRunner = Callable[[str, Mapping[str, Any]], Awaitable[list[Any]]]
 #: when no such connection is free.
 StepsRunner = Callable[[Sequence[tuple[str, Mapping[str, Any]]], int], Awaitable[list[Any] | None]]
 
-#: Runs one driver statement once per parameters taken from an iterable, in order,
-#: in one transaction on a driver connection of the dialect's own; every run's rows,
-#: or ``None`` when no such connection is free.
-BatchRunner = Callable[[str, Iterable[Mapping[str, Any]]], Awaitable[list[Any] | None]]
+#: Runs the driver statements of one text (a script's, in order; most often one)
+#: once per parameters taken from an iterable, in order, in one transaction; the
+#: rows of the last statement of every run, or ``None`` when the dialect has no
+#: connection of its own free.
+BatchRunner = Callable[[Sequence[str], Iterable[Mapping[str, Any]]], Awaitable[list[Any] | None]]
 
 T = TypeVar("T")
 
@@ -62,7 +63,10 @@ class Seam(abc.ABC):
     # ------------------------------------------------ state the roles read
     #: Whether the backend has row locks whose order matters (Postgres). Without
     #: them (SQLite: one writer holds the whole database) the protocol skips the
-    #: steps that only take locks ahead of time (see :mod:`conveyor.store.protocol.streams`).
+    #: reads that only find rows to lock ahead of time (the streams of a replace's
+    #: holders, of expired leases, of a fenced write; see
+    #: :mod:`conveyor.store.protocol.streams`); the catalogue's lock statements
+    #: (``share_groups``, ``lock_streams``) run on both.
     row_locks: ClassVar[bool]
     #: Whether the clock is the process's (SQLite), read when a statement runs
     #: rather than by the database: a statement built once then binds it per run
@@ -309,15 +313,19 @@ class Seam(abc.ABC):
         ordinary transaction. ``None`` for a dialect without one."""
 
     @abc.abstractmethod
-    def _batch_runner(self) -> BatchRunner | None:
-        """Like :meth:`_steps_runner`, for one statement run once per parameters
-        taken from an iterable, in order, in one transaction, every run's rows
-        returned in order. Each run goes to the server as soon as its parameters
-        are taken, where the driver can, so what makes the next run's parameters
-        overlaps the server's work on this one. An exception raised by the
-        iterable rolls the transaction back and propagates. It may answer ``None``
-        (nothing taken) when it has no connection of its own free. ``None`` for a
-        dialect without one."""
+    def _batch_runner(self) -> BatchRunner:
+        """The runner of a large batch sent in runs
+        (:mod:`conveyor.store.protocol.submit_runs`): the statements of one text run
+        once per parameters taken from an iterable, in order, in one transaction
+        (each run sees what the runs before it wrote), the rows of the last
+        statement of every run returned in order. Where the driver can, each run
+        goes to the server as soon as its parameters are taken, so what makes the
+        next run's parameters overlaps the server's work on this one (Postgres,
+        pipelined on a kept connection); where there is no server to overlap with
+        (SQLite), it may take every run's parameters first. An exception raised by
+        the iterable propagates, nothing of the runs written. It may answer
+        ``None`` (nothing taken) when it has no connection of its own free: the
+        caller then runs the same runs in an ordinary transaction."""
 
     # ------------------------------------------------------- wake channel
     @abc.abstractmethod

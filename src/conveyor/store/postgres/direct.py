@@ -239,23 +239,31 @@ class Direct:
 
         return await self._transaction(kept, send, read)
 
-    async def run_batch(self, sql: str, runs: Iterable[Mapping[str, Any]]) -> list[Any] | None:
-        """Run ``sql`` once per parameters in ``runs``, in order, in one transaction
-        on a kept connection, pipelined: each run goes to the server as soon as its
-        parameters are taken, so the work that makes the next run's parameters
-        overlaps the server's work on this one. Every run's rows, in order. ``None``
-        when no kept connection is free (nothing of ``runs`` taken). An exception
-        from ``runs`` itself (the caller refusing its own input) leaves the
-        connection closed, its transaction rolled back, and propagates."""
+    async def run_batch(
+        self, statements: Sequence[str], runs: Iterable[Mapping[str, Any]]
+    ) -> list[Any] | None:
+        """Run ``statements`` (in order) once per parameters in ``runs``, in order, in
+        one transaction on a kept connection, pipelined: each run goes to the server
+        as soon as its parameters are taken, so the work that makes the next run's
+        parameters overlaps the server's work on this one. The last statement's
+        rows of every run, in order. ``None`` when no kept connection is free
+        (nothing of ``runs`` taken). An exception from ``runs`` itself (the caller
+        refusing its own input) leaves the connection closed, its transaction
+        rolled back, and propagates."""
+        *before, sql = statements
         kept = await self._take(sql, {})
         if kept is None:
             return None
         text, names = native(sql)
+        earlier = [(one, *native(one)) for one in before]
         make = row_factory(sql)
         cursors: list[psycopg.AsyncRawCursor[Any]] = []
 
         async def send(at: list[Any]) -> None:
             for params in runs:
+                for one, one_text, one_names in earlier:
+                    at[:] = [one, params]
+                    await kept.cursor(one).execute(one_text, [params[n] for n in one_names])
                 at[:] = [sql, params]
                 # A cursor per run: in a pipeline a cursor keeps only its last result.
                 cur = psycopg.AsyncRawCursor(kept.driver, row_factory=make)

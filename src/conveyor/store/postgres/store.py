@@ -347,12 +347,17 @@ class PostgresStore(TaskStore):
     ) -> list[Any] | None:
         return await self._kept().run_steps(steps, rows_of)
 
-    def _batch_runner(self) -> BatchRunner | None:
+    def _batch_runner(self) -> BatchRunner:
         # The same kept connections, the runs pipelined between BEGIN and COMMIT.
-        return self._run_batch if self.autocommit_single else None
+        return self._run_batch
 
-    async def _run_batch(self, sql: str, runs: Iterable[Mapping[str, Any]]) -> list[Any] | None:
-        return await self._kept().run_batch(sql, runs)
+    async def _run_batch(
+        self, statements: Sequence[str], runs: Iterable[Mapping[str, Any]]
+    ) -> list[Any] | None:
+        if not self.autocommit_single:
+            # Timeouts set per transaction: a kept connection would run without them.
+            return None
+        return await self._kept().run_batch(statements, runs)
 
     def _kept(self) -> pg_direct.Direct:
         direct = self._direct

@@ -33,7 +33,10 @@ async def submit(st: Seam, connection: Any, reqs: list[Request]) -> list[Task]:
     try:
         if one is not None:
             # No savepoint: one statement writes all or nothing by itself, and the
-            # two round trips of a savepoint cost about what the statement does.
+            # two round trips of a savepoint cost about what the statement does. (A
+            # script, SQLite's, refuses a missing parent before it writes; a later
+            # statement failing is a database error, and the caller is told to
+            # roll back.)
             tasks = await _submit_one_statement(st, conn, one, reqs)
         else:
             # A savepoint: a refused or failed submit leaves the caller's

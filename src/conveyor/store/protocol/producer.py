@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -20,7 +20,7 @@ from conveyor.schema import deliveries as d
 from conveyor.schema import groups as g
 from conveyor.schema import keys as k
 from conveyor.schema import tasks as t
-from conveyor.store.protocol import codec, steps, streams, texts, withdraw
+from conveyor.store.protocol import codec, streams, texts, withdraw
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.protocol.requests import Request
@@ -62,35 +62,25 @@ def many_params(reqs: list[Request]) -> dict[str, Any]:
 
 async def submit(st: Seam, reqs: list[Request]) -> list[Task]:
     """Insert the requests in one transaction; the answering tasks in request order.
-    Plain requests (no key, partition or parent) go through the dialect's
-    one-statement submit where there is one, and children without keys or
-    partitions through its one-statement submit of children (partitioned ones and
-    one keyed request may go as statements sent together first:
-    :mod:`conveyor.store.protocol.submit_together`). A dialect without a one-statement submit
-    takes its built-once steps for every request without a key. The rest go step
-    by step (:func:`submit_tx`)."""
+    Plain requests (no key, partition or parent) go as the one-statement submit
+    (``submit_one``, ``submit_plain``), children without keys or partitions as
+    the one-statement submit of children (``submit_child``, ``submit_children``);
+    the rest step by step (:func:`submit_tx`; partitioned ones and one keyed
+    request may go as statements sent together first:
+    :mod:`conveyor.store.protocol.submit_together`). A short submit may run on the
+    caller's thread where the dialect's connection runner allows
+    (:data:`INLINE_MAX`)."""
     single = len(reqs) == 1
-    built = st._texts or await texts.of(st)
-    text = built.get("submit_one" if single else "submit_plain")
-    plain = is_plain(reqs)
-    # Dialects without a one-statement submit take the built-once steps for every
-    # request without a key: parents' roots and touched streams are steps too.
-    stepped = plain or (not any(r.key is not None for r in reqs) and has_steps(built))
-    if text is None and single and stepped and "step_submit_insert" in built:
-        # The same steps, each statement built once (dialects without a
-        # one-statement submit).
-        return [await tx.run(st, lambda conn: submit_one_tx(st, conn, reqs[0]), inline=True)]
     short = len(reqs) <= INLINE_MAX
-    if text is None and stepped and "step_submit_insert_many" in built:
-        return await tx.run(st, lambda conn: submit_plain_tx(st, conn, reqs), inline=short)
-    if not plain and only_parents(reqs):
-        family = built.get("submit_child" if single else "submit_children")
-        if family is not None:
-            return await submit_children(st, family, reqs)
-    if text is None or not plain:
-        return await tx.run(st, lambda conn: submit_tx(st, conn, reqs), inline=short)
-    params = one_params(reqs[0]) if single else many_params(reqs)
-    return answers(reqs, await texts.alone(st, text, params))
+    built = st._texts or await texts.of(st)
+    if is_plain(reqs):
+        text = built["submit_one" if single else "submit_plain"]
+        params = one_params(reqs[0]) if single else many_params(reqs)
+        return answers(reqs, await texts.alone(st, text, params, inline=short))
+    if only_parents(reqs):
+        family = built["submit_child" if single else "submit_children"]
+        return await submit_children(st, family, reqs)
+    return await tx.run(st, lambda conn: submit_tx(st, conn, reqs), inline=short)
 
 
 def only_parents(reqs: list[Request]) -> bool:
@@ -109,7 +99,8 @@ async def submit_children(st: Seam, text: texts.Text, reqs: list[Request]) -> li
         params = {**one_params(reqs[0]), "parent_id": reqs[0].parent_id}
     else:
         params = {**many_params(reqs), "parent_ids": [r.parent_id for r in reqs]}
-    return family_answers(reqs, await texts.alone(st, text, params))
+    rows = await texts.alone(st, text, params, inline=len(reqs) <= INLINE_MAX)
+    return family_answers(reqs, rows)
 
 
 def family_answers(reqs: list[Request], rows: list[Any]) -> list[Task]:
@@ -206,15 +197,6 @@ def settle(tasks: list[Task], rows: Iterable[Any]) -> list[Task]:
     return tasks
 
 
-class _Stored(NamedTuple):
-    """What the database decided for a task, as the one-statement submit returns it."""
-
-    id: str
-    max_attempts: int
-    created_at: int
-    run_at: int
-
-
 def _given(values: list[Any]) -> list[Any] | None:
     """``values``, or ``None`` when every one is ``None``."""
     return values if any(value is not None for value in values) else None
@@ -289,9 +271,7 @@ async def submit_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> lis
         await withdraw.cancel_tx(st, conn, replaced)
 
     found: dict[str, Task] = {}
-    if new and inserts_by_steps(st, conn):
-        found.update({task.id: task for task in await insert_by_steps(st, conn, new)})
-    elif new:
+    if new:
         found.update(await insert_tasks(st, conn, new))
     ids = [r.id if r.key is None else chosen[r.key] for r in reqs]
     reused = [i for i in ids if i not in found]
@@ -325,128 +305,10 @@ def task_row(r: Request, now: int, conf: Any, root: str) -> dict[str, Any]:
     }
 
 
-async def submit_one_tx(st: Seam, conn: AsyncConnection, r: Request) -> Task:
-    """:func:`submit_tx` of one request without a key on the statements built once
-    (:mod:`.steps`): its parent's root (if it has a parent), the clock and queue
-    settings, the task row, its delivery rows, and its stream recomputed (if it has a
-    partition)."""
-    built = st._texts
-    assert built is not None
-    context, insert, fan = (
-        built.get("step_submit_context"),
-        built.get("step_submit_insert"),
-        built.get("step_fan_out"),
-    )
-    assert context is not None and insert is not None and fan is not None
-    roots = await steps.parent_roots(st, conn, [r])
-    found = (await texts.execute(conn, st, context, {"queue": r.queue})).first()
-    conf = found if found.queue is not None else None
-    row = task_row(r, int(found.now), conf, r.id if r.parent_id is None else roots[r.parent_id])
-    seq = (await texts.execute(conn, st, insert, steps.insert_params(row))).scalar_one()
-    await texts.execute(conn, st, fan, {"seq": seq})
-    if r.partition is not None:
-        await steps.refresh_after(st, conn, seq - 1)
-    await st._notify(conn, {r.queue}, done=False)
-    return codec.new_task(row, payload=json.loads(r.payload), metadata=json.loads(r.metadata))
-
-
-async def submit_plain_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> list[Task]:
-    """:func:`submit_tx` of requests without keys on the statements built once
-    (:mod:`.steps`): :func:`insert_by_steps`, then the announcement."""
-    tasks = await insert_by_steps(st, conn, reqs)
-    await st._notify(conn, {r.queue for r in reqs}, done=False)
-    return tasks
-
-
-def inserts_by_steps(st: Seam, conn: AsyncConnection) -> bool:
-    """Whether :func:`insert_by_steps` serves on ``conn``: the dialect has the steps
-    (no one-statement submit) and ``conn`` is the store's own, whose write
-    transactions hold the single writer lock from their start (a caller's
-    transaction may not yet: another writer could slip rows in above the seq it
-    reads)."""
-    built = st._texts
-    return built is not None and has_steps(built) and getattr(conn, "run_text", None) is not None
-
-
-def has_steps(built: texts.Texts) -> bool:
-    """Whether the dialect has the built steps that insert any request whose key is
-    claimed (or that has none): parents' roots and touched streams included."""
-    return all(name in built for name in _STEPS)
-
-
-_STEPS = ("step_submit_insert_many", "step_parent_root", "step_touched_after")
-
-
-async def insert_by_steps(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> list[Task]:
-    """Insert the requests (their keys already claimed) on the statements built
-    once (:mod:`.steps`): the parents' roots, each queue's settings and the clock,
-    the largest seq so far, the task rows (one statement run per row), and the
-    delivery rows of every task above that seq — the rows just inserted, since
-    this transaction holds the single writer lock — and the streams they joined
-    recomputed. Its Tasks are built from the values written, without reading
-    them back."""
-    built = st._texts
-    assert built is not None
-    context, last, insert, fan = (
-        built.get("step_submit_context"),
-        built.get("step_last_seq"),
-        built.get("step_submit_insert_many"),
-        built.get("step_fan_out_after"),
-    )
-    assert context is not None and last is not None and insert is not None and fan is not None
-    roots = await steps.parent_roots(st, conn, reqs)
-    settings: dict[str, Any] = {}
-    now = 0
-    for queue in sorted({r.queue for r in reqs}):
-        found = (await texts.execute(conn, st, context, {"queue": queue})).first()
-        now = now or int(found.now)  # one moment for the batch, as one statement has
-        settings[queue] = found if found.queue is not None else None
-    after = (await texts.execute(conn, st, last, {})).scalar()
-    rows: list[dict[str, Any]] = []
-    stored: list[tuple[str, int, int, int]] = []
-    for r in reqs:
-        conf = settings[r.queue]
-        max_attempts = (
-            r.max_attempts
-            or (conf.max_attempts if conf is not None else None)
-            or DEFAULT_MAX_ATTEMPTS
-        )
-        run_at = r.run_at_us if r.run_at_us is not None else now + (r.delay_us or 0)
-        rows.append(
-            {
-                "v_id": r.id,
-                "v_name": r.name,
-                "v_queue": r.queue,
-                "v_partition": r.partition,
-                "v_payload": r.payload,
-                "v_metadata": r.metadata,
-                "v_priority": r.priority,
-                "v_max_attempts": max_attempts,
-                "v_backoff": r.backoff or (conf.backoff if conf is not None else None),
-                "v_created_at": now,
-                "v_run_at": run_at,
-                "v_key": r.key,
-                "v_parent_id": r.parent_id,
-                "v_root_id": r.id if r.parent_id is None else roots[r.parent_id],
-                "v_correlation_id": r.correlation_id,
-            }
-        )
-        stored.append((r.id, max_attempts, now, run_at))
-    await texts.execute_many(conn, st, insert, rows)
-    await texts.execute(conn, st, fan, {"after": after})
-    if any(r.partition is not None for r in reqs):
-        await steps.refresh_after(st, conn, after)
-    tasks = settle(unsettled(reqs), [_Stored(*one) for one in stored])
-    for task in tasks:
-        if task.parent_id is not None:
-            codec.settle_root(task, roots[task.parent_id])
-    return tasks
-
-
 async def share_groups(st: Seam, conn: AsyncConnection, queues: list[str]) -> None:
-    """Share the active group rows of ``queues`` (sorted), held until commit;
-    nothing on a dialect without row locks."""
-    if not st.row_locks or not queues:
+    """Share the active group rows of ``queues`` (sorted), held until commit
+    (``share_groups``)."""
+    if not queues:
         return
     share = texts.usable(st, conn, "share_groups")
     if share is not None:
@@ -495,7 +357,11 @@ async def insert_tasks(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> 
     parents: dict[str, str] = {}
     parent_ids = sorted({r.parent_id for r in reqs if r.parent_id is not None})
     if parent_ids:
-        rows = await conn.execute(select(t.c.id, t.c.root_id).where(t.c.id.in_(parent_ids)))
+        roots = texts.usable(st, conn, "parent_roots")
+        if roots is not None:
+            rows = await texts.execute(conn, st, roots, {"ids": parent_ids})
+        else:
+            rows = await conn.execute(select(t.c.id, t.c.root_id).where(t.c.id.in_(parent_ids)))
         parents = {row.id: row.root_id for row in rows}
         missing = [p for p in parent_ids if p not in parents and p not in {r.id for r in reqs}]
         if missing:

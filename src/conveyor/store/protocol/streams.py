@@ -37,9 +37,10 @@ A stream row is locked before its head is read, so a transition committed
 meanwhile is seen and no stale head is written back. Producers of a stream
 serialise on its queue-mode stream row (:func:`serialize_producers`) before
 inserting, so within a stream the sequence order is the commit order.
-On SQLite one writer holds the whole database and the order is moot
-(``row_locks`` is False: the lock-only steps are skipped, and a producer's new
-stream row is made by the recompute after its insert).
+On SQLite one writer holds the whole database and the order is moot: its
+``share_groups`` and ``lock_streams`` lock nothing (the second creates the rows
+missing), and the lock-only reads of existing rows are skipped (``row_locks`` is
+False).
 """
 
 from __future__ import annotations
@@ -63,12 +64,9 @@ async def serialize_producers(
     st: Seam, conn: AsyncConnection, keys: Iterable[tuple[str, str]]
 ) -> None:
     """Lock the queue-mode stream rows of the (queue, partition) streams a producer
-    is about to add to, creating them as needed; held until commit. Nothing on a
-    dialect without row locks (SQLite): its one writer already makes the sequence
-    order the commit order, and :func:`refresh` creates a missing stream row after
-    the insert."""
-    if not st.row_locks:
-        return
+    is about to add to, creating them as needed; held until commit (on SQLite,
+    whose one writer already makes the sequence order the commit order, only
+    created)."""
     stream_keys = sorted(set(keys))
     if not stream_keys:
         return
@@ -95,11 +93,10 @@ async def lock_or_create(
     st: Seam, conn: AsyncConnection, keys: Iterable[tuple[str, str, str]]
 ) -> None:
     """Lock the (queue, grp, partition) stream rows ``keys`` in the lock order,
-    creating those that do not exist, in one statement; held until commit. Where
-    the dialect has no such statement for this connection, the rows that exist are
-    locked (the missing ones are created later, as producers create them)."""
-    if not st.row_locks:
-        return
+    creating those that do not exist, in one statement (``lock_streams``); held
+    until commit. On a caller's connection the statement cannot run on, the rows
+    that exist are locked (the missing ones are created later, as producers create
+    them)."""
     ordered = sorted(set(keys), key=lock_order)
     if not ordered:
         return
@@ -149,22 +146,21 @@ async def refresh(st: Seam, conn: AsyncConnection, keys: Iterable[tuple[Any, ...
     task of it is leased. ``available_at`` records when the current head became
     available, which is what fair stream selection orders by.
 
-    Where the dialect has it as statements built once, every stream is recomputed
-    by one statement (``refresh_streams``), after another has locked their rows in
-    the lock order, creating the missing ones (``lock_streams``; none on SQLite,
-    whose single writer lock makes the lock-then-read order moot): two statements
-    however many streams, where the steps below take three or four per stream.
+    Every stream is recomputed by one statement (``refresh_streams``), after
+    another has locked their rows in the lock order, creating the missing ones
+    (``lock_streams``): two statements however many streams. The steps below,
+    three or four per stream, serve a caller's connection the statements cannot
+    run on.
     """
     built = texts.usable(st, conn, "refresh_streams")
-    if built is not None:
+    lock = texts.usable(st, conn, "lock_streams")
+    if built is not None and lock is not None:
         ordered = sorted(set(keys), key=lock_order)
         if ordered:
             params = {"keys": json.dumps([list(key) for key in ordered])}
-            lock = texts.usable(st, conn, "lock_streams")
-            if lock is not None:
-                # Its own statement: the refresh's snapshot then has every change
-                # committed to these streams before their locks were granted.
-                await texts.execute(conn, st, lock, params)
+            # Its own statement: the refresh's snapshot then has every change
+            # committed to these streams before their locks were granted.
+            await texts.execute(conn, st, lock, params)
             rows = await texts.execute(conn, st, built, params)
             return any(row.available_at is not None for row in rows)
         return False

@@ -3,12 +3,14 @@
 A ``submit_many`` of thousands of plain tasks (no key, partition or parent) used
 to validate every request, then send one statement for all of them, then build
 the answering tasks: the client and the server took turns, each idle while the
-other worked. Where the dialect has a :meth:`~conveyor.store.seam.Seam._batch_runner`
-(a connection of its own that pipelines), the batch goes as the same one-statement
-submit run once per :data:`RUN` requests, all in one transaction: each run is sent
-as soon as its requests are validated, so the next run's validation overlaps the
-server's work on this one. It is still one transaction: one bad request anywhere
-rolls back every run sent before it, so nothing is written; a request that is not
+other worked. Here the batch goes as the same one-statement submit run once per
+:data:`RUN` requests, all in one transaction, by the dialect's
+:meth:`~conveyor.store.seam.Seam._batch_runner`: where it pipelines (Postgres),
+each run is sent as soon as its requests are validated, so the next run's
+validation overlaps the server's work on this one; SQLite, with no server to
+overlap with, validates them all first and runs the runs in one hop to its
+connection thread. It is still one transaction: one bad request anywhere rolls
+back every run sent before it, so nothing is written; a request that is not
 plain ends the attempt the same way and the batch goes the usual way instead.
 """
 
@@ -41,21 +43,15 @@ class _NotPlain(Exception):
 
 async def submit(st: Seam, preparing: Preparing) -> list[Task] | None:
     """Submit the requests of ``preparing`` in runs, or ``None`` when this path does
-    not serve them: at most one run's worth, one not plain, or a dialect without
-    a batch runner or a one-statement submit. The requests taken so far stay in
-    ``preparing.done`` for the usual path."""
-    runner = st._batch_runner()
-    if runner is None:
-        return None
-    built = st._texts or await texts.of(st)
-    text = built.get("submit_plain")
-    if text is None:
-        return None
+    not serve them: at most one run's worth, or one not plain. The requests taken
+    so far stay in ``preparing.done`` for the usual path."""
     if preparing.total <= RUN:
         return None
+    text = (st._texts or await texts.of(st))["submit_plain"]
     first = preparing.take(FIRST)
     if not producer.is_plain(first):
         return None
+    runner = st._batch_runner()
     done = preparing.done
     tasks: list[Task] = []
 
@@ -82,11 +78,11 @@ async def submit(st: Seam, preparing: Preparing) -> list[Task] | None:
         # No connection of the runner's free: the same runs in an ordinary transaction.
         rows: list[Any] = []
         for params in runs():
-            rows.extend(await conn.exec_driver_sql(text.sql, params))
+            rows.extend(await texts.execute_bound(conn, text, params))
         return rows
 
     try:
-        rows = await tx.run(st, work, together=lambda: runner(text.sql, runs()))
+        rows = await tx.run(st, work, together=lambda: runner(text.statements, runs()))
     except _NotPlain:
         return None
     return producer.settle(tasks, rows)

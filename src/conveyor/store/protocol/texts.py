@@ -12,18 +12,19 @@ bind parameters), read once per process by :func:`load` and turned into the
 driver's parameter style at open() (:func:`build`). The statements and their
 contracts are listed in :mod:`conveyor.store.catalogue`.
 
-A block may be a *script*: several statements, each ended by a ``;`` at the end
-of a line, run in order in one transaction with the same parameters; the rows
-are the last one's (:attr:`Text.before` holds the earlier ones). A dialect that
-cannot say in one statement what another does (SQLite has no data-modifying
-CTEs) meets the same contract so.
+A block may be a *script*: several statements, each ending with ``;`` at the end
+of a line (not a comment line), run in order in the same transaction with the
+same parameters, the rows of the last one returned (SQLite, which has no
+data-modifying CTEs, writes a submit so). A parameter the statement reads as JSON
+text (``json_each(:name)``, ``:name::json``) may be given as a Python list: it is
+encoded once, when the parameters are bound (:meth:`Text.bind`).
 
 Running:
 
 * :func:`alone` — one statement by itself, committed on its own (autocommit where
-  the dialect allows), with the store's retries; on Postgres it runs on a
-  driver connection kept in autocommit (:mod:`.pg_direct`), skipping SQLAlchemy's
-  execution layer and pool (a script runs as :func:`together` runs steps);
+  the dialect allows; a script in a transaction), with the store's retries; on
+  Postgres it runs on a driver connection kept in autocommit (:mod:`.pg_direct`),
+  skipping SQLAlchemy's execution layer and pool;
 * :func:`execute` — one statement inside a transaction the caller runs
   (:func:`conveyor.store.protocol.transactions.run`).
 
@@ -35,6 +36,7 @@ attribute access by column name.
 from __future__ import annotations
 
 import functools
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -71,7 +73,7 @@ def now(st: Seam) -> ColumnElement[int]:
 
 @dataclass(frozen=True, slots=True)
 class Text:
-    """One statement as driver text (a script: the last of its statements)."""
+    """One statement as driver text."""
 
     name: str
     sql: str
@@ -82,16 +84,24 @@ class Text:
     clock: bool = False
     #: Whether the text reads ``now_us`` (a process clock, read per run).
     now: bool = False
-    #: A script's statements before :attr:`sql`, run first with the same parameters.
+    #: A script's statements before the last (``sql``), in order: run first, in the
+    #: same transaction and with the same parameters, their rows dropped.
     before: tuple[str, ...] = ()
+    #: The parameters the text reads as JSON text: a list given for one is encoded.
+    lists: tuple[str, ...] = ()
 
+    @property
     def statements(self) -> tuple[str, ...]:
-        """Every statement of the text, in order (one unless it is a script)."""
+        """Every statement of the text, in the order they run (``sql`` last)."""
         return (*self.before, self.sql)
 
     def bind(self, st: Seam, params: Mapping[str, Any]) -> dict[str, Any]:
         """The driver parameters for one run."""
         out = {**self.fixed, **params} if self.fixed else dict(params)
+        for name in self.lists:
+            value = out.get(name)
+            if value.__class__ is list:
+                out[name] = json.dumps(value)
         if self.clock:
             out[OFFSET] = round(st.clock_offset * v.US)
         if self.now:
@@ -122,6 +132,13 @@ class Texts:
         """The statement ``name``, or ``None`` where the backend has none."""
         return self._items.get(name)
 
+    def __getitem__(self, name: str) -> Text:
+        """The catalogue statement ``name``, which every dialect has."""
+        found = self._items.get(name)
+        if found is None:
+            raise KeyError(f"the dialect has no statement {name!r} (see conveyor.store.catalogue)")
+        return found
+
     def every(self, *names: str) -> list[Text] | None:
         """The statements ``names``, in that order, or ``None`` where the backend
         lacks any of them."""
@@ -143,36 +160,53 @@ def build(st: Seam, dialect: Dialect, own: Mapping[str, str] | None = None) -> T
     pyformat = dialect.paramstyle == "pyformat"
     items = []
     for name, sql in sorted((st._statement_texts() if own is None else own).items()):
-        *before, last = (to_pyformat(one) if pyformat else one for one in split(sql))
-        clock, now = f":{OFFSET}" in sql, f":{CLOCK}" in sql
-        items.append(Text(name, last, clock=clock, now=now, before=tuple(before)))
+        driver = [to_pyformat(part) if pyformat else part for part in split(sql)]
+        items.append(
+            Text(
+                name,
+                driver[-1],
+                clock=f":{OFFSET}" in sql,
+                now=f":{CLOCK}" in sql,
+                before=tuple(driver[:-1]),
+                lists=json_params(sql),
+            )
+        )
     return Texts(items)
-
-
-#: The end of a script's statement: a ``;`` closing a line (not a comment line).
-_END = re.compile(r"^(?!\s*--).*;[ \t]*$", re.MULTILINE)
-
-
-def split(sql: str) -> list[str]:
-    """The statements of one block: one, or a script's, each ended by a ``;`` at
-    the end of a line (the ``;`` dropped)."""
-    parts: list[str] = []
-    start = 0
-    for end in _END.finditer(sql):
-        parts.append(sql[start : end.end()].rstrip().removesuffix(";").strip())
-        start = end.end()
-    parts.append(sql[start:].strip())
-    return [part for part in parts if _code(part)]
-
-
-def _code(sql: str) -> bool:
-    """Whether ``sql`` holds more than comments and blank lines."""
-    return any(line.strip() and not line.lstrip().startswith("--") for line in sql.splitlines())
 
 
 #: A bind parameter in a statement file: ``:name``, not a ``::type`` cast.
 _PARAM = re.compile(r"(?<![:\w]):(\w+)")
 _BLOCK = re.compile(r"^-- name: (\S+)[ \t]*$", re.MULTILINE)
+#: A parameter read as JSON text: ``json_each(:name)`` (SQLite), ``:name::json``.
+_JSON_PARAM = re.compile(r"json_each\(\s*:(\w+)\s*\)|(?<![:\w]):(\w+)::json\b")
+
+
+def json_params(sql: str) -> tuple[str, ...]:
+    """The parameters ``sql`` reads as JSON text, sorted: where a Python list is
+    given for one, :meth:`Text.bind` encodes it (the driver of a dialect without
+    arrays, SQLite's, cannot bind a list)."""
+    return tuple(sorted({a or b for a, b in _JSON_PARAM.findall(sql)}))
+
+
+def split(sql: str) -> list[str]:
+    """The statements of one block, in order: a script's end each with ``;`` at the
+    end of a line that is not a comment; a block without one is one statement.
+    Each is kept with the comments above it, its ``;`` dropped."""
+    parts: list[str] = []
+    lines: list[str] = []
+    for line in sql.splitlines():
+        lines.append(line)
+        code = line.rstrip()
+        if code.endswith(";") and not code.lstrip().startswith("--"):
+            parts.append("\n".join(lines).strip().removesuffix(";").rstrip())
+            lines = []
+    rest = "\n".join(lines).strip()
+    if rest:
+        parts.append(rest)
+    for part in parts:
+        if all(not ln.strip() or ln.lstrip().startswith("--") for ln in part.splitlines()):
+            raise ValueError(f"a statement of the script is only comments: {part!r}")
+    return parts
 
 
 def to_pyformat(sql: str) -> str:
@@ -184,8 +218,11 @@ def to_pyformat(sql: str) -> str:
 def parse(source: str, where: str = "<sql>") -> dict[str, str]:
     """The statements of one SQL file, by name: each ``-- name: NAME`` line starts
     a statement that runs to the next such line (comments kept; surrounding blank
-    lines and a trailing ``;`` dropped). A name given twice is an error."""
+    lines and a trailing ``;`` dropped). A block of comments only, one of them
+    ``-- as: OTHER``, is the file's statement ``OTHER`` under a second name (where
+    a dialect's variant is the statement itself). A name given twice is an error."""
     found: dict[str, str] = {}
+    aliases: dict[str, str] = {}
     marks = list(_BLOCK.finditer(source))
     if marks and source[: marks[0].start()].strip(" \t\n-"):
         head = source[: marks[0].start()]
@@ -199,7 +236,16 @@ def parse(source: str, where: str = "<sql>") -> dict[str, str]:
             raise ValueError(f"{where}: statement {name!r} is named twice")
         if not body:
             raise ValueError(f"{where}: statement {name!r} is empty")
+        lines = [line.strip() for line in body.splitlines() if line.strip()]
+        same = [line.removeprefix("-- as:").strip() for line in lines if line.startswith("-- as:")]
+        if same and all(line.startswith("--") for line in lines):
+            aliases[name] = same[0]
+            continue
         found[name] = body
+    for name, other in aliases.items():
+        if other not in found:
+            raise ValueError(f"{where}: statement {name!r} is {other!r}, which the file lacks")
+        found[name] = found[other]
     return found
 
 
@@ -256,7 +302,12 @@ async def execute(conn: AsyncConnection, st: Seam, text: Text, params: Mapping[s
     On a connection that can run it on the driver's cursor itself (SQLite's
     connection thread, :meth:`~conveyor.store.protocol.transactions.InlineConnection.run_text`)
     it does, skipping SQLAlchemy's per-statement execution layer."""
-    bound = text.bind(st, params)
+    return await execute_bound(conn, text, text.bind(st, params))
+
+
+async def execute_bound(conn: AsyncConnection, text: Text, bound: Mapping[str, Any]) -> Any:
+    """:func:`execute` with the parameters bound already (:meth:`Text.bind`): a
+    script's statements in order, the last one's result."""
     direct = getattr(conn, "run_text", None)
     if direct is not None:
         for sql in text.before:
@@ -270,10 +321,11 @@ async def execute(conn: AsyncConnection, st: Seam, text: Text, params: Mapping[s
 async def execute_many(
     conn: AsyncConnection, st: Seam, text: Text, params: Iterable[Mapping[str, Any]]
 ) -> None:
-    """Run ``text`` once per parameter set in ``params`` (``executemany``) inside the
-    caller's transaction; on the driver's cursor where :func:`execute` would be.
-    Not for a script."""
-    assert not text.before, f"{text.name} is a script: run it with execute()"
+    """Run ``text`` (one statement, not a script) once per parameter set in
+    ``params`` (``executemany``) inside the caller's transaction; on the driver's
+    cursor where :func:`execute` would be."""
+    if text.before:
+        raise ValueError(f"{text.name}: a script cannot run once per parameter set")
     bound = [text.bind(st, one) for one in params]
     direct = getattr(conn, "run_text_many", None)
     if direct is not None:
@@ -296,13 +348,14 @@ async def together(
     (one round trip); else, or when it has no connection free, as an ordinary
     transaction. On ``conn`` (a caller's, in its transaction), one after another
     there, with no transaction or retry of ours."""
-    runner = st._steps_runner()
     chosen = range(len(steps))[rows_of]
+    bound = [text.bind(st, params) for text, params in steps]
+    runner = st._steps_runner()
 
     async def work(conn: AsyncConnection) -> list[Any]:
         rows: list[Any] = []
-        for n, (text, params) in enumerate(steps):
-            result = await execute(conn, st, text, params)
+        for n, ((text, _), params) in enumerate(zip(steps, bound, strict=True)):
+            result = await execute_bound(conn, text, params)
             if n == chosen:
                 rows = list(result)
         return rows
@@ -311,36 +364,46 @@ async def together(
         return await work(conn)
     if runner is None:
         return await tx.run(st, work, write=write)
-    # A script's statements are steps of their own; its rows are its last one's.
-    bound: list[tuple[str, Mapping[str, Any]]] = []
-    rows_at = 0
-    for n, (text, params) in enumerate(steps):
-        one = text.bind(st, params)
-        bound += [(sql, one) for sql in text.statements()]
+    # Each script's statements as steps of their own; the rows asked for are those
+    # of the chosen step's last statement.
+    flat: list[tuple[str, Mapping[str, Any]]] = []
+    at = -1
+    for n, ((text, _), params) in enumerate(zip(steps, bound, strict=True)):
+        flat += [(sql, params) for sql in text.statements]
         if n == chosen:
-            rows_at = len(bound) - 1
-    return await tx.run(st, work, write=write, together=lambda: runner(bound, rows_at))
+            at = len(flat) - 1
+    return await tx.run(st, work, write=write, together=lambda: runner(flat, at))
 
 
 async def alone(
-    st: Seam, text: Text, params: Mapping[str, Any], *, write: bool = True
+    st: Seam,
+    text: Text,
+    params: Mapping[str, Any],
+    *,
+    write: bool = True,
+    inline: bool = False,
 ) -> list[Any]:
     """Run ``text`` by itself, committed on its own, with the store's retries; its
     rows. One round trip where the dialect runs single statements in autocommit; a
-    script runs in a transaction of its own (:func:`together`)."""
-    if text.before:
-        return await together(st, [(text, params)], write=write)
+    script in one transaction. ``inline``: a short write that the dialect's
+    connection runner may run on the caller's thread (see
+    :func:`conveyor.store.protocol.transactions.run`)."""
     bound = text.bind(st, params)
-    direct = st._direct_runner()
 
     async def work(conn: AsyncConnection) -> list[Any]:
-        on_driver = getattr(conn, "run_text", None)
-        if on_driver is not None:
-            return list(on_driver(text.sql, bound))
-        return list(await conn.exec_driver_sql(text.sql, bound))
+        return list(await execute_bound(conn, text, bound))
 
+    if text.before:
+        # Several statements: never autocommit, which would commit each alone.
+        return await tx.run(st, work, write=write, inline=inline)
+    direct = st._direct_runner()
     if direct is None:
-        return await tx.run(st, work, write=write, autocommit=True)
+        return await tx.run(st, work, write=write, autocommit=True, inline=inline)
     return await tx.run(
-        st, work, write=write, autocommit=True, alone=lambda: direct(text.sql, bound)
+        st,
+        work,
+        write=write,
+        autocommit=True,
+        inline=inline,
+        alone=lambda: direct(text.sql, bound),
     )

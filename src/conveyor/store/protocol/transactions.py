@@ -344,10 +344,10 @@ async def run(
     (:meth:`~conveyor.store.seam.Seam._direct_runner`), used instead of ``work``
     when autocommit is allowed; it raises driver errors as SQLAlchemy's
     ``DBAPIError`` so they are retried and translated alike.
-    ``together``: the same transaction's statements sent together on such a
-    connection (:meth:`~conveyor.store.seam.Seam._steps_runner`), tried first
-    where the dialect allows; ``None`` from it (no connection of its own free)
-    means ``work`` runs as usual.
+    ``together``: the same transaction's statements sent together on a connection
+    of the dialect's own (:meth:`~conveyor.store.seam.Seam._steps_runner`,
+    :meth:`~conveyor.store.seam.Seam._batch_runner`), tried first; ``None`` from it
+    (no connection of its own free) means ``work`` runs as usual.
     ``inline``: ``work`` is a short write the dialect's connection runner may run
     on the caller's thread while the runner is idle (SQLite's inline fast path,
     :mod:`conveyor.store.sqlite.thread`).
@@ -366,7 +366,7 @@ async def run(
                 # (outside the transaction gate: see Seam._direct_runner)
                 committing = True
                 return await alone()
-            if together is not None and st.autocommit_single:
+            if together is not None:
                 # Sent with its COMMIT: once sent, its outcome is unknown if the
                 # connection dies, so it is never re-sent.
                 committing = True

@@ -76,6 +76,7 @@ from conveyor.schema import tasks as t
 from conveyor.store.base import TaskStore
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import texts
+from conveyor.store.protocol.transactions import InlineConnection
 from conveyor.store.seam import BatchRunner, ConnectionRunner, DirectRunner, StepsRunner
 from conveyor.store.sqlite import claim as sqlite_claim
 from conveyor.store.sqlite.thread import CHECKPOINT_EVERY, ConnectionThread
@@ -424,9 +425,20 @@ class SQLiteStore(TaskStore):
         # save.
         return None
 
-    def _batch_runner(self) -> BatchRunner | None:
-        # One thread, no server beside it: nothing to overlap.
-        return None
+    def _batch_runner(self) -> BatchRunner:
+        return self._run_batch
+
+    async def _run_batch(
+        self, statements: Sequence[str], runs: Iterable[Mapping[str, Any]]
+    ) -> list[Any] | None:
+        # No server beside the caller to overlap with: every run's parameters are
+        # taken first, here on the caller's thread, so the work that makes them (the
+        # requests' validation) stays outside the write lock; then the runs one
+        # after another on the connection thread, one hop.
+        bound = list(runs)
+        thread = self._thread
+        assert thread is not None
+        return await thread.call(partial(_run_runs, statements, bound))
 
     async def _start_wake(self) -> None:
         # The channel is the connection thread's data_version poll (see
@@ -462,6 +474,25 @@ class SQLiteStore(TaskStore):
     ) -> None:
         # Nobody outside this process listens; the store wakes its own waiters.
         return None
+
+
+def _run_runs(
+    statements: Sequence[str], runs: list[Mapping[str, Any]], conn: Connection
+) -> list[Any]:
+    """``statements`` once per parameters of ``runs``, in order, in one write
+    transaction on ``conn`` (the connection thread's); the last one's rows of each."""
+    if conn.get_execution_options().get("conveyor_write") is not True:
+        conn.execution_options(conveyor_write=True)  # BEGIN IMMEDIATE (see _configure)
+    run = InlineConnection(conn).run_text
+    *before, last = statements
+    rows: list[Any] = []
+    with conn.begin():
+        for params in runs:
+            one = dict(params)
+            for sql in before:
+                run(sql, one)
+            rows += run(last, one)
+    return rows
 
 
 @functools.cache

@@ -30,6 +30,10 @@ fan AS (
 )
 SELECT DISTINCT queue, grp, partition FROM fan WHERE partition IS NOT NULL
 
+-- name: parent_roots
+SELECT t.id, t.root_id FROM conveyor_tasks AS t
+WHERE t.id IN (SELECT json_array_elements_text(:ids::json))
+
 -- name: submit_child
 WITH req AS (
     SELECT :id::text AS id, :name::text AS name, :queue::text AS queue,

@@ -1,3 +1,14 @@
+-- name: lock_streams
+-- One writer holds the whole database: the write lock is the lock, and the rows
+-- missing are created, as on Postgres (the recompute that follows then finds them).
+INSERT INTO conveyor_streams (queue, grp, "partition")
+SELECT json_extract(j.value, '$[0]'), json_extract(j.value, '$[1]'),
+    json_extract(j.value, '$[2]')
+FROM json_each(:keys) AS j
+-- WHERE: SQLite's parser needs it to tell the SELECT's end from ON CONFLICT.
+WHERE true
+ON CONFLICT (queue, grp, "partition") DO NOTHING
+
 -- name: refresh_streams
 WITH k AS (
     SELECT json_extract(j.value, '$[0]') AS queue, json_extract(j.value, '$[1]') AS grp,
@@ -39,3 +50,10 @@ ON CONFLICT (queue, grp, "partition") DO UPDATE SET
         ELSE excluded.available_at
     END
 RETURNING available_at
+
+
+-- name: share_groups
+-- One writer holds the whole database: nothing to share. Unsubscribe waits for the
+-- write lock, and a submit's fan-out reads the group rows in the statement that
+-- writes, under that lock (in a caller's deferred transaction too).
+SELECT 1 WHERE 0

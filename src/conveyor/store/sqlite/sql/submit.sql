@@ -1,37 +1,212 @@
--- name: step_fan_out
-INSERT INTO conveyor_deliveries (task_seq, grp, queue, partition, priority, max_attempts, status, attempt, run_at) SELECT conveyor_tasks.seq, targets.grp, conveyor_tasks.queue, conveyor_tasks.partition, conveyor_tasks.priority, conveyor_tasks.max_attempts, 'queued' AS anon_1, 0 AS anon_2, conveyor_tasks.run_at 
-FROM conveyor_tasks JOIN (SELECT '' AS grp, NULL AS queue, NULL AS start_at UNION ALL SELECT conveyor_groups.name AS name, conveyor_groups.queue AS queue, conveyor_groups.start_at AS start_at 
-FROM conveyor_groups 
-WHERE conveyor_groups.active IS 1) AS targets ON targets.grp = '' OR conveyor_tasks.queue = targets.queue AND (targets.start_at IS NULL OR conveyor_tasks.created_at >= targets.start_at) 
-WHERE conveyor_tasks.seq = :seq
+-- SQLite has no data-modifying CTEs: each submit is a script, its statements run
+-- in order in the submit's transaction. The task rows go in with one INSERT …
+-- SELECT; the delivery rows of queue mode and of every active group are the
+-- rows of the tasks that INSERT wrote, found by the first one's seq (the INSERT
+-- holds the write lock from its start, so the rows above that seq are its own,
+-- in a caller's deferred transaction too); the last statement reads back what
+-- the database decided. Lists arrive as JSON text (texts.Text.bind encodes
+-- them): each is zipped to the ids by position through a materialized table,
+-- which SQLite indexes for the join (two json_each joined directly cost a scan
+-- of one per row of the other: 1.8 ms per task at 1,000 tasks, against 6 µs).
+-- No announcement: other processes hear a commit through PRAGMA data_version.
 
--- name: step_fan_out_after
-INSERT INTO conveyor_deliveries (task_seq, grp, queue, partition, priority, max_attempts, status, attempt, run_at) SELECT conveyor_tasks.seq, targets.grp, conveyor_tasks.queue, conveyor_tasks.partition, conveyor_tasks.priority, conveyor_tasks.max_attempts, 'queued' AS anon_1, 0 AS anon_2, conveyor_tasks.run_at 
-FROM conveyor_tasks JOIN (SELECT '' AS grp, NULL AS queue, NULL AS start_at UNION ALL SELECT conveyor_groups.name AS name, conveyor_groups.queue AS queue, conveyor_groups.start_at AS start_at 
-FROM conveyor_groups 
-WHERE conveyor_groups.active IS 1) AS targets ON targets.grp = '' OR conveyor_tasks.queue = targets.queue AND (targets.start_at IS NULL OR conveyor_tasks.created_at >= targets.start_at) 
-WHERE conveyor_tasks.seq > :after
+-- name: submit_context
+SELECT :now_us AS now, s.queue AS queue, s.max_attempts AS max_attempts,
+    s.backoff AS backoff
+FROM (SELECT 1) AS one
+LEFT JOIN conveyor_queues AS s ON s.queue IN (SELECT value FROM json_each(:queues))
 
--- name: step_last_seq
-SELECT coalesce(max(conveyor_tasks.seq), 0) AS coalesce_1 
-FROM conveyor_tasks
+-- name: parent_roots
+SELECT t.id AS id, t.root_id AS root_id
+FROM json_each(:ids) AS j JOIN conveyor_tasks AS t ON t.id = j.value
 
--- name: step_parent_root
-SELECT conveyor_tasks.root_id 
-FROM conveyor_tasks 
-WHERE conveyor_tasks.id = :parent
+-- name: insert_rows
+INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, priority,
+    max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id)
+SELECT json_extract(e.value, '$[0]'), json_extract(e.value, '$[1]'),
+    json_extract(e.value, '$[2]'), json_extract(e.value, '$[3]'),
+    json_extract(e.value, '$[4]'), json_extract(e.value, '$[5]'),
+    json_extract(e.value, '$[6]'), json_extract(e.value, '$[7]'),
+    json_extract(e.value, '$[8]'), json_extract(e.value, '$[9]'),
+    json_extract(e.value, '$[10]'), json_extract(e.value, '$[11]'),
+    json_extract(e.value, '$[12]'), json_extract(e.value, '$[13]'),
+    json_extract(e.value, '$[14]')
+FROM json_each(:rows) AS e
+ORDER BY e.key;
+INSERT INTO conveyor_deliveries (task_seq, grp, queue, "partition", priority, max_attempts,
+    status, attempt, run_at)
+SELECT t.seq, '', t.queue, t."partition", t.priority, t.max_attempts, 'queued', 0, t.run_at
+FROM conveyor_tasks AS t
+WHERE t.seq >= (SELECT seq FROM conveyor_tasks WHERE id = json_extract(:rows, '$[0][0]'))
+UNION ALL
+SELECT t.seq, g.name, t.queue, t."partition", t.priority, t.max_attempts, 'queued', 0,
+    t.run_at
+FROM conveyor_tasks AS t JOIN conveyor_groups AS g ON g.queue = t.queue AND g.active
+    AND (g.start_at IS NULL OR g.start_at <= t.created_at)
+WHERE t.seq >= (SELECT seq FROM conveyor_tasks WHERE id = json_extract(:rows, '$[0][0]'));
+-- From the new task rows (by seq) to their delivery rows (by primary key), in
+-- that order (CROSS JOIN): left to choose, the planner scans every delivery row.
+SELECT DISTINCT d.queue AS queue, d.grp AS grp, d."partition" AS "partition"
+FROM conveyor_tasks AS t CROSS JOIN conveyor_deliveries AS d ON d.task_seq = t.seq
+WHERE t.seq >= (SELECT seq FROM conveyor_tasks WHERE id = json_extract(:rows, '$[0][0]'))
+  AND t."partition" IS NOT NULL
 
--- name: step_submit_context
-SELECT :now_us AS now, conveyor_queues.queue, conveyor_queues.max_attempts, conveyor_queues.backoff 
-FROM (SELECT 1 AS one) AS one LEFT OUTER JOIN conveyor_queues ON conveyor_queues.queue IN (:queue)
+-- name: submit_one
+INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, priority,
+    max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id)
+SELECT :id, :name, :queue, NULL, :payload, :metadata, :priority,
+    coalesce(:max_attempts, s.max_attempts, 3), coalesce(:backoff, s.backoff), :now_us,
+    coalesce(:run_at, :now_us + coalesce(:delay, 0)), NULL, NULL, :id, :correlation_id
+FROM (SELECT 1) AS one LEFT JOIN conveyor_queues AS s ON s.queue = :queue;
+INSERT INTO conveyor_deliveries (task_seq, grp, queue, "partition", priority, max_attempts,
+    status, attempt, run_at)
+SELECT t.seq, '', t.queue, NULL, t.priority, t.max_attempts, 'queued', 0, t.run_at
+FROM conveyor_tasks AS t WHERE t.id = :id
+UNION ALL
+SELECT t.seq, g.name, t.queue, NULL, t.priority, t.max_attempts, 'queued', 0, t.run_at
+FROM conveyor_tasks AS t JOIN conveyor_groups AS g ON g.queue = t.queue AND g.active
+    AND (g.start_at IS NULL OR g.start_at <= t.created_at)
+WHERE t.id = :id;
+SELECT id, max_attempts, created_at, run_at FROM conveyor_tasks WHERE id = :id
 
--- name: step_submit_insert
-INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority, max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id) VALUES (:v_id, :v_name, :v_queue, :v_partition, :v_payload, :v_metadata, :v_priority, :v_max_attempts, :v_backoff, :v_created_at, :v_run_at, :v_key, :v_parent_id, :v_root_id, :v_correlation_id) RETURNING seq
+-- name: submit_one_in
+-- SQLite announces nothing, in a caller's transaction or not:
+-- as: submit_one
 
--- name: step_submit_insert_many
-INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority, max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id) VALUES (:v_id, :v_name, :v_queue, :v_partition, :v_payload, :v_metadata, :v_priority, :v_max_attempts, :v_backoff, :v_created_at, :v_run_at, :v_key, :v_parent_id, :v_root_id, :v_correlation_id)
+-- name: submit_child
+-- A parent that is not a task: nothing written, and a row naming it.
+INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, priority,
+    max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id)
+SELECT :id, :name, :queue, NULL, :payload, :metadata, :priority,
+    coalesce(:max_attempts, s.max_attempts, 3), coalesce(:backoff, s.backoff), :now_us,
+    coalesce(:run_at, :now_us + coalesce(:delay, 0)), NULL, :parent_id,
+    coalesce(p.root_id, :id), :correlation_id
+FROM (SELECT 1) AS one LEFT JOIN conveyor_queues AS s ON s.queue = :queue
+LEFT JOIN conveyor_tasks AS p ON p.id = :parent_id
+WHERE :parent_id IS NULL OR p.id IS NOT NULL;
+INSERT INTO conveyor_deliveries (task_seq, grp, queue, "partition", priority, max_attempts,
+    status, attempt, run_at)
+SELECT t.seq, '', t.queue, NULL, t.priority, t.max_attempts, 'queued', 0, t.run_at
+FROM conveyor_tasks AS t WHERE t.id = :id
+UNION ALL
+SELECT t.seq, g.name, t.queue, NULL, t.priority, t.max_attempts, 'queued', 0, t.run_at
+FROM conveyor_tasks AS t JOIN conveyor_groups AS g ON g.queue = t.queue AND g.active
+    AND (g.start_at IS NULL OR g.start_at <= t.created_at)
+WHERE t.id = :id;
+SELECT id, max_attempts, created_at, run_at, root_id, NULL AS orphan
+FROM conveyor_tasks WHERE id = :id
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, :parent_id
+WHERE :parent_id IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM conveyor_tasks WHERE id = :parent_id)
 
--- name: step_touched_after
-SELECT DISTINCT conveyor_deliveries.queue, conveyor_deliveries.grp, conveyor_deliveries.partition 
-FROM conveyor_deliveries 
-WHERE conveyor_deliveries.task_seq > :after AND conveyor_deliveries.partition IS NOT NULL
+-- name: submit_child_in
+-- SQLite announces nothing, in a caller's transaction or not:
+-- as: submit_child
+
+-- name: submit_plain
+WITH names AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:names)),
+queues AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:queues)),
+payloads AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:payloads)),
+metadatas AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:metadatas)),
+priorities AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:priorities)),
+-- The last five may be NULL (no list: NULL for every task): no rows to join.
+attempts AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:max_attempts)),
+backoffs AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:backoffs)),
+delays AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:delays)),
+run_ats AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:run_ats)),
+correlations AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:correlation_ids))
+INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, priority,
+    max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id)
+SELECT i.value, n.v, q.v, NULL, p.v, m.v, r.v,
+    coalesce(a.v, s.max_attempts, 3), coalesce(b.v, s.backoff), :now_us,
+    coalesce(ra.v, :now_us + coalesce(d.v, 0)), NULL, NULL, i.value, c.v
+FROM json_each(:ids) AS i
+JOIN names AS n ON n.k = i.key
+JOIN queues AS q ON q.k = i.key
+JOIN payloads AS p ON p.k = i.key
+JOIN metadatas AS m ON m.k = i.key
+JOIN priorities AS r ON r.k = i.key
+LEFT JOIN attempts AS a ON a.k = i.key
+LEFT JOIN backoffs AS b ON b.k = i.key
+LEFT JOIN delays AS d ON d.k = i.key
+LEFT JOIN run_ats AS ra ON ra.k = i.key
+LEFT JOIN correlations AS c ON c.k = i.key
+LEFT JOIN conveyor_queues AS s ON s.queue = q.v
+ORDER BY i.key;
+INSERT INTO conveyor_deliveries (task_seq, grp, queue, "partition", priority, max_attempts,
+    status, attempt, run_at)
+SELECT t.seq, '', t.queue, NULL, t.priority, t.max_attempts, 'queued', 0, t.run_at
+FROM conveyor_tasks AS t
+WHERE t.seq >= (SELECT seq FROM conveyor_tasks WHERE id = json_extract(:ids, '$[0]'))
+UNION ALL
+SELECT t.seq, g.name, t.queue, NULL, t.priority, t.max_attempts, 'queued', 0, t.run_at
+FROM conveyor_tasks AS t JOIN conveyor_groups AS g ON g.queue = t.queue AND g.active
+    AND (g.start_at IS NULL OR g.start_at <= t.created_at)
+WHERE t.seq >= (SELECT seq FROM conveyor_tasks WHERE id = json_extract(:ids, '$[0]'));
+SELECT id, max_attempts, created_at, run_at FROM conveyor_tasks
+WHERE seq >= (SELECT seq FROM conveyor_tasks WHERE id = json_extract(:ids, '$[0]'))
+
+-- name: submit_plain_in
+-- SQLite announces nothing, in a caller's transaction or not:
+-- as: submit_plain
+
+-- name: submit_children
+-- A parent that is not a task: nothing written, and a row naming it.
+WITH names AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:names)),
+queues AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:queues)),
+payloads AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:payloads)),
+metadatas AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:metadatas)),
+priorities AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:priorities)),
+attempts AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:max_attempts)),
+backoffs AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:backoffs)),
+delays AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:delays)),
+run_ats AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:run_ats)),
+correlations AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:correlation_ids)),
+parents AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:parent_ids))
+INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, priority,
+    max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id)
+SELECT i.value, n.v, q.v, NULL, p.v, m.v, r.v,
+    coalesce(a.v, s.max_attempts, 3), coalesce(b.v, s.backoff), :now_us,
+    coalesce(ra.v, :now_us + coalesce(d.v, 0)), NULL, f.v, coalesce(pt.root_id, i.value),
+    c.v
+FROM json_each(:ids) AS i
+JOIN names AS n ON n.k = i.key
+JOIN queues AS q ON q.k = i.key
+JOIN payloads AS p ON p.k = i.key
+JOIN metadatas AS m ON m.k = i.key
+JOIN priorities AS r ON r.k = i.key
+LEFT JOIN attempts AS a ON a.k = i.key
+LEFT JOIN backoffs AS b ON b.k = i.key
+LEFT JOIN delays AS d ON d.k = i.key
+LEFT JOIN run_ats AS ra ON ra.k = i.key
+LEFT JOIN correlations AS c ON c.k = i.key
+LEFT JOIN parents AS f ON f.k = i.key
+LEFT JOIN conveyor_tasks AS pt ON pt.id = f.v
+LEFT JOIN conveyor_queues AS s ON s.queue = q.v
+WHERE NOT EXISTS (
+    SELECT 1 FROM json_each(:parent_ids) AS o
+    WHERE o.value IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM conveyor_tasks AS x WHERE x.id = o.value)
+)
+ORDER BY i.key;
+INSERT INTO conveyor_deliveries (task_seq, grp, queue, "partition", priority, max_attempts,
+    status, attempt, run_at)
+SELECT t.seq, '', t.queue, NULL, t.priority, t.max_attempts, 'queued', 0, t.run_at
+FROM conveyor_tasks AS t
+WHERE t.seq >= (SELECT seq FROM conveyor_tasks WHERE id = json_extract(:ids, '$[0]'))
+UNION ALL
+SELECT t.seq, g.name, t.queue, NULL, t.priority, t.max_attempts, 'queued', 0, t.run_at
+FROM conveyor_tasks AS t JOIN conveyor_groups AS g ON g.queue = t.queue AND g.active
+    AND (g.start_at IS NULL OR g.start_at <= t.created_at)
+WHERE t.seq >= (SELECT seq FROM conveyor_tasks WHERE id = json_extract(:ids, '$[0]'));
+SELECT id, max_attempts, created_at, run_at, root_id, NULL AS orphan FROM conveyor_tasks
+WHERE seq >= (SELECT seq FROM conveyor_tasks WHERE id = json_extract(:ids, '$[0]'))
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, o.value FROM json_each(:parent_ids) AS o
+WHERE o.value IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM conveyor_tasks AS x WHERE x.id = o.value)
+
+-- name: submit_children_in
+-- SQLite announces nothing, in a caller's transaction or not:
+-- as: submit_children
