@@ -522,3 +522,60 @@ def pg_texts() -> dict[str, str]:
     return {
         name: texts.to_pyformat(sql) for name, sql in texts.load("conveyor.store.postgres").items()
     }
+
+
+class IdleWaits(list[bool]):
+    """How each ``wait_for_work`` on a store ended, in order (see :func:`idle_waits`);
+    ``idle`` is set once one has begun (the worker went idle)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.idle = asyncio.Event()
+
+
+@contextmanager
+def idle_waits(store: TaskStore) -> Iterator[IdleWaits]:
+    """While inside: how each ``wait_for_work`` on ``store`` ended (a worker's idle
+    sleep), in order: True when a notification woke it, False when it ran out its
+    timeout, i.e. the worker polled. A wait cancelled by something else the worker
+    waited for (a stream let go, stop) ends neither way and is not listed. A test
+    that says "woken, not polled" asserts ``False not in waits``: an ordering of
+    events, not a wall-clock bound."""
+    ended = IdleWaits()
+    real = store.wait_for_work
+
+    async def watched(queues: Sequence[str], timeout: float) -> bool:
+        ended.idle.set()
+        woke = await real(queues, timeout)
+        ended.append(woke)
+        return woke
+
+    store.wait_for_work = watched  # type: ignore[method-assign]
+    try:
+        yield ended
+    finally:
+        del store.wait_for_work  # the class's method again
+
+
+@contextmanager
+def naps() -> Iterator[list[tuple[Any, bool]]]:
+    """While inside: each nap of a ``wait()`` or ``wait_for_work`` in this process
+    (an in-process watch waiting for its wake-up), as ``(watch, woken)`` in the
+    order they ended: ``woken`` True when a notification ended it, False when it
+    ran out. "Woken by the announcement, not by polling" is then an assertion on
+    how the nap in progress ended, not on how long anything took."""
+    from conveyor.store.protocol import wake
+
+    ended: list[tuple[Any, bool]] = []
+    real = wake.Watch.wait
+
+    async def watched(self: wake.Watch, timeout: float) -> bool:
+        woken = await real(self, timeout)
+        ended.append((self, woken))
+        return woken
+
+    wake.Watch.wait = watched  # type: ignore[method-assign]
+    try:
+        yield ended
+    finally:
+        wake.Watch.wait = real  # type: ignore[method-assign]

@@ -22,6 +22,11 @@ import conveyor
 from _support import ADMIN_URL
 from conveyor.store.base import TaskStore
 
+# The tests name their databases. $CONVEYOR_URL wins over App(url), so one left set
+# in the shell would send every App of the tests (and the processes they start)
+# to that database; tests that want it set it themselves.
+os.environ.pop("CONVEYOR_URL", None)
+
 BACKENDS = ["sqlite", "postgres"]
 TABLES = (
     "conveyor_deliveries, conveyor_streams, conveyor_keys, conveyor_groups, "

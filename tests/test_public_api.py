@@ -15,6 +15,7 @@ from conveyor import (
     ConveyorError,
     InvalidArgument,
     LostLease,
+    MigrationRequired,
     NotFound,
     ProtocolVersionMismatch,
     Status,
@@ -35,6 +36,7 @@ EXPORTS = [
     "GroupStats",
     "InvalidArgument",
     "LostLease",
+    "MigrationRequired",
     "NotFound",
     "Page",
     "Permanent",
@@ -59,6 +61,7 @@ CODES: dict[type[ConveyorError], str] = {
     AlreadyExists: "already_exists",
     LostLease: "lost_lease",
     TaskCancelled: "task_cancelled",
+    MigrationRequired: "migration_required",
     ProtocolVersionMismatch: "protocol_version_mismatch",
     NotFound: "not_found",
     StoreUnavailable: "store_unavailable",
@@ -108,6 +111,9 @@ def test_error_hierarchy() -> None:
     taken = AlreadyExists("k", "01ARZ3NDEKTSV4RRFFQ69G5FAV")
     assert (taken.key, taken.task_id) == ("k", "01ARZ3NDEKTSV4RRFFQ69G5FAV")
     assert TaskCancelled("abc").code == "task_cancelled"
+    assert issubclass(MigrationRequired, ConfigurationError)
+    behind = MigrationRequired(("0007",), "0008", "run `conveyor migrate`")
+    assert (behind.current, behind.head) == (("0007",), "0008")
     assert LostLease("abc").task_id == "abc"
 
 

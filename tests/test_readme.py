@@ -138,6 +138,32 @@ def test_readme_block_runs_as_pasted(index: int, tmp_path: Path) -> None:
     )
 
 
+def test_the_quickstart_runs_beside_leftover_tasks(tmp_path: Path) -> None:
+    """Run where ./conveyor.db holds what other examples, or an earlier run cut
+    short, left on the quickstart's queue: it still claims its own task. Twice."""
+    import conveyor
+    from _docs import blocks
+
+    quickstart = blocks("Quickstart")[0]
+    with conveyor.connect_sync(f"sqlite:///{tmp_path / 'conveyor.db'}") as store:
+        store.submit("send_email", {"to": "left@over"}, queue="emails")
+        store.submit("report", {"day": "2026-11-29"})
+    script = tmp_path / "quickstart.py"
+    script.write_text(quickstart, encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k not in ("CONVEYOR_URL", "CONVEYOR_APP")}
+    for _ in range(2):
+        proc = subprocess.run(
+            [sys.executable, str(script)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert "succeeded {'sent': True}" in proc.stdout
+
+
 def anchor(heading: str) -> str:
     """The fragment a Markdown renderer (GitHub's rule) gives a heading: lower
     case, punctuation dropped, spaces turned into hyphens."""

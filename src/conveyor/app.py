@@ -3,7 +3,7 @@ the submit helpers the decorated functions grow.
 
 ::
 
-    app = conveyor.App("postgresql://...")
+    app = conveyor.App()        # $CONVEYOR_URL, else sqlite:///conveyor.db
 
     @app.task(queue="emails", max_attempts=5, timeout=60)
     async def send_email(ctx, to: str, subject: str) -> dict:
@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from conveyor import _values as v
-from conveyor.connect import SyncStore, connect
+from conveyor.connect import ChosenUrl, SyncStore, choose_url, connect
 from conveyor.errors import ConfigurationError, InvalidArgument
 from conveyor.models import Backoff
 from conveyor.store.base import TaskStore
@@ -41,22 +41,37 @@ from conveyor.task_functions import (
     task_factory,
 )
 from conveyor.worker import Worker
+from conveyor.worker.startup import Start
+from conveyor.worker.unknown import Policy
 
 if TYPE_CHECKING:
     from conveyor.schedule import Schedule
 
 R = TypeVar("R")
 
+#: Where a URL came from, as a worker's start line says it (nothing for a URL
+#: given to this very worker: whoever gave it knows).
+URL_ORIGINS: dict[str, str | None] = {
+    "given": None,
+    "env": "$CONVEYOR_URL",
+    "app": "the App's URL",
+    "default": "the default",
+}
+
 
 class App:
     """A set of task functions and the store they are queued in.
 
-    ``url`` defaults to ``$CONVEYOR_URL``, else ``sqlite:///conveyor.db``;
-    ``connect_options`` go to :func:`conveyor.connect`. Nothing connects until
-    the first submit or worker.
+    The database is ``$CONVEYOR_URL`` when it is set, else ``url``, else
+    ``sqlite:///conveyor.db``: the deployment's setting wins over the code's, so
+    producers, workers and every ``conveyor`` command reach one database (a
+    ``url=`` given to :meth:`run_worker`, like ``--url``, wins over both; see
+    :func:`conveyor.connect.choose_url`). ``connect_options`` go to
+    :func:`conveyor.connect`. Nothing connects until the first submit or worker.
     """
 
     def __init__(self, url: str | None = None, **connect_options: Any) -> None:
+        #: The URL given here (used when ``$CONVEYOR_URL`` is not set).
         self.url = url
         self.connect_options = connect_options
         #: Registered task functions by name.
@@ -65,9 +80,16 @@ class App:
         self.schedules: dict[str, Schedule] = {}
         self._store: TaskStore | None = None
         self._sync_store: SyncStore | None = None
+        # Where the URL of the store the app made came from (None: a store handed in).
+        self._origin: str | None = None
 
     def __repr__(self) -> str:
         return f"<App url={self.url!r} tasks={sorted(self.tasks)}>"
+
+    def database(self, url: str | None = None) -> ChosenUrl:
+        """The URL this app's store uses (or a worker given ``url``), and where it
+        comes from, by the rule in the class docstring."""
+        return choose_url(url, self.url)
 
     @property
     def store(self) -> TaskStore:
@@ -76,14 +98,16 @@ class App:
         Like every async store it belongs to the event loop that opened it.
         """
         if self._store is None:
-            self._store = connect(self.url, **self.connect_options)
+            chosen = self.database()
+            self._store = connect(chosen.url, **self.connect_options)
+            self._origin = URL_ORIGINS[chosen.origin]
         return self._store
 
     @property
     def sync_store(self) -> SyncStore:
         """A blocking store for ``submit_sync`` (its own connection pool and loop)."""
         if self._sync_store is None:
-            url = self.url if self._store is None else self._store.url
+            url = self.database().url if self._store is None else self._store.url
             self._sync_store = SyncStore(connect(url, **self.connect_options))
         return self._sync_store
 
@@ -100,13 +124,13 @@ class App:
         """Make ``store`` this app's store inside the ``with`` block (and a blocking
         store on the same database its :attr:`sync_store`): how a test points an
         application's own app at a test database. The stores before come back after."""
-        saved = self._store, self._sync_store
-        self._store, self._sync_store = store, None
+        saved = self._store, self._sync_store, self._origin
+        self._store, self._sync_store, self._origin = store, None, None
         try:
             yield self
         finally:
             sync = self._sync_store
-            self._store, self._sync_store = saved
+            self._store, self._sync_store, self._origin = saved
             if sync is not None:
                 sync.close()
 
@@ -253,6 +277,7 @@ class App:
         *,
         concurrency: int = 10,
         group: str | None = None,
+        subscribe: Start | None = None,
         lease: v.Duration | None = None,
         poll_interval: v.Duration = 1.0,
         grace: v.Duration = 30.0,
@@ -260,22 +285,31 @@ class App:
         worker_id: str | None = None,
         store: TaskStore | None = None,
         gc_freeze: bool = True,
+        unknown: Policy = "release",
     ) -> Worker:
         """A :class:`~conveyor.worker.Worker` running this app's tasks; ``await
-        worker.run()`` until ``worker.stop()``. ``store`` defaults to :attr:`store`."""
-        return Worker(
+        worker.run()`` until ``worker.stop()``. ``store`` defaults to :attr:`store`.
+        ``group`` must be subscribed to the queues unless ``subscribe`` says where a
+        new group starts; ``unknown`` is what happens to a task whose name has no
+        handler here (see :class:`~conveyor.worker.Worker`)."""
+        made = Worker(
             self,
             queues,
             store=store,
             concurrency=concurrency,
             group=group,
+            subscribe=subscribe,
             lease=lease,
             poll_interval=poll_interval,
             grace=grace,
             maintain_interval=maintain_interval,
             worker_id=worker_id,
             gc_freeze=gc_freeze,
+            unknown=unknown,
         )
+        if store is None:
+            made.database_origin = self._origin
+        return made
 
     def run_worker(
         self,
@@ -283,6 +317,7 @@ class App:
         *,
         concurrency: int = 10,
         group: str | None = None,
+        subscribe: Start | None = None,
         lease: v.Duration | None = None,
         poll_interval: v.Duration = 1.0,
         grace: v.Duration = 30.0,
@@ -291,31 +326,37 @@ class App:
         url: str | None = None,
         wait_for_db: v.Duration = 60.0,
         gc_freeze: bool = True,
+        unknown: Policy = "release",
     ) -> None:
         """Run a worker in this thread until SIGINT or SIGTERM, then return.
 
         The first signal stops claiming, lets running tasks finish within
         ``grace`` seconds and hands the rest back; a second one skips what is left
-        of the grace period. ``url`` overrides the app's URL for this worker.
+        of the grace period. ``url`` overrides ``$CONVEYOR_URL`` and the app's URL
+        for this worker.
         A database that does not answer at start is waited for, with backoff,
         up to ``wait_for_db`` seconds (then :class:`StoreUnavailable`).
         """
         wait = v.duration_seconds("wait_for_db", wait_for_db)
 
         async def serve() -> None:
-            store = connect(url, **self.connect_options) if url is not None else self.store
+            # Without url=, the app's own store, so the worker says where its URL came from.
+            own = connect(url, **self.connect_options) if url else None
             worker = self.worker(
                 queues,
                 concurrency=concurrency,
                 group=group,
+                subscribe=subscribe,
                 lease=lease,
                 poll_interval=poll_interval,
                 grace=grace,
                 maintain_interval=maintain_interval,
                 worker_id=worker_id,
-                store=store,
+                store=own,
                 gc_freeze=gc_freeze,
+                unknown=unknown,
             )
+            store = worker.store
             worker.wait_for_db = wait
             loop = asyncio.get_running_loop()
             installed = []

@@ -8,12 +8,13 @@ import os
 import threading
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, NamedTuple, ParamSpec, TypeVar
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from conveyor.errors import ConfigurationError
+from conveyor.store.api_internal import ScheduleInfo
 from conveyor.store.base import TaskStore
 
 DEFAULT_URL = "sqlite:///conveyor.db"
@@ -23,9 +24,52 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
+#: The environment variable that names the database.
+URL_VARIABLE = "CONVEYOR_URL"
+
+
+class ChosenUrl(NamedTuple):
+    """The database URL a command, a worker or an App uses, and where it came from:
+    ``"given"`` (``--url``, a ``url=`` argument), ``"env"`` (``$CONVEYOR_URL``),
+    ``"app"`` (the URL given to :class:`~conveyor.App`) or ``"default"``."""
+
+    url: str
+    origin: str
+
+
+def choose_url(given: str | None = None, app: str | None = None) -> ChosenUrl:
+    """The one precedence rule every command, worker and App follows: a URL given
+    for this very call (``--url``, ``url=``) first, then ``$CONVEYOR_URL``, then
+    the App's own URL, then ``sqlite:///conveyor.db``.
+
+    ``$CONVEYOR_URL`` comes before the App's URL so that what the deployment says
+    wins over what the code says, and so that the commands that load no App
+    (``conveyor submit``, ``list``, ``stats``) and those that do (``worker``,
+    ``submit --app``) always reach the same database."""
+    if given:
+        return ChosenUrl(given, "given")
+    env = os.environ.get(URL_VARIABLE)
+    if env:
+        return ChosenUrl(env, "env")
+    if app:
+        return ChosenUrl(app, "app")
+    return ChosenUrl(DEFAULT_URL, "default")
+
+
+def display_url(url: str) -> str:
+    """``url`` as shown to people: the password masked, the driver left out
+    (``sqlite+aiosqlite://`` shows as ``sqlite://``)."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return url
+    backend = parsed.drivername.partition("+")[0]
+    return parsed.set(drivername=backend).render_as_string(hide_password=True)
+
+
 def resolve_url(url: str | None) -> tuple[str, str]:
     """``(dialect, async SQLAlchemy URL)`` for a user's URL, or ConfigurationError."""
-    raw = url or os.environ.get("CONVEYOR_URL") or DEFAULT_URL
+    raw = choose_url(url).url
     try:
         parsed = make_url(raw)
     except ArgumentError:
@@ -66,9 +110,10 @@ def connect(url: str | None = None, **options: Any) -> TaskStore:
     ``direct_connections`` (default 10: the most connections, beyond the pool,
     kept in autocommit for statements that run by themselves; two stay open, the
     others only while that many such statements run at once). ``gc_freeze``
-    (default True): the first store opened in a process collects garbage once and
-    freezes what is alive (``gc.freeze()``), as a worker does, so the collector's
-    full passes stop walking every module loaded; False leaves the collector alone.
+    (default False): True makes the store's first open collect garbage once and
+    freeze what is alive (``gc.freeze()``, once per process), as a worker's start
+    does, so the collector's full passes stop walking every module loaded; a
+    producer that submits much may want it, the default leaves the collector alone.
     """
     dialect, async_url = resolve_url(url)
     if dialect == "sqlite":
@@ -96,6 +141,22 @@ def _blocking(
     return call
 
 
+class SyncInternal:
+    """The blocking twin of the store's internal methods that conveyor's CLI
+    calls (see :class:`conveyor.store.api_internal.Internal`); not covered by
+    semver."""
+
+    def __init__(self, store: TaskStore, call: Callable[[Coroutine[Any, Any, Any]], Any]) -> None:
+        self._store = store
+        self._call = call
+
+    def schedules(self) -> list[ScheduleInfo]:
+        """Internal, for ``conveyor schedules``; not covered by semver. Every
+        registered periodic schedule, by name."""
+        found: list[ScheduleInfo] = self._call(self._store.internal.schedules())
+        return found
+
+
 class SyncStore:
     """The same API as :class:`TaskStore`, blocking.
 
@@ -109,6 +170,8 @@ class SyncStore:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        #: The blocking twin of ``store.internal`` (conveyor's CLI; not covered by semver).
+        self.internal = SyncInternal(store, self._call)
 
     def _call(self, coro: Coroutine[Any, Any, R]) -> R:
         loop = self._ensure_loop()

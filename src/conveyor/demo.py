@@ -170,62 +170,66 @@ def run(*, url: str | None, tasks: int, keep: bool, console: Console) -> int:
 
 async def _tour(url: str, tour: Tour, console: Console) -> None:
     app = build_app(url, tour)
-    plan, names = tour.plan, tour.names
-    async with app:
-        store = app.store
-        for group in GROUPS:
-            await store.subscribe(names["events"], group, start="all")
-        resize, event, step = (
-            app.tasks[n] for n in ("demo.resize", "demo.event", "demo.order_step")
-        )
-        followed = await resize.submit("cover.png", flaky=True)
-        tour.story_id = followed.id
-        tour.t0 = time.monotonic()
-        tour.tell(f"submitted to {names['jobs']} as {followed.id}")
-        kinds = ["job"] * (plan.jobs - 1) + ["event"] * plan.events + ["order"] * plan.orders
-        random.Random(7).shuffle(kinds)
-        requests: list[dict[str, Any]] = []
-        seq: dict[str, int] = defaultdict(int)
-        for i, kind in enumerate(kinds):  # numbered in submit order, per partition
-            if kind == "job":
-                args: list[Any] = [f"img-{i}.png"]
-                requests.append(TaskCall(resize, {}).request(args, {"flaky": i % FLAKY_EVERY == 1}))
-            elif kind == "event":
-                requests.append(TaskCall(event, {}).request(["click", i], {}))
-            else:
-                customer = f"customer-{i % plan.partitions}"
-                requests.append(TaskCall(step, {}).request([customer, seq[customer]], {}))
-                seq[customer] += 1
-        for i in range(0, len(requests), 500):
-            await store.submit_many(requests[i : i + 500])
-        console.print(
-            f"submitted {tasks_total(plan)} tasks: {plan.jobs} jobs, {plan.events} events "
-            f"(also to groups {' and '.join(GROUPS)}), {plan.orders} orders in "
-            f"{plan.partitions} partitions; 4 workers on it now"
-        )
-        workers = [
-            app.worker(list(names.values()), concurrency=SLOTS, worker_id=f"worker-{i}")
-            for i in (1, 2)
-        ]
-        workers += [
-            app.worker(names["events"], concurrency=SLOTS, group=g, worker_id=f"worker-{g}")
-            for g in GROUPS
-        ]
-        for w in workers:
-            w.poll_interval = 0.05
-        started = time.monotonic()
-        runs = [asyncio.create_task(w.run()) for w in workers]
-        try:
-            await _watch(tour, console)
-        finally:
-            tour.seconds = time.monotonic() - started
-            await _stop(workers, runs)
-        final = await store.get(followed.id)
-        if final is not None and final.status is Status.SUCCEEDED:
-            tour.tell(f"succeeded on attempt {final.attempt}, result {final.result}")
-        else:
-            tour.problems.append(f"the followed task ended {final and final.status.value}")
+    # The demo's database is the one it chose (a temporary file unless --url):
+    # pinned, so that a $CONVEYOR_URL set for real work is left alone.
+    with app.using(conveyor.connect(url)):
+        async with app:
+            await _run(app, tour, console)
     _check_order(tour)
+
+
+async def _run(app: conveyor.App, tour: Tour, console: Console) -> None:
+    plan, names = tour.plan, tour.names
+    store = app.store
+    for group in GROUPS:
+        await store.subscribe(names["events"], group, start="all")
+    resize, event, step = (app.tasks[n] for n in ("demo.resize", "demo.event", "demo.order_step"))
+    followed = await resize.submit("cover.png", flaky=True)
+    tour.story_id = followed.id
+    tour.t0 = time.monotonic()
+    tour.tell(f"submitted to {names['jobs']} as {followed.id}")
+    kinds = ["job"] * (plan.jobs - 1) + ["event"] * plan.events + ["order"] * plan.orders
+    random.Random(7).shuffle(kinds)
+    requests: list[dict[str, Any]] = []
+    seq: dict[str, int] = defaultdict(int)
+    for i, kind in enumerate(kinds):  # numbered in submit order, per partition
+        if kind == "job":
+            args: list[Any] = [f"img-{i}.png"]
+            requests.append(TaskCall(resize, {}).request(args, {"flaky": i % FLAKY_EVERY == 1}))
+        elif kind == "event":
+            requests.append(TaskCall(event, {}).request(["click", i], {}))
+        else:
+            customer = f"customer-{i % plan.partitions}"
+            requests.append(TaskCall(step, {}).request([customer, seq[customer]], {}))
+            seq[customer] += 1
+    for i in range(0, len(requests), 500):
+        await store.submit_many(requests[i : i + 500])
+    console.print(
+        f"submitted {tasks_total(plan)} tasks: {plan.jobs} jobs, {plan.events} events "
+        f"(also to groups {' and '.join(GROUPS)}), {plan.orders} orders in "
+        f"{plan.partitions} partitions; 4 workers on it now"
+    )
+    workers = [
+        app.worker(list(names.values()), concurrency=SLOTS, worker_id=f"worker-{i}") for i in (1, 2)
+    ]
+    workers += [
+        app.worker(names["events"], concurrency=SLOTS, group=g, worker_id=f"worker-{g}")
+        for g in GROUPS
+    ]
+    for w in workers:
+        w.poll_interval = 0.05
+    started = time.monotonic()
+    runs = [asyncio.create_task(w.run()) for w in workers]
+    try:
+        await _watch(tour, console)
+    finally:
+        tour.seconds = time.monotonic() - started
+        await _stop(workers, runs)
+    final = await store.get(followed.id)
+    if final is not None and final.status is Status.SUCCEEDED:
+        tour.tell(f"succeeded on attempt {final.attempt}, result {final.result}")
+    else:
+        tour.problems.append(f"the followed task ended {final and final.status.value}")
 
 
 def tasks_total(plan: Plan) -> int:

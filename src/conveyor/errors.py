@@ -4,6 +4,7 @@ Every error derives from :class:`ConveyorError` and carries a stable ``code``::
 
     ConveyorError                      code
     ├── ConfigurationError             "configuration"
+    │   └── MigrationRequired          "migration_required"
     ├── InvalidArgument (ValueError)   "invalid_argument"
     ├── AlreadyExists                  "already_exists"
     ├── LostLease                      "lost_lease"
@@ -30,6 +31,21 @@ class ConfigurationError(ConveyorError):
     """The store cannot be set up as asked (bad URL, missing driver, bad option)."""
 
     code = "configuration"
+
+
+class MigrationRequired(ConfigurationError):
+    """The database has no conveyor schema, or an older one, and the store was opened
+    with ``migrate=False`` (as conveyor's read-only commands open it): nothing was
+    created. ``current`` holds the revisions the database is at (empty: no conveyor
+    schema at all), ``head`` the one this version of conveyor needs. Run
+    ``conveyor migrate``, or open the store once with ``migrate=True``."""
+
+    code = "migration_required"
+
+    def __init__(self, current: tuple[str, ...], head: str, message: str) -> None:
+        self.current = current
+        self.head = head
+        super().__init__(message)
 
 
 class InvalidArgument(ConveyorError, ValueError):
@@ -87,13 +103,18 @@ class ProtocolVersionMismatch(ConveyorError):
 
 
 class NotFound(ConveyorError):
-    """No task (or group) has the given id."""
+    """No task has the given id, or no consumer group the given name on a queue.
+
+    ``what`` names what was looked for; ``hint``, when given, says what to do next
+    (it ends the message).
+    """
 
     code = "not_found"
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, *, hint: str | None = None) -> None:
         self.what = what
-        super().__init__(f"{what} not found")
+        self.hint = hint
+        super().__init__(f"{what} not found" + (f": {hint}" if hint else ""))
 
 
 class StoreUnavailable(ConveyorError):

@@ -8,7 +8,8 @@ extra includes it). Two sources:
 
   ``conveyor_queue_tasks{queue,group,status}``, ``conveyor_queue_lag{queue,group}``,
   ``conveyor_queue_oldest_claimable_age_seconds{queue,group}`` (gauges; ``group``
-  is empty for queue mode) and ``conveyor_tasks_finished_total{queue,group,name,
+  is empty for queue mode, which a queue consumed by groups only does not
+  report) and ``conveyor_tasks_finished_total{queue,group,name,
   status}`` (a counter of terminal outcomes — succeeded, failed, cancelled,
   evicted — per task name, across every process; it is exact up to the rows
   finished since the last ``maintain()``, which are counted live).
@@ -97,9 +98,11 @@ def store_families(snap: StoreSnapshot) -> Iterator[Any]:
         labels=["queue", "group"],
     )
     for qs in snap.stats:
-        views: list[tuple[str, dict[str, int], float | None]] = [
-            ("", qs.counts, qs.oldest_claimable_age)
-        ]
+        # A groups-only queue has no queue-mode series: its queue-mode rows are
+        # never claimed, and a lag that never falls would page someone forever.
+        views: list[tuple[str, dict[str, int], float | None]] = (
+            [("", qs.counts, qs.oldest_claimable_age)] if qs.queue_mode else []
+        )
         views += [(g, gs.counts, gs.oldest_claimable_age) for g, gs in qs.groups.items()]
         for group, counts, age in views:
             for status, n in counts.items():
@@ -306,8 +309,8 @@ class _StoreReader:
             try:
                 if self._store is None:
                     self._store = connect_sync(self.url)
-                store = self._store.store
-                snap = self._store._call(snapshot(store))
+                sync = self._store
+                snap = StoreSnapshot(stats=sync.stats(), totals=sync.finished_totals())
             except (ConveyorError, OSError):
                 up.add_metric([], 0)
                 return [up]

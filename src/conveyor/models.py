@@ -120,12 +120,18 @@ class ConsumerGroup:
 
 @dataclass(frozen=True, slots=True)
 class QueueStats:
-    """What :meth:`TaskStore.stats` reports for one queue."""
+    """What :meth:`TaskStore.stats` reports for one queue.
+
+    ``counts`` and ``oldest_claimable_age`` are queue mode's. On a queue consumed
+    by groups only (``configure_queue(queue_mode=False)``) queue mode is left out:
+    ``queue_mode`` is False, ``counts`` empty and ``oldest_claimable_age`` None.
+    """
 
     queue: str
     counts: dict[str, int]
     oldest_claimable_age: float | None
     groups: dict[str, GroupStats] = field(default_factory=dict)
+    queue_mode: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -134,6 +140,7 @@ class QueueStats:
             "counts": dict(self.counts),
             "oldest_claimable_age": self.oldest_claimable_age,
             "groups": {name: g.as_dict() for name, g in self.groups.items()},
+            "queue_mode": self.queue_mode,
         }
 
 

@@ -32,13 +32,11 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
-from sqlalchemy import or_, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
 from conveyor.errors import ConveyorError, InvalidArgument
 from conveyor.models import Task
-from conveyor.schema import schedules as sched_table
+from conveyor.store.api_internal import Handled, Registration, ScheduleInfo
 
 if TYPE_CHECKING:
     from conveyor.store.base import TaskStore
@@ -204,91 +202,21 @@ class Schedule:
         return request
 
 
-@dataclass(frozen=True)
-class ScheduleInfo:
-    """A registry row, as ``conveyor schedules`` shows it."""
-
-    name: str
-    task: str
-    queue: str
-    spec: str
-    catch_up: str
-    last_tick: datetime | None
-    last_task_id: str | None
-    next_tick: datetime | None
-    handled_until: datetime | None
-    created_at: datetime
-    updated_at: datetime
-
-    def as_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (times as ISO 8601)."""
-        out: dict[str, Any] = {}
-        for key, value in self.__dict__.items():
-            out[key] = value.isoformat() if isinstance(value, datetime) else value
-        return out
-
-
 # ------------------------------------------------------------------ registry
-async def _now(store: TaskStore, conn: AsyncConnection) -> datetime:
-    return v.from_us(await store._current_now_us(conn))
-
-
-async def _register(
-    store: TaskStore, conn: AsyncConnection, items: Sequence[Schedule], now: datetime
-) -> None:
-    """Insert the schedules not yet known; refresh what the others say about themselves."""
-    now_us = v.to_us(now)
-    for s in items:
-        upsert = store._upsert(sched_table).values(
-            name=s.name,
-            task=s.task.name,
-            queue=s.task.queue,
-            spec=s.spec,
-            catch_up=POLICIES[s.catch_up],
-            next_tick=_us(s.next_after(now)),
-            created_at=now_us,
-            updated_at=now_us,
-        )
-        upsert = upsert.on_conflict_do_update(
-            index_elements=["name"],
-            set_={
-                "task": upsert.excluded.task,
-                "queue": upsert.excluded.queue,
-                "spec": upsert.excluded.spec,
-                "catch_up": upsert.excluded.catch_up,
-            },
-        )
-        await conn.execute(upsert)
-
-
-def _us(moment: datetime | None) -> int | None:
-    return None if moment is None else v.to_us(moment)
-
-
-def _info(row: Any) -> ScheduleInfo:
-    return ScheduleInfo(
-        name=row.name,
-        task=row.task,
-        queue=row.queue,
-        spec=row.spec,
-        catch_up=row.catch_up,
-        last_tick=v.from_us(row.last_tick),
-        last_task_id=row.last_task_id,
-        next_tick=v.from_us(row.next_tick),
-        handled_until=v.from_us(row.handled_until),
-        created_at=v.from_us(row.created_at),
-        updated_at=v.from_us(row.updated_at),
+def _registration(s: Schedule, now: datetime) -> Registration:
+    return Registration(
+        name=s.name,
+        task=s.task.name,
+        queue=s.task.queue,
+        spec=s.spec,
+        catch_up=POLICIES[s.catch_up],
+        next_tick=s.next_after(now),
     )
 
 
 async def list_schedules(store: TaskStore) -> list[ScheduleInfo]:
     """Every schedule registered in the store, by name."""
-
-    async def work(conn: AsyncConnection) -> list[ScheduleInfo]:
-        rows = await conn.execute(select(sched_table).order_by(sched_table.c.name))
-        return [_info(row) for row in rows]
-
-    return await store._run(work, write=False)
+    return await store.internal.schedules()
 
 
 class ScheduleHost(Protocol):
@@ -348,16 +276,14 @@ class Scheduler:
         store = self.store
         given = None if now is None else v.aware("now", now).astimezone(UTC)
 
-        async def read(conn: AsyncConnection) -> tuple[datetime, dict[str, Any]]:
-            moment = given if given is not None else await _now(store, conn)
-            if not self._registered:
-                await _register(store, conn, items, moment)
-            rows = await conn.execute(
-                select(sched_table).where(sched_table.c.name.in_([s.name for s in items]))
-            )
-            return moment, {row.name: row for row in rows}
+        def register(moment: datetime) -> list[Registration]:
+            return [_registration(s, moment) for s in items]
 
-        moment, rows = await store._run(read, write=not self._registered)
+        moment, rows = await store.internal.read_schedules(
+            [s.name for s in items],
+            now=given,
+            register=None if self._registered else register,
+        )
         self._registered = True
         self.last_now = moment
         plans: list[tuple[Schedule, list[datetime], datetime]] = []
@@ -367,8 +293,7 @@ class Scheduler:
             if row is None:  # deleted behind our back: register again next pass
                 self._registered = False
                 continue
-            done = row.handled_until if row.handled_until is not None else row.created_at
-            start = v.from_us(done)
+            start = row.handled_until if row.handled_until is not None else row.created_at
             ticks, handled = s.due(start, moment, grace=self.grace, max_catch_up=self.max_catch_up)
             if handled is None:
                 continue
@@ -379,31 +304,17 @@ class Scheduler:
         tasks = await store.submit_many(requests) if requests else []
         by_key = {t.key: t for t in tasks}
 
-        async def record(conn: AsyncConnection) -> None:
-            updated = await _now(store, conn)
-            for s, ticks, handled in plans:
-                values: dict[str, Any] = {
-                    "handled_until": v.to_us(handled),
-                    "next_tick": _us(s.next_after(max(handled, moment))),
-                    "updated_at": v.to_us(updated),
-                }
-                if ticks:
-                    values["last_tick"] = v.to_us(ticks[-1])
-                    values["last_task_id"] = by_key[s.key(ticks[-1])].id
-                # Monotone: a slower scheduler never moves a schedule backwards.
-                await conn.execute(
-                    update(sched_table)
-                    .where(
-                        sched_table.c.name == s.name,
-                        or_(
-                            sched_table.c.handled_until.is_(None),
-                            sched_table.c.handled_until < v.to_us(handled),
-                        ),
-                    )
-                    .values(**values)
-                )
-
-        await store._run(record)
+        marks = [
+            Handled(
+                name=s.name,
+                handled_until=handled,
+                next_tick=s.next_after(max(handled, moment)),
+                last_tick=ticks[-1] if ticks else None,
+                last_task_id=by_key[s.key(ticks[-1])].id if ticks else None,
+            )
+            for s, ticks, handled in plans
+        ]
+        await store.internal.record_schedules(marks)
         for s, ticks, _ in plans:
             for t in ticks:
                 log.info("periodic %s: submitted the tick of %s", s.name, t.isoformat())

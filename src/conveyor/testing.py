@@ -23,6 +23,8 @@ from conveyor.store.base import TaskStore
 
 if TYPE_CHECKING:
     from conveyor.app import App
+    from conveyor.worker.startup import Start
+    from conveyor.worker.unknown import Policy
 
 
 @dataclass
@@ -70,15 +72,20 @@ async def run_tasks(
     *,
     queues: str | Sequence[str] | None = None,
     group: str | None = None,
+    subscribe: Start | None = None,
     store: TaskStore | None = None,
+    unknown: Policy = "fail",
 ) -> Drained:
     """Run the app's claimable tasks now, one at a time, until none is left.
 
     ``queues`` defaults to every queue the app's task functions use; ``store`` to
-    the app's store; ``group`` consumes as that consumer group. Tasks a handler
-    submits run too. A failed attempt whose retry waits out a backoff is not run
+    the app's store; ``group`` consumes as that consumer group (subscribed
+    already, or from ``subscribe``: ``"all"``, ``"new"`` or a datetime). Tasks a
+    handler submits run too. A failed attempt whose retry waits out a backoff is not run
     again: it is reported in :attr:`Drained.failed` with its error. Periodic
-    schedules are not ticked.
+    schedules are not ticked. A task whose name the app has no handler for fails
+    for good (code ``unknown_task``), so the test sees why; ``unknown="release"``
+    hands it back as a worker does by default.
     """
     target = store if store is not None else app.store
     if queues is None:
@@ -89,6 +96,8 @@ async def run_tasks(
         store=cast(TaskStore, recording),
         concurrency=1,
         group=group,
+        subscribe=subscribe,
+        unknown=unknown,
         poll_interval=0.05,
         grace=60,  # after the last claim, wait for acknowledgements still being written
         maintain_interval=None,

@@ -5,6 +5,7 @@ replaced without a pre-ping."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -68,14 +69,26 @@ async def test_dead_pooled_connections_are_replaced(pg_url: str) -> None:
 
 @pytest.mark.parametrize("durable", [False, True])
 async def test_a_claim_commits_without_waiting_for_the_flush_unless_durable(
-    pg_url: str, durable: bool
+    pg_url: str, durable: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The claim's transaction turns ``synchronous_commit`` off for itself alone
     (a lease lost with a server crash only means the task runs again); with
-    ``durable_claims=True`` it keeps the server's setting. Either way it leases."""
+    ``durable_claims=True`` the claim hook runs the statement that keeps the
+    server's setting. Either way it leases."""
     async with conveyor.connect(pg_url, durable_claims=durable) as st:
+        first = await st.submit("t", queue="quick")
         task = await st.submit("t", queue="quick")
-        claim = await texts.get(st, "claim_one")
+        ran: list[str] = []
+        alone = texts.alone
+
+        async def spy(store: Any, statement: texts.Text, *args: Any, **kwargs: Any) -> Any:
+            ran.append(statement.name)
+            return await alone(store, statement, *args, **kwargs)
+
+        monkeypatch.setattr(texts, "alone", spy)
+        assert [t.id for t in await st.claim("quick", worker_id="w")] == [first.id]
+        assert ran == ["claim.one_durable" if durable else "claim.one"]
+        claim = st._texts.get(ran[0]) if st._texts is not None else None
         assert claim is not None
         params = {
             "grp": QUEUE_MODE, "queue": "quick", "partition": None, "limit": 1,

@@ -136,7 +136,7 @@ async def test_a_claim_leases_through_the_primary_key(young_db: str) -> None:
     the status index)."""
     await _fill(young_db)
     _no_statistics(young_db)
-    plan = _explain(young_db, "claim_one", _claim_params("w2"))
+    plan = _explain(young_db, "claim.one", _claim_params("w2"))
     assert _delivery_rows_read(plan) <= 10
 
 
@@ -187,7 +187,7 @@ async def test_without_free_streams_a_claim_takes_plain_rows_without_ordering_un
     their index order, and the units that rank streams against plain rows are never
     read (before: every claim sorted and numbered its rows twice through them)."""
     await _fill(young_db)
-    plan = _explain(young_db, "claim_one", {**_claim_params("w3"), "limit": 10})
+    plan = _explain(young_db, "claim.one", {**_claim_params("w3"), "limit": 10})
     scans = [n for n in _nodes(plan["Plan"]) if n.get("CTE Name") in ("chosen", "ordered")]
     assert scans and all(n["Actual Loops"] == 0 for n in scans), scans
     assert plan["Plan"]["Actual Rows"] == 10
@@ -199,7 +199,7 @@ async def test_a_claim_of_one_queue_reads_its_configured_lease_once(young_db: st
     await _fill(young_db)
     async with conveyor.connect(young_db, listen=False) as st:
         await st.configure_queue("q", lease=42.0)
-    plan = _explain(young_db, "claim_one", {**_claim_params("w4"), "limit": 10})
+    plan = _explain(young_db, "claim.one", {**_claim_params("w4"), "limit": 10})
     probes = [n for n in _nodes(plan["Plan"]) if n.get("Relation Name") == "conveyor_queues"]
     assert [n["Actual Loops"] for n in probes] == [1]
     async with conveyor.connect(young_db, listen=False) as st:
@@ -286,6 +286,18 @@ async def test_locking_the_streams_of_an_acknowledgement_looks_its_tasks_up_by_i
     items = json.dumps([[t.id, "w", "", t.attempt, "null"] for t in leased])
     plan = _explain(young_db, "ack_streams_lock", {"items": items})
     assert _rows_read(plan, "conveyor_tasks") <= 10
+
+
+async def test_reading_acknowledged_tasks_back_looks_them_up_by_id(young_db: str) -> None:
+    """succeed_many's read-back of 10 tasks (task_views) with 5,000 tasks and no
+    statistics: 10 task rows and 10 delivery rows, each found by its key."""
+    leased = await _fill(young_db)
+    _no_statistics(young_db)
+    ids = json.dumps([t.id for t in leased[:10]])
+    plan = _explain(young_db, "task_views", {"ids": ids, "grp": ""})
+    assert _rows_read(plan, "conveyor_tasks") <= 10
+    assert _rows_read(plan, "conveyor_deliveries") <= 10
+    assert plan["Plan"]["Actual Rows"] == 10
 
 
 def _index_pages(url: str, names: list[str]) -> dict[str, int]:
@@ -393,10 +405,10 @@ async def test_on_a_small_young_table_the_kept_connections_still_lease_by_index(
     _no_statistics(young_db)
     items = json.dumps([[t.id, "w", "", t.attempt, "null"] for t in leased[:1]])
     kept = pg_direct.NO_SEQSCAN
-    assert _delivery_rows_read(_explain(young_db, "claim_one", _claim_params("w2"), kept)) <= 10
+    assert _delivery_rows_read(_explain(young_db, "claim.one", _claim_params("w2"), kept)) <= 10
     ack = _explain(young_db, "ack_plain", {"items": items, "offset_us": 0}, kept)
     assert _delivery_rows_read(ack) <= 10
-    by_default = _explain(young_db, "claim_one", _claim_params("w2"))
+    by_default = _explain(young_db, "claim.one", _claim_params("w2"))
     assert _delivery_rows_read(by_default) >= 300  # what the setting is for
 
 
@@ -434,7 +446,7 @@ async def test_a_claim_of_stream_heads_reads_only_the_streams_it_takes(young_db:
         )
     params = {**_claim_params("w"), "limit": 50, "per_stream": 2, "streams": 50, "mix": True}
     setup = pg_direct.NO_SEQSCAN
-    plan = _explain(young_db, "claim_one", params, setup)
+    plan = _explain(young_db, "claim.one", params, setup)
     assert plan["Plan"]["Actual Rows"] == 50
     # The free streams' scan and the held ones' lookups (one per stream taken).
     streams_read = sum(
@@ -541,7 +553,7 @@ async def test_a_claim_planned_on_few_streams_holds_its_streams_by_key_after_man
     params = {**_claim_params("w"), "limit": 20, "per_stream": 2, "streams": 20, "mix": True}
     more = [{"name": "t", "queue": "q", "partition": f"more{i}"} for i in range(3000)]
     plan = await _planned_small_run_grown(
-        young_db, "claim_one", params, "conveyor_streams", 20, lambda: _submit(young_db, more)
+        young_db, "claim.one", params, "conveyor_streams", 20, lambda: _submit(young_db, more)
     )
     assert plan["Plan"]["Actual Rows"] == 20
     held = [

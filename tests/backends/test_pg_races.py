@@ -100,7 +100,7 @@ async def test_a_failed_subscribe_leaves_nothing_behind(
     raw.rollback()
     assert [grp.name for grp in await store.groups("q") if grp.active] == []
     second = await store.submit("t", queue="q", partition="p")
-    got = await store.claim("q", worker_id="w", group="g", limit=5)  # subscribes "all"
+    got = await store.claim("q", worker_id="w", group="g", limit=5, subscribe="all")
     assert [t.id for t in got] == [first.id, second.id]
 
 

@@ -410,7 +410,7 @@ async def test_a_step_by_step_submit_reads_its_context_with_built_statements(db:
         with pg_round_trips(st) as (_runs, seen):
             task = await st.submit("t", queue="q", key="k", partition="p", parent=root)
         built = pg_texts()
-        for name in ("share_groups", "lock_streams", "submit_context", "notify"):
+        for name in ("share_groups", "lock_streams", "submit_context", "wake.notify"):
             assert built[name] in seen
         others = [s for s in seen if s not in built.values()]
         words = ("groups", "streams", "queues", "notify")

@@ -92,10 +92,10 @@ async def test_the_claim_statements_probe_indexes(tmp_path: Path) -> None:
             "keys": '[["q", "", "p"]]',
         }
         names = [
-            "step_candidates",
-            "step_lease_seqs",
-            "step_view_seqs",
-            "step_hold_streams",
+            "claim.candidates",
+            "claim.lease",
+            "claim.view",
+            "claim.hold",
             "refresh_streams",
         ]
         with closing(sqlite3.connect(path)) as db:
@@ -151,7 +151,7 @@ async def test_the_claim_reads_free_streams_in_claim_order(tmp_path: Path) -> No
             [{"name": "t", "queue": "q", "partition": f"p{i % 3000}"} for i in range(6000)]
         )
         assert store._texts is not None
-        text = store._texts.get("step_candidates")
+        text = store._texts.get("claim.candidates")
         assert text is not None
     params = {
         "grp": "",

@@ -85,11 +85,9 @@ async def test_another_process_commit_wakes_an_idle_waiter(tmp_path: Path) -> No
         await st.wait_for_work(["q"], 0.05)  # forget what our own open() announced
         proc = subprocess.Popen([sys.executable, str(script), url, "q"])
         try:
-            started = time.monotonic()
             woken = await st.wait_for_work(["q"], 60)
-            # Woken by the other process's commit, not by the 60 s timeout.
+            # Woken by the other process's commit: the 60 s timeout would say False.
             assert woken is True
-            assert time.monotonic() - started < 60
         finally:
             assert proc.wait(timeout=60) == 0
         assert len(await st.claim("q", worker_id="w")) == 1

@@ -1,10 +1,10 @@
 """A hypothesis state machine: the store against a small pure-Python model of bus mode.
 
 The model knows queue mode and two consumer groups (``ga`` subscribed up front,
-``gb`` subscribed by its first claim), partitions (strict FIFO streams per view),
-delays, retries, cancels and stale lease holders. After every step the store's
-view of every task, for every view, must equal the model's; every claim must be
-one the model allows.
+``gb`` subscribed by its first claim, given ``subscribe="all"``), partitions
+(strict FIFO streams per view), delays, retries, cancels and stale lease
+holders. After every step the store's view of every task, for every view, must
+equal the model's; every claim must be one the model allows.
 
 Runs on both backends through the blocking facade (hypothesis rules are sync).
 """
@@ -117,7 +117,7 @@ class BusModel(RuleBasedStateMachine):
         return out
 
     def subscribe_gb(self) -> None:
-        """What a first claim by ``gb`` does: subscribe it with start="all"."""
+        """What a first claim by ``gb`` (with ``subscribe="all"``) does."""
         self.subscribed["gb"] = True
         for t in self.tasks:
             cancelled = t.views[QM].status == "cancelled"
@@ -161,11 +161,17 @@ class BusModel(RuleBasedStateMachine):
         limit=st.integers(1, 3),
     )
     def claim(self, view: str, partition: str | None, limit: int) -> None:
-        if not self.subscribed[view]:
+        first = not self.subscribed[view]
+        if first:
             self.subscribe_gb()
         worker = f"w{next(self.workers)}"
         got = self.store.claim(
-            self.queue, worker_id=worker, group=group_arg(view), partition=partition, limit=limit
+            self.queue,
+            worker_id=worker,
+            group=group_arg(view),
+            partition=partition,
+            limit=limit,
+            subscribe="all" if first else None,
         )
         streams = [partition] if partition is not None else ["p", "q"]
         options = {p: self.ready_stream(view, p) for p in streams}

@@ -233,7 +233,9 @@ async def test_queue_mode_is_unchanged_by_groups(store: TaskStore) -> None:
     # Another queue is untouched by the group.
     other = await store.submit("e", queue="other")
     assert await store.get(other.id, group="a") is None
-    assert await store.claim("other", worker_id="wa", group="a") != []  # subscribes, sees it
+    with pytest.raises(NotFound, match="group 'a' on queue 'other'"):
+        await store.claim("other", worker_id="wa", group="a")  # not subscribed there
+    assert await store.claim("other", worker_id="wa", group="a", subscribe="all") != []
 
 
 # ------------------------------------------------------- leases, retries
@@ -351,17 +353,61 @@ async def test_subscribe_returns_the_group_and_is_idempotent(store: TaskStore) -
     assert await store.groups("nope") == []
 
 
-async def test_first_claim_by_unknown_group_subscribes_it_with_all(store: TaskStore) -> None:
+async def test_a_claim_never_creates_a_group_by_itself(store: TaskStore) -> None:
+    """A misspelt group name must not register a new group that replays the whole
+    history: the claim is refused, naming the group, the queue, the groups it has
+    and how to subscribe, and nothing is written."""
+    await store.subscribe(Q, "billing")
+    ids = [(await store.submit("e", {"n": n}, queue=Q)).id for n in range(3)]
+    with pytest.raises(NotFound) as refused:
+        await store.claim(Q, worker_id="w", group="biling", limit=10)
+    message = str(refused.value)
+    assert "group 'biling' on queue 'events' not found" in message
+    assert "groups of 'events': 'billing'" in message
+    assert "subscribe('events', 'biling', start=\"new\")" in message
+    assert 'subscribe="new" or "all"' in message
+    assert [g.name for g in await store.groups(Q)] == ["billing"]
+    assert await store.get(ids[0], group="biling") is None
+    # Still refused the next time (nothing was cached), on a queue with no group too.
+    with pytest.raises(NotFound, match="biling"):
+        await store.claim(Q, worker_id="w", group="biling")
+    with pytest.raises(NotFound, match="queue 'empty' has no groups"):
+        await store.claim("empty", worker_id="w", group="g")
+    assert [g.name for g in await store.groups()] == ["billing"]
+
+
+async def test_a_claim_subscribes_a_new_group_when_asked(store: TaskStore) -> None:
     ids = [(await store.submit("e", {"n": n}, queue=Q)).id for n in range(3)]
     [t] = await store.claim(Q, worker_id="w")
     await store.succeed(t.id, worker_id="w")  # queue mode finished one: irrelevant for a group
-    got = await store.claim(Q, worker_id="w", group="late", limit=10)
+    got = await store.claim(Q, worker_id="w", group="late", limit=10, subscribe="all")
     assert [t.id for t in got] == ids
     [group] = await store.groups(Q)
-    assert group.name == "late" and group.active
-    # Tasks submitted from now on are delivered as well.
+    assert group.name == "late" and group.active and group.start is None
+    # Tasks submitted from now on are delivered as well; subscribe= on an active
+    # group changes nothing.
     new = await store.submit("e", queue=Q)
-    assert [t.id for t in await store.claim(Q, worker_id="w", group="late")] == [new.id]
+    got = await store.claim(Q, worker_id="w", group="late", subscribe="new")
+    assert [t.id for t in got] == [new.id]
+    # "new": only what is submitted after the claim subscribed the group.
+    assert await store.claim(Q, worker_id="w", group="fresh", subscribe="new", limit=10) == []
+    later = await store.submit("e", queue=Q)
+    assert [t.id for t in await store.claim(Q, worker_id="w", group="fresh")] == [later.id]
+    # A datetime: tasks created since then.
+    since = await store.claim(
+        Q, worker_id="w", group="replay", limit=10, subscribe=later.created_at
+    )
+    assert [t.id for t in since] == [later.id]
+
+
+async def test_claim_subscribe_argument_is_checked(store: TaskStore) -> None:
+    await store.submit("e", queue=Q)
+    with pytest.raises(InvalidArgument, match=r"subscribe.*group="):
+        await store.claim(Q, worker_id="w", subscribe="all")
+    for bad in ("everything", True, 3, datetime(2026, 1, 1)):
+        with pytest.raises(InvalidArgument, match="subscribe"):
+            await store.claim(Q, worker_id="w", group="g", subscribe=bad)  # type: ignore[arg-type]
+    assert await store.groups() == []
 
 
 async def test_subscribe_new_sees_only_later_tasks(store: TaskStore) -> None:
@@ -428,7 +474,11 @@ async def test_unsubscribe_stops_delivery(store: TaskStore) -> None:
     new = await store.submit("e", queue=Q)
     assert await store.get(new.id, group="a") is None
     assert await store.get(old.id, group="a") is None  # its state is dropped
-    assert await store.claim(Q, worker_id="w", group="a") == []  # not subscribed again
+    # A claim as the group is refused, with or without subscribe=: only subscribe()
+    # starts an unsubscribed group over.
+    for start in (None, "all"):
+        with pytest.raises(NotFound, match="unsubscribed"):
+            await store.claim(Q, worker_id="w", group="a", subscribe=start)  # type: ignore[arg-type]
     [group] = await store.groups(Q)
     assert group.active is False
     # Queue mode is untouched.
@@ -484,7 +534,8 @@ async def test_group_names(store: TaskStore) -> None:
     # All of them side by side on one queue stay distinct.
     task = await store.submit("e", queue=Q)
     for name in GOOD_NAMES:
-        assert [t.id for t in await store.claim(Q, worker_id="w", group=name)] == [task.id]
+        got = await store.claim(Q, worker_id="w", group=name, subscribe="all")
+        assert [t.id for t in got] == [task.id]
     assert sorted(g.name for g in await store.groups(Q)) == sorted(GOOD_NAMES)
 
 
@@ -528,7 +579,7 @@ async def test_a_group_unsubscribed_elsewhere_stays_unsubscribed_until_subscribe
     (here with a cached subscription, in another store) gets nothing and does not
     bring the group back; an explicit subscribe() does, from its start."""
     old = await store.submit("e", queue=Q)
-    [t] = await store.claim(Q, worker_id="w", group="g")
+    [t] = await store.claim(Q, worker_id="w", group="g", subscribe="all")
     await store.succeed(t.id, worker_id="w", group="g")
     async with conveyor.connect(store_url) as admin:
         assert await admin.unsubscribe(Q, "g") is True
@@ -546,7 +597,10 @@ async def test_a_group_unsubscribed_elsewhere_stays_unsubscribed_until_subscribe
 async def test_a_group_claiming_several_queues_is_subscribed_to_each(store: TaskStore) -> None:
     t1 = await store.submit("e", queue="q1")
     t2 = await store.submit("e", queue="q2")
-    got = await store.claim(["q1", "q2"], worker_id="w", group="g", limit=10)
+    await store.subscribe("q2", "g")
+    with pytest.raises(NotFound, match="group 'g' on queue 'q1'"):
+        await store.claim(["q1", "q2"], worker_id="w", group="g", limit=10)
+    got = await store.claim(["q1", "q2"], worker_id="w", group="g", limit=10, subscribe="all")
     assert sorted(t.id for t in got) == sorted([t1.id, t2.id])
     assert [(g.queue, g.name) for g in await store.groups()] == [("q1", "g"), ("q2", "g")]
     t3 = await store.submit("e", queue="q2")

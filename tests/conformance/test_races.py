@@ -54,15 +54,16 @@ def scalar(url: str, sql: str) -> Any:
 
 # ---------------------------------------------------------------- item 1
 async def test_first_claims_of_a_new_group_from_many_stores_at_once(store_url: str) -> None:
-    """Several consumers starting together with a group nobody registered yet: every
-    claim succeeds, the group is registered once, and each task is delivered once."""
+    """Several consumers starting together with a group nobody registered yet, each
+    asked to subscribe it: every claim succeeds, the group is registered once, and
+    each task is delivered once."""
     async with stores(store_url, 6) as sts:
         await sts[0].submit_many([{"name": "t", "queue": "q"} for _ in range(3)])
         for round_ in range(4):
             group = f"g{round_}"
             results = await asyncio.gather(
                 *(
-                    st.claim("q", worker_id=f"w{i}", group=group, limit=3)
+                    st.claim("q", worker_id=f"w{i}", group=group, limit=3, subscribe="all")
                     for i, st in enumerate(sts)
                 ),
                 return_exceptions=True,

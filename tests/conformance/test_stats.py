@@ -122,3 +122,28 @@ async def test_an_unsubscribed_group_leaves_the_stats(store: TaskStore) -> None:
     assert set((await one(store, "q")).groups) == {"g"}
     await store.unsubscribe("q", "g")
     assert (await one(store, "q")).groups == {}
+
+
+async def test_a_groups_only_queue_leaves_queue_mode_out(store: TaskStore) -> None:
+    """Nobody consumes queue mode on a queue declared groups-only: its rows stay
+    queued, and reporting them would show a backlog that never drains."""
+    q = "bus"
+    await store.configure_queue(q, queue_mode=False)
+    await store.subscribe(q, "g")
+    await store.submit_many([{"name": "e", "queue": q, "run_at": ago(60)} for _ in range(3)])
+    for x in await store.claim(q, worker_id="w", group="g", limit=10):
+        await store.succeed(x.id, worker_id="w", group="g")
+    stats = await one(store, q)
+    assert stats.queue_mode is False
+    assert stats.counts == {}
+    assert stats.oldest_claimable_age is None
+    assert stats.groups["g"].counts == counts(succeeded=3)
+    assert stats.groups["g"].lag == 0
+    assert stats.as_dict()["queue_mode"] is False
+    # Another queue keeps its queue mode; turning it back on shows it again.
+    await store.submit("e", queue="plain")
+    plain = await one(store, "plain")
+    assert plain.queue_mode is True and plain.counts == counts(queued=1)
+    await store.configure_queue(q, queue_mode=True)
+    again = await one(store, q)
+    assert again.queue_mode is True and again.counts == counts(queued=3)

@@ -48,3 +48,17 @@ def test_every_statement_has_a_contract_and_a_role() -> None:
         assert len(entry.contract) > 20, entry.name
         assert util.find_spec(f"conveyor.store.protocol.{entry.role}") is not None, entry
     assert len(set(catalogue.names())) == len(catalogue.STATEMENTS)
+
+
+def test_the_claim_hook_is_an_abstract_seam_method_each_dialect_implements() -> None:
+    from conveyor.store.postgres import PostgresStore
+    from conveyor.store.seam import Seam
+    from conveyor.store.sqlite import SQLiteStore
+
+    assert "claim" in catalogue.HOOKS
+    assert "_claim" in Seam.__abstractmethods__
+    for store in (SQLiteStore, PostgresStore):
+        assert store._claim is not Seam._claim, store
+    for dialect in DIALECTS:
+        # Its statements are the dialect's own, named for it.
+        assert any(name.startswith("claim.") for name in _own(dialect)), dialect

@@ -231,11 +231,27 @@ async def test_maintenance_lock_lets_at_most_one_collide(store: TaskStore, backe
         assert again is True
 
 
-async def test_transaction_gate_is_reentrant_across_calls(store: TaskStore) -> None:
+async def test_transaction_gate_lets_other_transactions_through(store: TaskStore) -> None:
+    """Both dialects order their transactions elsewhere (the server; SQLite's
+    connection thread), so the gate returns at once: a second attempt gets through
+    while one holds it, and a whole transaction, its own gate included, commits."""
+    order: list[str] = []
     async with store._transaction_gate(True):
-        pass
-    async with store._transaction_gate(False):
-        pass
+        order.append("first in")
+
+        async def second() -> None:
+            async with store._transaction_gate(False):
+                order.append("second in")
+
+        await asyncio.wait_for(second(), timeout=10)  # only guards against a hang
+
+        async def write(conn: AsyncConnection) -> int:
+            await conn.execute(cn.insert().values(queue="q", grp="", status="x", n=1))
+            return int((await conn.execute(select(cn.c.n))).scalar_one())
+
+        assert await asyncio.wait_for(store._run(write), timeout=10) == 1
+        order.append("first out")
+    assert order == ["first in", "second in", "first out"]
 
 
 async def test_in_memory_gate_queues_transactions_in_order() -> None:
@@ -334,11 +350,15 @@ async def test_returning_view_returns_the_task_as_the_view_reads_it(store: TaskS
     assert codec.row_to_task(rows[0]) == fetched[task.id]
 
 
-async def test_claim_probe_is_none_or_says_whether_work_is_there(store: TaskStore) -> None:
-    now = store._now()
-    probe = store._claim_probe(q.QUEUE_MODE, ["q"], None, now)
-    if probe is None:
-        return  # the dialect's claims go straight in
+async def test_claim_probe_is_none_or_says_whether_work_is_there(
+    store: TaskStore, backend: str
+) -> None:
+    probe = store._claim_probe(q.QUEUE_MODE, ["q"], None)
+    if backend == "postgres":
+        # Its claims go straight in (an idle claim takes no lock worth sparing).
+        assert probe is None
+        return
+    assert probe is not None
 
     async def ask(conn: AsyncConnection) -> bool:
         assert probe is not None
@@ -346,7 +366,7 @@ async def test_claim_probe_is_none_or_says_whether_work_is_there(store: TaskStor
 
     assert await store._run(ask, write=False) is False
     await store.submit("t", queue="q")
-    probe = store._claim_probe(q.QUEUE_MODE, ["q"], None, store._now())
+    probe = store._claim_probe(q.QUEUE_MODE, ["q"], None)
     assert await store._run(ask, write=False) is True
 
 
@@ -372,11 +392,23 @@ async def test_notify_reaches_other_stores_only_on_commit(
         assert woke is (backend == "postgres")
 
 
-async def test_start_and_stop_wake_are_repeatable(store_url: str) -> None:
+async def test_the_wake_channel_starts_again_after_a_close(store_url: str, backend: str) -> None:
+    """close() stops the channel and the next opening starts it anew: in each of two
+    openings, an announcement another store commits reaches this one (on Postgres;
+    SQLite has no cross-process channel, its waiters poll), and after each close
+    nothing of the channel is left."""
     st = conveyor.connect(store_url)
-    for _ in range(2):
-        await st.open()
-        await st.close()
+    async with conveyor.connect(store_url) as other:
+        for _ in range(2):
+            await st.open()
+            assert await st.wait_for_work(["q"], 0) is False  # starts the channel
+            assert st._wake_start is not None and st._wake_start.done()
+            await other._run(lambda conn: other._notify(conn, ["q"], done=False))
+            woke = await st.wait_for_work(["q"], 3)
+            assert woke is (backend == "postgres")
+            await st.close()
+            assert st._wake_start is None
+            assert getattr(st, "_listener", None) is None
 
 
 # ----------------------------------------------------------- statistics

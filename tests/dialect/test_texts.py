@@ -18,7 +18,7 @@ from conveyor.errors import ConveyorError, InvalidArgument, StoreUnavailable
 from conveyor.store.base import TaskStore
 from conveyor.store.protocol import texts
 
-PG_ONLY = ("claim_one", "claim_any", "ack_plain")
+PG_ONLY = ("claim.one", "claim.any")
 
 
 def _sql(backend: str) -> dict[str, str]:
@@ -113,6 +113,47 @@ SELECT :x::int AS b, '50%' AS c
     found = texts.parse(source)
     assert found == {"one": "-- why it is so\nSELECT 1 AS a", "two": found["two"]}
     assert texts.to_pyformat(found["two"]) == "SELECT %(x)s::int AS b, '50%%' AS c"
+
+
+def test_a_block_may_be_a_script_of_statements_ended_at_line_ends() -> None:
+    block = """-- why it is so
+INSERT INTO x VALUES (1, ';');
+-- a comment that ends with one;
+UPDATE x SET a = 2
+WHERE b = 3;
+SELECT a FROM x"""
+    assert texts.split(block) == [
+        "-- why it is so\nINSERT INTO x VALUES (1, ';')",
+        "-- a comment that ends with one;\nUPDATE x SET a = 2\nWHERE b = 3",
+        "SELECT a FROM x",
+    ]
+    assert texts.split("SELECT 1") == ["SELECT 1"]
+
+
+def _script(last: str) -> dict[str, str]:
+    add = "INSERT INTO conveyor_waiters (task_id, token, expires_at) VALUES ('s', :token, 0)"
+    return {"script": f"{add};\n{last}"}
+
+
+async def test_a_script_runs_its_statements_in_one_transaction(store: TaskStore) -> None:
+    """A script runs by itself (texts.alone) or among steps (texts.together): its
+    statements in order with the same parameters, the last one's rows returned, in
+    one transaction (a failing statement takes the earlier ones back with it)."""
+    await store.open()
+    assert store._engine is not None
+    count = "SELECT count(*) AS n FROM conveyor_waiters WHERE task_id = 's'"
+    built = texts.build(store, store._engine.dialect, _script(count))
+    script = built.get("script")
+    assert script is not None and len(script.statements) == 2
+    assert [row.n for row in await texts.alone(store, script, {"token": "a"})] == [1]
+    rows = await texts.together(store, [(script, {"token": "b"}), (script, {"token": "c"})])
+    assert [row.n for row in rows] == [3]
+    bad = texts.build(store, store._engine.dialect, _script("SELECT * FROM nowhere"))
+    failing = bad.get("script")
+    assert failing is not None
+    with pytest.raises(ConveyorError):
+        await texts.alone(store, failing, {"token": "d"})
+    assert [row.n for row in await texts.alone(store, script, {"token": "e"})] == [4]
 
 
 @pytest.mark.parametrize(

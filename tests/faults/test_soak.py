@@ -119,8 +119,8 @@ def test_soak(backend: str, store_url: str, tmp_path: Path) -> None:
                 if not late_subscribed and len(submitted) >= TASKS // 2:
                     store.subscribe(SOAK_QUEUE, "late", start="new")
                     late_subscribed = True
-                    # Its worker starts only now: a group's first claim registers a
-                    # group it has never seen from the whole history (start="all").
+                    # Its worker starts only now: a worker refuses a group that is
+                    # not subscribed (it never registers one on its own).
                     workers.append(
                         spawn(
                             "soakworker",

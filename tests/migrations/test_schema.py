@@ -414,3 +414,31 @@ async def test_0008_orders_the_free_streams_and_downgrades_to_0007(fresh_url: st
         second = await store.claim("q", worker_id="w", limit=3, per_stream=1)
     assert sorted(t.payload for t in first) == [0, 1, 2]
     assert sorted(t.payload for t in second) == [3, 4, 5]
+
+
+async def test_conveyor_tables_without_a_recorded_revision_are_named(fresh_url: str) -> None:
+    # The state an application's autogenerate left when it ran conveyor's upgrade
+    # and rolled its version rows back: the tables, no revision. Opening (or
+    # `conveyor migrate`) says so, instead of failing on CREATE TABLE with a hint
+    # about a database that is not running.
+    engine = _sync_engine(fresh_url)
+    try:
+        _alembic(engine, "upgrade", "head")
+        with engine.begin() as conn:
+            conn.execute(text(f"DELETE FROM {VERSION_TABLE}"))
+    finally:
+        engine.dispose()
+    store = conveyor.connect(fresh_url)
+    with pytest.raises(conveyor.ConfigurationError, match="records no revision") as info:
+        await store.open()
+    await store.close()
+    assert "conveyor_counts" in str(info.value) and "conveyor migrate" in str(info.value)
+    migrated = subprocess.run(
+        [sys.executable, "-m", "conveyor.cli", "migrate", "--url", fresh_url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert migrated.returncode == 4
+    assert "records no revision" in migrated.stderr
+    assert "running" not in migrated.stderr and "already exists" not in migrated.stderr

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 from _seed import Seeded, seed
+from sqlalchemy.engine import make_url
 
 import conveyor
 from conveyor import ConfigurationError, Status
@@ -228,3 +229,18 @@ async def test_metrics_page_reports_the_rollups(seeded: tuple[TaskStore, Seeded]
         'conveyor_tasks_finished_total{group="",name="nightly",queue="reports",status="evicted"}'
         " 1.0" in text
     )
+
+
+async def test_the_header_names_the_database(store_url: str, backend: str) -> None:
+    # On Postgres with a password (the test server trusts, so it is ignored) that
+    # must not reach the page.
+    url = store_url
+    if backend == "postgres":
+        url = make_url(store_url).set(password="s3cret-pw").render_as_string(False)
+    parsed = make_url(url)
+    shown = parsed.set(drivername=parsed.get_backend_name()).render_as_string(True)
+    async with conveyor.connect(url) as store, client(dashboard(store)) as http:
+        pages = [(await http.get(path)).text for path in ("/", "/tasks", "/workers")]
+    for page in pages:
+        assert re.search(rf'<span class="database"[^>]*>{re.escape(shown)}</span>', page)
+        assert "s3cret-pw" not in page

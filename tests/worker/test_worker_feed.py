@@ -36,13 +36,13 @@ async def test_concurrency_one_starts_the_next_task_before_the_ack_is_written(
 
     # Hold every acknowledgement until released: the store itself stays real.
     gate = asyncio.Event()
-    real = app.store._ack_claimed  # what the worker acknowledges through
+    real = app.store.internal.ack_claimed  # what the worker acknowledges through
 
     async def held_back(*items: Any, **options: Any) -> Any:
         await gate.wait()
         return await real(*items, **options)
 
-    app.store._ack_claimed = held_back  # type: ignore[method-assign]
+    app.store.internal.ack_claimed = held_back  # type: ignore[method-assign]
     first = await step.submit(0)
     second = await step.submit(1)
     async with running(app.worker("q", concurrency=1, poll_interval=0.05)):
@@ -64,13 +64,13 @@ async def test_a_stream_gives_its_slot_up_while_its_ack_is_written(app: conveyor
         return tag
 
     gate = asyncio.Event()
-    real = app.store._ack_claimed  # what the worker acknowledges through
+    real = app.store.internal.ack_claimed  # what the worker acknowledges through
 
     async def held_back(*items: Any, **options: Any) -> Any:
         await gate.wait()
         return await real(*items, **options)
 
-    app.store._ack_claimed = held_back  # type: ignore[method-assign]
+    app.store.internal.ack_claimed = held_back  # type: ignore[method-assign]
     a0 = await step.with_options(partition="a").submit("a0")
     a1 = await step.with_options(partition="a").submit("a1")
     b0 = await step.with_options(partition="b").submit("b0")
@@ -282,7 +282,7 @@ async def test_an_unpartitioned_ack_does_not_make_an_idle_worker_claim_again(
         ran.set()
 
     gate = asyncio.Event()
-    real_ack, real_claim = app.store._ack_claimed, app.store.claim
+    real_ack, real_claim = app.store.internal.ack_claimed, app.store.claim
     claims: list[int] = []
 
     async def held_back(*items: Any, **options: Any) -> Any:
@@ -294,7 +294,7 @@ async def test_an_unpartitioned_ack_does_not_make_an_idle_worker_claim_again(
         claims.append(len(found))
         return found
 
-    app.store._ack_claimed = held_back  # type: ignore[method-assign]
+    app.store.internal.ack_claimed = held_back  # type: ignore[method-assign]
     app.store.claim = counted  # type: ignore[method-assign]
     task = await step.submit()
     async with running(app.worker("q", concurrency=1, poll_interval=30)):

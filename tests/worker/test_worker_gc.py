@@ -1,5 +1,5 @@
-"""The worker, and the first store opened, settle the garbage collector once per
-process."""
+"""The worker settles the garbage collector once per process at its first start;
+opening a store leaves the collector alone unless asked (``gc_freeze=True``)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import asyncio, gc, json, sys
 import conveyor
 
 freeze = sys.argv[2] == "on"
-app = conveyor.App(sys.argv[1], gc_freeze=freeze)
+app = conveyor.App(sys.argv[1])  # the store's default: it leaves the collector alone
 seen = []
 
 
@@ -62,7 +62,8 @@ def frozen_counts(tmp_path: Path, freeze: str) -> list[int]:
 
 def test_a_worker_freezes_what_is_alive_once_per_process(tmp_path: Path) -> None:
     first, second = frozen_counts(tmp_path, "on")
-    # The modules, the app and the store: thousands of objects, frozen by the first start.
+    # The modules, the app and the store: thousands of objects, frozen by the first
+    # start (the store, opened before it, froze nothing).
     assert first > 1_000
     # The second worker of the process froze nothing more, so its garbage stays
     # collectable (frozen objects freed by their reference count leave the count).
@@ -85,7 +86,7 @@ import conveyor
 
 async def main():
     counts = [gc.get_freeze_count()]
-    options = {} if sys.argv[2] == "default" else {"gc_freeze": False}
+    options = {"default": {}, "on": {"gc_freeze": True}, "off": {"gc_freeze": False}}[sys.argv[2]]
     async with conveyor.connect(sys.argv[1], **options) as store:
         counts.append(gc.get_freeze_count())
         await store.submit("x")
@@ -96,16 +97,21 @@ asyncio.run(main())
 
 
 @pytest.mark.parametrize("option", ["default", "off"])
-def test_the_first_store_opened_settles_the_collector(tmp_path: Path, option: str) -> None:
-    """A producer process (no worker) gets the freeze from its store's first open;
-    ``gc_freeze=False`` leaves the collector alone."""
+def test_opening_a_store_leaves_the_collector_alone(tmp_path: Path, option: str) -> None:
+    """A process that only opens a store (a web app submitting tasks, say) keeps
+    its garbage collector as it was: nothing frozen by default or with False."""
     url = f"sqlite:///{tmp_path / 'store-gc.sqlite'}"
     before, after = run_script(STORE_SCRIPT, url, option)
     assert before == 0
-    if option == "default":
-        assert after > 1_000  # the modules, SQLAlchemy, the driver, the store
-    else:
-        assert after == 0
+    assert after == before
+
+
+def test_gc_freeze_true_settles_the_collector_at_open(tmp_path: Path) -> None:
+    """Asked for, the store's open settles the collector as a worker's start does."""
+    url = f"sqlite:///{tmp_path / 'store-gc.sqlite'}"
+    before, after = run_script(STORE_SCRIPT, url, "on")
+    assert before == 0
+    assert after > 1_000  # the modules, SQLAlchemy, the driver, the store
 
 
 def test_the_store_option_must_be_a_bool() -> None:

@@ -93,7 +93,10 @@ async def test_sigterm_finishes_in_flight_work_and_hands_back_the_rest(
     store: TaskStore, app_dir: Path, store_url: str, spawn: list[subprocess.Popen[bytes]]
 ) -> None:
     # The grace period is long beside `quick`'s 0.4 s, so a loaded machine still
-    # finishes it in time; the bounds on `took` are relative to the grace period.
+    # finishes it in time. The grace period is real time (the worker's own clock):
+    # `took` is held only to its lower bound, which no slow machine can fail; that
+    # the worker did not wait for `stuck` (60 s) shows in `stuck` handed back below
+    # (the process wait's timeout only guards against a hang).
     grace = 4.0
     proc = start_worker(spawn, app_dir, store_url, grace=grace)
     quick = await store.submit("sleepy", {"args": [0.4, "quick"]}, queue="procs", priority=1)
@@ -106,7 +109,7 @@ async def test_sigterm_finishes_in_flight_work_and_hands_back_the_rest(
     stderr = stderr_of(app_dir, 0)
     assert code == 0, stderr
     assert "Traceback" not in stderr
-    assert grace - 0.3 < took < grace + 20  # waited out the grace for `stuck`, then exited
+    assert took > grace - 0.3  # waited out the grace for `stuck`, then exited
     done = await store.get(quick.id)
     assert done is not None and done.status is Status.SUCCEEDED
     assert done.result == {"tag": "quick", "pid": proc.pid}

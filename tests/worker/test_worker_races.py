@@ -12,8 +12,8 @@ from conveyor.worker import Context
 
 
 async def test_workers_starting_together_with_a_new_group(store_url: str) -> None:
-    """Four workers (each with its own store) make their first claim for a group
-    nobody registered yet at the same moment: all of them keep running."""
+    """Four workers (each with its own store), told to subscribe a group nobody
+    registered yet, start at the same moment: all of them keep running."""
     apps = [conveyor.App(store_url) for _ in range(4)]
     seen: list[int] = []
     fns = []
@@ -28,7 +28,9 @@ async def test_workers_starting_together_with_a_new_group(store_url: str) -> Non
         for n in range(8):
             await fns[0].submit(n)
         workers = [
-            application.worker("q", group="g", poll_interval=0.1, maintain_interval=None)
+            application.worker(
+                "q", group="g", subscribe="all", poll_interval=0.1, maintain_interval=None
+            )
             for application in apps
         ]
         await asyncio.gather(*(application.store.open() for application in apps))

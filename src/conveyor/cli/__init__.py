@@ -14,9 +14,10 @@ Commands::
     conveyor demo                         a self-contained tour on a throwaway SQLite file
     conveyor dashboard                    the web dashboard (extra ``web``)
 
-Every command takes ``--url`` (default ``$CONVEYOR_URL``, else
-``sqlite:///conveyor.db``); the data commands take ``--json`` to print JSON for
-programs instead of tables for people.
+Every command takes ``--url`` (default ``$CONVEYOR_URL``, else the App's URL
+for the commands that load an App, else ``sqlite:///conveyor.db``: the rule of
+:func:`conveyor.connect.choose_url`); the data commands take ``--json`` to print
+JSON for programs instead of tables for people.
 
 Exit codes:
 
@@ -25,8 +26,11 @@ Exit codes:
        failure, such as the demo's ordering check or an unexpected error
     2  bad input or usage (malformed JSON, invalid argument, unknown option)
     3  conflict: a task with this idempotency key exists (``submit --conflict reject``)
-    4  database unavailable, or a configuration error (bad URL, missing driver)
+    4  database unavailable, or a configuration error (bad URL, missing driver,
+       a role or database the server does not have)
     5  protocol mismatch: the database was written by an incompatible conveyor
+    6  no conveyor schema in this database, or an older one: the read-only
+       commands and the dashboard never create or migrate it (``conveyor migrate``)
   130  interrupted
 
 Errors are one line on stderr, ``error: ...`` followed by a hint; set

@@ -4,7 +4,6 @@ store opener, JSON parsing and how tasks are shown."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,7 +18,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 import conveyor
-from conveyor.connect import DEFAULT_URL, SyncStore, resolve_url
+from conveyor.connect import DEFAULT_URL, SyncStore, choose_url, display_url, resolve_url
 from conveyor.models import Status, Task
 
 EXIT_OK = 0
@@ -28,6 +27,7 @@ EXIT_USAGE = 2
 EXIT_CONFLICT = 3
 EXIT_UNAVAILABLE = 4
 EXIT_PROTOCOL = 5
+EXIT_NO_SCHEMA = 6
 EXIT_INTERRUPTED = 130
 
 CONNECT_TIMEOUT = 10  # seconds a command waits for a PostgreSQL server to answer
@@ -35,7 +35,8 @@ CONNECT_TIMEOUT = 10  # seconds a command waits for a PostgreSQL server to answe
 EXIT_CODES_HELP = (
     "Exit codes: 0 ok · 1 not found (or another failure) · 2 bad input or usage · "
     "3 conflict (idempotency key exists) · 4 database unavailable or configuration "
-    "error · 5 protocol mismatch · 130 interrupted."
+    "error · 5 protocol mismatch · 6 no conveyor schema, or an older one (run conveyor "
+    "migrate) · 130 interrupted."
 )
 
 _STATUS_STYLE = {
@@ -93,8 +94,9 @@ cli = typer.Typer(
     cls=_Commands,
     help=(
         "conveyor: a durable task queue and message bus on SQLite and PostgreSQL.\n\n"
-        "Every command takes --url (default $CONVEYOR_URL, else sqlite:///conveyor.db); "
-        "data commands take --json for programs.\n\n" + EXIT_CODES_HELP
+        "Every command takes --url (default $CONVEYOR_URL, else the App's URL where an "
+        "App is loaded, else sqlite:///conveyor.db); data commands take --json for "
+        "programs.\n\n" + EXIT_CODES_HELP
     ),
     no_args_is_help=True,
     add_completion=False,
@@ -137,24 +139,28 @@ def print_json(data: Any) -> None:
     sys.stdout.flush()
 
 
-def shown_url(url: str | None) -> str:
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    raw = url or os.environ.get("CONVEYOR_URL") or DEFAULT_URL
-    try:
-        return make_url(raw).render_as_string(hide_password=True)
-    except ArgumentError:
-        return raw
+def shown_url(url: str | None, app_url: str | None = None) -> str:
+    """The database a command uses (``--url``, else ``$CONVEYOR_URL``, else the
+    App's URL, else the default), its password masked."""
+    return display_url(choose_url(url, app_url).url)
 
 
-def url_origin(url: str | None) -> str:
+def url_origin(url: str | None, app_url: str | None = None) -> str:
     """Where the URL in use came from, as the user would name it."""
-    if url is not None:
+    origin = choose_url(url, app_url).origin
+    if origin == "given":
         return "--url"
-    if os.environ.get("CONVEYOR_URL"):
+    if origin == "env":
         return "$CONVEYOR_URL"
+    if origin == "app":
+        return "the App's URL (no --url, no $CONVEYOR_URL)"
     return f"the default {DEFAULT_URL} (no --url, no $CONVEYOR_URL)"
+
+
+def database_line(url: str | None, app_url: str | None = None) -> str:
+    """``database sqlite:///conveyor.db (from $CONVEYOR_URL)``: which database a
+    command reads, for the top of its report."""
+    return f"database {shown_url(url, app_url)} (from {url_origin(url, app_url)})"
 
 
 def sqlite_file(async_url: str) -> Path | None:
@@ -167,11 +173,13 @@ def sqlite_file(async_url: str) -> Path | None:
     return Path(database)
 
 
-def _check_sqlite_file(url: str | None, async_url: str, create: bool) -> None:
+def _check_sqlite_file(
+    url: str | None, async_url: str, create: bool, app_url: str | None = None
+) -> None:
     path = sqlite_file(async_url)
     if path is None:
         return
-    origin = url_origin(url)
+    origin = url_origin(url, app_url)
     if not create and not path.exists():
         where = "pass --url or set $CONVEYOR_URL" if url is None else "check the path in --url"
         raise CliError(
@@ -188,15 +196,29 @@ def _check_sqlite_file(url: str | None, async_url: str, create: bool) -> None:
         )
 
 
-@contextmanager
-def open_store(url: str | None, *, create: bool = True) -> Iterator[SyncStore]:
-    """An open blocking store for a command. ``create=False`` (read-only
-    commands): a SQLite file that does not exist is an error, not created."""
-    from sqlalchemy.engine import make_url
-
+def check_readable(url: str | None) -> None:
+    """For a command that opens the store itself and only reads: a SQLite file
+    that does not exist is an error (opening it would create it)."""
     dialect, async_url = resolve_url(url)
     if dialect == "sqlite":
-        _check_sqlite_file(url, async_url, create)
+        _check_sqlite_file(url, async_url, False)
+
+
+@contextmanager
+def open_store(
+    url: str | None, *, create: bool = True, app_url: str | None = None
+) -> Iterator[SyncStore]:
+    """An open blocking store for a command (``--url``, else ``$CONVEYOR_URL``,
+    else ``app_url``, else the default). ``create=False`` (commands that only
+    read, or act on tasks that must exist): a SQLite file that does not exist is
+    an error, not created, and conveyor's schema is never created or migrated
+    (:class:`~conveyor.errors.MigrationRequired` instead)."""
+    from sqlalchemy.engine import make_url
+
+    chosen = choose_url(url, app_url).url
+    dialect, async_url = resolve_url(chosen)
+    if dialect == "sqlite":
+        _check_sqlite_file(url, async_url, create, app_url)
     options: dict[str, Any] = {}
     if dialect == "postgresql":
         # One short call: no LISTEN connection to set up, and an unreachable host
@@ -204,7 +226,7 @@ def open_store(url: str | None, *, create: bool = True) -> Iterator[SyncStore]:
         options["listen"] = False
         if "connect_timeout" not in make_url(async_url).query:
             options["engine_options"] = {"connect_args": {"connect_timeout": CONNECT_TIMEOUT}}
-    store = conveyor.connect_sync(url, **options)
+    store = conveyor.connect_sync(chosen, migrate=create, **options)
     try:
         store.open()
         yield store

@@ -6,8 +6,16 @@ from typing import Annotated
 
 import typer
 
-from conveyor.cli._common import EXIT_UNAVAILABLE, EXIT_USAGE, CliError, UrlOption, cli, err
-from conveyor.cli._common import shown_url as _shown_url
+from conveyor.cli._common import (
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    CliError,
+    UrlOption,
+    check_readable,
+    cli,
+    database_line,
+    err,
+)
 
 
 @cli.command()
@@ -49,5 +57,6 @@ def dashboard(
             f"the dashboard needs the web extra ({exc.name} is missing)",
             "run `pip install 'conveyor[web]'`",
         ) from None
-    err().print(f"conveyor dashboard on http://{host}:{port}/ ({_shown_url(url)})")
+    check_readable(url)
+    err().print(f"conveyor dashboard on http://{host}:{port}/, {database_line(url)}")
     serve(url, host=host, port=port, allow_actions=allow_actions, auth=auth, token=token)

@@ -17,6 +17,7 @@ import conveyor
 from conveyor.cli._common import (
     EXIT_CONFLICT,
     EXIT_INTERRUPTED,
+    EXIT_NO_SCHEMA,
     EXIT_NOT_FOUND,
     EXIT_OK,
     EXIT_PROTOCOL,
@@ -25,6 +26,7 @@ from conveyor.cli._common import (
     CliError,
     cli,
     err,
+    shown_url,
     url_origin,
 )
 from conveyor.connect import resolve_url
@@ -33,6 +35,7 @@ from conveyor.errors import (
     ConfigurationError,
     ConveyorError,
     InvalidArgument,
+    MigrationRequired,
     NotFound,
     ProtocolVersionMismatch,
     StoreUnavailable,
@@ -98,9 +101,11 @@ def _classify(exc: BaseException, command: str, url: str | None) -> tuple[int, s
     if isinstance(exc, ProtocolVersionMismatch):
         return EXIT_PROTOCOL, message, "run a conveyor version that matches the database"
     origin = url_origin(url)
+    if isinstance(exc, MigrationRequired):
+        return EXIT_NO_SCHEMA, *_needs_migration(exc, url, origin)
     if isinstance(exc, ConfigurationError):
-        if "pip install" in message:  # the message names the command to run
-            return EXIT_UNAVAILABLE, message, None
+        if "pip install" in message or "conveyor migrate" in message:
+            return EXIT_UNAVAILABLE, message, None  # the message names what to do
         return EXIT_UNAVAILABLE, message, f"fix the database URL (from {origin})"
     if isinstance(exc, StoreUnavailable | SQLAlchemyError):
         # SQLAlchemy's pointer to its error catalogue is noise on a one-line report.
@@ -117,6 +122,20 @@ def _classify(exc: BaseException, command: str, url: str | None) -> tuple[int, s
         f"unexpected {type(exc).__name__}: {message}",
         "set CONVEYOR_DEBUG=1 to see the traceback, and please report it",
     )
+
+
+def _needs_migration(exc: MigrationRequired, url: str | None, origin: str) -> tuple[str, str]:
+    """Message and hint for a database this command will not migrate."""
+    where = f"{shown_url(url)}, from {origin}"
+    run = "`conveyor migrate`" + ("" if url is None else " with the same --url")
+    if not exc.current:
+        message = f"no conveyor schema here ({where}); run {run}"
+    else:
+        message = (
+            f"the conveyor schema here ({where}) is at revision {', '.join(exc.current)} "
+            f"and this conveyor needs {exc.head}; run {run}"
+        )
+    return message, "this command never creates or migrates conveyor's tables"
 
 
 def _report(code: int, message: str, hint: str | None) -> int:

@@ -18,6 +18,7 @@ from conveyor.cli._common import (
     UrlOption,
     age,
     cli,
+    database_line,
     err,
     open_store,
     out,
@@ -124,8 +125,11 @@ def stats(
     with open_store(url, create=False) as store:
         reports = store.stats(queue)
         if queue is not None and not reports:
-            empty = {s.value: 0 for s in Status}
-            reports = [QueueStats(queue=queue, counts=empty, oldest_claimable_age=None)]
+            on = store.get_queue(queue)["queue_mode"]
+            empty = {s.value: 0 for s in Status} if on else {}
+            reports = [
+                QueueStats(queue=queue, counts=empty, oldest_claimable_age=None, queue_mode=on)
+            ]
         settings = {r.queue: store.get_queue(r.queue) for r in reports}
         history = store.maintenance_history(limit=1)
     for conf in settings.values():
@@ -134,6 +138,7 @@ def stats(
         print_json([{**r.as_dict(), "settings": settings[r.queue]} for r in reports])
         return
     console = out()
+    console.print(f"[dim]{escape(database_line(url))}[/]")
     if not reports:
         console.print("[dim]no queues yet: submit a task with `conveyor submit NAME`[/]")
         return
@@ -264,8 +269,11 @@ def maintain(url: UrlOption = None, as_json: JsonOption = False) -> None:
 
 
 def _stats_table(report: QueueStats, settings: dict[str, Any]) -> Table:
+    # A queue consumed by groups only has no queue-mode row: nobody claims its
+    # queue-mode state, so its "backlog" would never drain.
+    only = "" if report.queue_mode else " [dim](groups only: no queue mode)[/]"
     table = Table(
-        title=f"queue [bold]{escape(report.queue)}[/]",
+        title=f"queue [bold]{escape(report.queue)}[/]{only}",
         title_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
@@ -286,12 +294,13 @@ def _stats_table(report: QueueStats, settings: dict[str, Any]) -> Table:
         )
 
     base = report.counts
-    row(
-        "queue mode",
-        base,
-        base.get("queued", 0) + base.get("running", 0),
-        report.oldest_claimable_age,
-    )
+    if report.queue_mode:
+        row(
+            "queue mode",
+            base,
+            base.get("queued", 0) + base.get("running", 0),
+            report.oldest_claimable_age,
+        )
     for name, group in sorted(report.groups.items()):
         row(f"group {escape(name)}", group.counts, group.lag, group.oldest_claimable_age)
     shown = [f"{k}={_setting(v)}" for k, v in settings.items() if v is not None]

@@ -8,14 +8,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from conveyor.cli._common import JsonOption, UrlOption, cli, open_store, out, print_json, when
-from conveyor.schedule import list_schedules
 
 
 @cli.command()
 def schedules(url: UrlOption = None, as_json: JsonOption = False) -> None:
     """Periodic schedules (@app.periodic): task, cron or interval, last and next run."""
-    with open_store(url) as store:
-        infos = store._call(list_schedules(store.store))
+    with open_store(url, create=False) as store:
+        infos = store.internal.schedules()
     if as_json:
         print_json([info.as_dict() for info in infos])
         return

@@ -82,8 +82,8 @@ def submit(
             "--app",
             metavar="MODULE:APP",
             envvar="CONVEYOR_APP",
-            help="Take queue, priority, max attempts and the URL from the task registered "
-            "in this App ($CONVEYOR_APP).",
+            help="Take queue, priority and max attempts from the task registered in this "
+            "App ($CONVEYOR_APP), and its URL unless --url or $CONVEYOR_URL is given.",
             show_default=False,
         ),
     ] = None,
@@ -93,13 +93,13 @@ def submit(
     """Submit a task. With --app, the task's own settings apply unless overridden."""
     data = parse_json("--payload", payload)
     options: dict[str, Any] = {}
+    app_url: str | None = None
     if app_path is not None:
         application = load_user_app(app_path)
         fn = _registered(application, name, app_path)
         options = {"queue": fn.queue, "priority": fn.priority, "max_attempts": fn.max_attempts}
         options["backoff"] = fn.backoff
-        if url is None:
-            url = application.url
+        app_url = application.url
     given = {"queue": queue, "priority": priority, "max_attempts": max_attempts}
     options.update({k: val for k, val in given.items() if val is not None})
     meta = parse_json("--metadata", metadata)
@@ -109,7 +109,7 @@ def submit(
             f"--conflict must be reuse, reject or replace, got {conflict!r}",
             "see `conveyor submit --help`",
         )
-    with open_store(url) as store:
+    with open_store(url, app_url=app_url) as store:
         task = store.submit(
             name,
             data,

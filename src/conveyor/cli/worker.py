@@ -6,6 +6,7 @@ import importlib
 import os
 import sys
 import traceback
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -18,9 +19,11 @@ from conveyor.cli._common import (
     GroupOption,
     cli,
 )
-from conveyor.errors import ConveyorError
+from conveyor.errors import ConveyorError, NotFound
 from conveyor.worker.logs import FORMATS, LEVELS, setup_logging
+from conveyor.worker.startup import Start
 from conveyor.worker.supervisor import Supervisor, watch_parent
+from conveyor.worker.unknown import POLICIES, policy
 
 
 @cli.command()
@@ -43,10 +46,37 @@ def worker(
         ),
     ] = 1,
     group: GroupOption = None,
+    subscribe: Annotated[
+        str | None,
+        typer.Option(
+            "--subscribe",
+            metavar="all|new|TIME",
+            help="With --group: subscribe the group first if it is not registered, "
+            "from 'all' (the retained history too), 'new' (tasks submitted from now on) "
+            "or an ISO 8601 time with a time zone. Without it the group must be "
+            "subscribed already.",
+            show_default=False,
+        ),
+    ] = None,
     url: Annotated[
         str | None,
-        typer.Option("--url", help="Database URL (default: the App's URL).", show_default=False),
+        typer.Option(
+            "--url",
+            help="Database URL (default: $CONVEYOR_URL, else the App's URL, else "
+            "sqlite:///conveyor.db).",
+            show_default=False,
+        ),
     ] = None,
+    unknown: Annotated[
+        str,
+        typer.Option(
+            "--unknown",
+            metavar="release|fail",
+            help="A claimed task whose name the app has no handler for: release hands it "
+            "back (no attempt spent, claimable again after a growing delay, for a worker "
+            "that knows it); fail fails it for good.",
+        ),
+    ] = "release",
     grace: Annotated[
         float,
         typer.Option(
@@ -112,6 +142,7 @@ def worker(
 ) -> None:
     """Run a worker for an App until SIGINT/SIGTERM, then exit 0."""
     for option, value, allowed in (
+        ("--unknown", unknown, POLICIES),
         ("--log-level", log_level, LEVELS),
         ("--library-log-level", library_log_level, LEVELS),
         ("--log-format", log_format, FORMATS),
@@ -128,6 +159,7 @@ def worker(
             f"--queues {queues!r} has an empty queue name",
             "give comma-separated names, e.g. --queues emails,default",
         )
+    start = subscribe_start(subscribe, group)
     application = load_user_app(app_path)
     if metrics_port is not None:
         metrics_address(metrics_port, 0)  # a bad address fails here, not in each child
@@ -139,10 +171,16 @@ def worker(
             argv = [sys.executable, "-m", "conveyor.cli", "worker", app_path, "--queues", queues]
             argv += ["--concurrency", str(concurrency), "--grace", str(grace)]
             argv += ["--poll-interval", str(poll_interval), "--log-level", log_level]
-            argv += ["--wait-for-db", str(wait_for_db)]
+            argv += ["--wait-for-db", str(wait_for_db), "--unknown", unknown]
             argv += ["--log-format", log_format, "--library-log-level", library_log_level]
             argv += ["--supervised-by", str(os.getpid())]
-            for option, given in (("--group", group), ("--url", url), ("--lease", lease)):
+            given_options = (
+                ("--group", group),
+                ("--subscribe", subscribe),
+                ("--url", url),
+                ("--lease", lease),
+            )
+            for option, given in given_options:
                 if given is not None:
                     argv += [option, str(given)]
             if metrics_port is not None:
@@ -153,17 +191,55 @@ def worker(
     if supervised_by is not None:
         watch_parent(supervised_by)
     if metrics_port is not None:
-        serve_metrics(metrics_port, url or application.url)
-    application.run_worker(
-        queues=names,
-        concurrency=concurrency,
-        group=group,
-        url=url,
-        grace=grace,
-        lease=lease,
-        poll_interval=poll_interval,
-        wait_for_db=wait_for_db,
-    )
+        serve_metrics(metrics_port, application.database(url).url)
+    try:
+        application.run_worker(
+            queues=names,
+            concurrency=concurrency,
+            group=group,
+            subscribe=start,
+            url=url,
+            grace=grace,
+            lease=lease,
+            poll_interval=poll_interval,
+            wait_for_db=wait_for_db,
+            unknown=policy(unknown.lower()),
+        )
+    except NotFound as exc:
+        # Only the group check raises it: a misspelt --group, or a group not
+        # subscribed yet. Restarting would fail the same way: a usage error.
+        raise CliError(
+            EXIT_USAGE,
+            str(exc),
+            f"check --group {group} for a typo; to create a group never registered, start "
+            "the worker with --subscribe new (tasks submitted from now on) or --subscribe "
+            "all (the retained history too)",
+        ) from None
+
+
+def subscribe_start(subscribe: str | None, group: str | None) -> Start | None:
+    """``--subscribe`` as the worker's ``subscribe``: "all", "new" or an aware time."""
+    if subscribe is None:
+        return None
+    if group is None:
+        raise CliError(
+            EXIT_USAGE,
+            "--subscribe needs --group",
+            "name the consumer group to subscribe, e.g. --group billing --subscribe new",
+        )
+    if subscribe in ("all", "new"):
+        return subscribe  # type: ignore[return-value]
+    try:
+        moment = datetime.fromisoformat(subscribe)
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        raise CliError(
+            EXIT_USAGE,
+            f"--subscribe {subscribe!r} is not all, new or an ISO 8601 time with a time zone",
+            "e.g. --subscribe new, --subscribe all or --subscribe 2026-11-01T00:00:00+00:00",
+        )
+    return moment
 
 
 def metrics_address(address: str, offset: int) -> str:

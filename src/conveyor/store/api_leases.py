@@ -2,14 +2,16 @@
 fenced writes (heartbeat, progress, succeed, fail, release, snooze, batch acks).
 
 :class:`LeaseOps` is a base of :class:`~conveyor.store.base.TaskStore`; each method
-validates its arguments and delegates to :mod:`.consumer`, where the protocol lives.
+validates its arguments and delegates to :mod:`.consumer` and :mod:`.acks`, where the
+protocol lives.
 """
 
 from __future__ import annotations
 
 import builtins
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from datetime import datetime
+from typing import Any, Literal
 
 from conveyor import _values as v
 from conveyor.errors import ConveyorError, InvalidArgument
@@ -38,6 +40,7 @@ class LeaseOps(Seam):
         group: str | None = None,
         partition: str | None = None,
         per_stream: int | None = None,
+        subscribe: Literal["all", "new"] | datetime | None = None,
     ) -> builtins.list[Task]:
         """Lease up to ``limit`` claimable tasks, after recovering expired leases.
 
@@ -46,6 +49,13 @@ class LeaseOps(Seam):
         earlier task of their stream is leased or waiting: from one stream per
         claim, or with ``per_stream`` at most that many from each of several
         streams (each stream's tasks together), until ``limit`` is used up.
+
+        With ``group``, the group must be subscribed to each queue, else
+        :class:`NotFound` says how to subscribe it: a claim never creates a group
+        on its own, so a misspelt name cannot start a new group that replays the
+        whole history. ``subscribe`` (``"all"``, ``"new"`` or a datetime, as
+        :meth:`subscribe`'s ``start``) asks the claim to subscribe a group never
+        registered, from there; an unsubscribed group stays so either way.
         """
         names = v.names("queues", queues)
         worker_id = v.name("worker_id", worker_id)
@@ -57,14 +67,16 @@ class LeaseOps(Seam):
         if per_stream is not None:
             per_stream = v.positive_int("per_stream", per_stream)
         grp = codec.group_key(group)
+        if subscribe is not None:
+            if group is None:
+                raise InvalidArgument("subscribe", "subscribes a group: give group= too")
+            groups.parse_start("subscribe", subscribe)
         # Listening before the claim looks: work announced after it is heard.
         await wake.listen(self)
         if group is not None:
             for queue in names:
                 if (queue, group) not in self._known_groups:
-                    await groups.subscribe(
-                        self, queue, group, new=False, start_at=None, if_missing=True
-                    )
+                    await groups.join(self, queue, group, subscribe)
         return await consumer.claim(
             self, grp, names, worker_id, lease_s, limit, partition, per_stream
         )
@@ -119,7 +131,7 @@ class LeaseOps(Seam):
     ) -> Task:
         """Finish a leased task as ``succeeded`` with ``result`` (JSON)."""
         encoded = v.to_json("result", result, max_size=self.max_result_size)
-        return await consumer.succeed(self, task_id, worker_id, group, attempt, encoded)
+        return await acks.succeed(self, task_id, worker_id, group, attempt, encoded)
 
     async def fail(
         self,
@@ -211,40 +223,7 @@ class LeaseOps(Seam):
         outcomes, todo = acks.validate_acks(items, max_size=self.max_result_size)
         if not todo:
             return [o for o in outcomes if o is not None]
-
-        out, partitioned = await tx.run(
-            self, lambda conn: acks.succeed_many_tx(self, conn, outcomes, todo)
-        )
-        wake.wake_local(self, work=partitioned)
-        return [o for o in out if o is not None]
-
-    async def _ack_claimed(
-        self,
-        done: Sequence[tuple[Task, Any]],
-        worker_id: str,
-        group: str | None,
-        *,
-        partitioned: bool,
-    ) -> builtins.list[ConveyorError | None]:
-        """:meth:`ack_many` for a worker's own group commit: ``done`` pairs tasks this
-        store's :meth:`claim` returned to ``worker_id`` with their results, so the
-        ids, worker and group were checked when they were claimed; only each result
-        is encoded and held to ``max_result_size`` (an error in its place, as
-        :meth:`ack_many` gives)."""
-        grp = codec.group_key(group)
-        outcomes: builtins.list[Task | ConveyorError | None] = []
-        todo: builtins.list[acks.AckItem] = []
-        for i, (task, result) in enumerate(done):
-            try:
-                encoded = v.to_json("result", result, max_size=self.max_result_size)
-            except InvalidArgument as exc:
-                outcomes.append(exc)
-                continue
-            outcomes.append(None)
-            todo.append((i, task.id, worker_id, grp, task.attempt, encoded))
-        if not todo:
-            return [o if isinstance(o, ConveyorError) else None for o in outcomes]
-        return await acks.ack_many(self, outcomes, todo, partitioned=partitioned)
+        return await acks.succeed_many(self, outcomes, todo)
 
     async def ack_many(
         self, items: Iterable[Mapping[str, Any]], *, partitioned: bool | None = None

@@ -15,6 +15,15 @@ holds its part of the protocol:
 
 The dialect subclasses (:mod:`conveyor.store.sqlite`, :mod:`conveyor.store.postgres`)
 implement only the seam declared in :mod:`conveyor.store.seam`.
+
+Public, internal, private. The methods of :class:`TaskStore` without a leading
+underscore are the public API, covered by semantic versioning. What conveyor's
+own worker, scheduler and CLI need beyond it lives in one place,
+``store.internal`` (:class:`~conveyor.store.api_internal.Internal`): each of
+its docstrings starts with "Internal, for conveyor's ...; not covered by
+semver", and applications should not call it. Names with a leading underscore
+are private to the store package: code of conveyor outside ``conveyor.store``
+never reads them (``tests/test_no_back_doors.py`` fails if it does).
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from conveyor.collector import settle_collector
 from conveyor.errors import ConveyorError, InvalidArgument, NotFound
 from conveyor.models import Backoff, ConsumerGroup, Page, QueueStats, Status, Task
 from conveyor.schema import keys as k
+from conveyor.store.api_internal import Internal
 from conveyor.store.api_leases import MAX_LIMIT, LeaseOps
 from conveyor.store.api_reads import InspectReads
 from conveyor.store.protocol import (
@@ -55,6 +65,7 @@ from conveyor.store.protocol import (
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.protocol.requests import Preparing, Request
+from conveyor.store.protocol.stats import stats_tx
 
 T = TypeVar("T")
 
@@ -81,13 +92,16 @@ class TaskStore(LeaseOps, InspectReads):
         engine_options: Mapping[str, Any] | None = None,
         max_payload_size: int | None = v.DEFAULT_MAX_SIZE,
         max_result_size: int | None = v.DEFAULT_MAX_SIZE,
-        gc_freeze: bool = True,
+        gc_freeze: bool = False,
     ) -> None:
         self.url = url
         if not isinstance(gc_freeze, bool):
             raise InvalidArgument("gc_freeze", "must be True or False")
         #: Settle the process's garbage collector at the first open (see open()).
         self.gc_freeze = gc_freeze
+        #: The internal methods of conveyor's own worker, scheduler and CLI (not
+        #: covered by semver; see the module docs).
+        self.internal = Internal(self)
         #: Largest payload (and metadata) accepted, in bytes of JSON; None: no limit.
         self.max_payload_size = v.size_limit("max_payload_size", max_payload_size)
         #: Largest result accepted by succeed(), in bytes of JSON; None: no limit.
@@ -111,9 +125,10 @@ class TaskStore(LeaseOps, InspectReads):
         """Connect, apply pending migrations (unless ``migrate=False``), check the
         protocol version. Called for you by ``async with`` or the first call.
 
-        The first store opened in a process also settles the garbage collector
-        (:func:`conveyor.collector.settle_collector`), as a worker does;
-        ``gc_freeze=False`` leaves it alone."""
+        With ``gc_freeze=True``, opening also settles the garbage collector, once
+        per process (:func:`conveyor.collector.settle_collector`), as a worker's
+        start does. By default the collector is left alone: freezing a process's
+        objects is the application's choice, not a side effect of opening a store."""
         if self._engine is not None:
             return
         if self._open_lock is None:
@@ -379,14 +394,13 @@ class TaskStore(LeaseOps, InspectReads):
         pause = 0.05
         await wake.listen(self)
         assert self._done_waker is not None
-        # Where the backend announces completions only to registered waiters, register
-        # before the first look: a completion committed after that is announced.
-        add = await texts.get(self, "waiter_add")
+        # Registered before the first look (where the wake channel announces
+        # completions only to registered waiters): a completion committed after that
+        # is announced.
         token = uuid.uuid4().hex
         ttl = WAITER_TTL if limit is None else limit + WAITER_SLACK
         renew_at = time.monotonic() + ttl / 2
-        if add is not None:
-            await self._register_waiter(add, task_id, token, ttl)
+        await self._add_waiter(task_id, token, round(ttl * v.US))
         # Watch before looking: a completion that commits while get() runs still
         # wakes the nap that follows. Polling (capped at POLL_CAP) covers
         # completions nobody announces to this process.
@@ -394,8 +408,8 @@ class TaskStore(LeaseOps, InspectReads):
             with self._done_waker.watch([task_id]) as watch:
                 while True:
                     watch.event.clear()
-                    if add is not None and time.monotonic() > renew_at:
-                        await self._register_waiter(add, task_id, token, ttl)
+                    if time.monotonic() > renew_at:
+                        await self._add_waiter(task_id, token, round(ttl * v.US))
                         renew_at = time.monotonic() + ttl / 2
                     task = await self.get(task_id, group=group)
                     if task is None:
@@ -413,16 +427,10 @@ class TaskStore(LeaseOps, InspectReads):
                     await watch.wait(nap)
                     pause = min(pause * 2, POLL_CAP)
         finally:
-            drop = None if add is None else await texts.get(self, "waiter_drop")
-            if drop is not None:
-                # The row only speeds up wake-ups; a failure to delete it leaves an
-                # expiring row, never a wrong answer.
-                with contextlib.suppress(ConveyorError):
-                    await texts.alone(self, drop, {"task_id": task_id, "token": token})
-
-    async def _register_waiter(self, add: texts.Text, task_id: str, token: str, ttl: float) -> None:
-        params = {"task_id": task_id, "token": token, "ttl_us": round(ttl * v.US)}
-        await texts.alone(self, add, params)
+            # The registration only speeds up wake-ups; a failure to drop it leaves
+            # one that expires, never a wrong answer.
+            with contextlib.suppress(ConveyorError):
+                await self._drop_waiter(task_id, token)
 
     # ------------------------------------------------------------ bus mode
     async def subscribe(
@@ -437,17 +445,13 @@ class TaskStore(LeaseOps, InspectReads):
         (``"all"``: the retained history; ``"new"``: tasks submitted after this call
         returns; a datetime: tasks created since then). Subscribing an active group
         again changes nothing and returns it; subscribing an unsubscribed one starts
-        it over from ``start``. (A claim subscribes only a group never seen before.)"""
+        it over from ``start``. A claim as a group never subscribed raises
+        :class:`NotFound` unless it is given ``subscribe=`` (see :meth:`claim`)."""
         queue = v.name("queue", queue)
         group = v.name("group", group)
-        if isinstance(start, datetime):
-            start_at: int | None = v.to_us(v.aware("start", start))
-        elif start in ("all", "new"):
-            start_at = None
-        else:
-            raise InvalidArgument("start", f'must be "all", "new" or a datetime, got {start!r}')
+        new, start_at = groups.parse_start("start", start)
         return await groups.subscribe(
-            self, queue, group, new=start == "new", start_at=start_at, if_missing=_if_missing
+            self, queue, group, new=new, start_at=start_at, if_missing=_if_missing
         )
 
     async def unsubscribe(self, queue: str, group: str) -> bool:
@@ -467,10 +471,13 @@ class TaskStore(LeaseOps, InspectReads):
     async def stats(self, queue: str | None = None) -> builtins.list[QueueStats]:
         """Per queue: counts by status (queue mode), age in seconds of the oldest
         claimable task, and per group its counts, lag (tasks not yet terminal for
-        it) and oldest claimable age."""
+        it) and oldest claimable age — one consistent snapshot, so each view's
+        counts add up to its tasks even while others claim and finish them. A
+        queue consumed by groups only leaves queue mode out (see
+        :class:`~conveyor.models.QueueStats`)."""
         if queue is not None:
             queue = v.name("queue", queue)
-        return await self._run(lambda conn: upkeep.stats_tx(self, conn, queue), write=False)
+        return await self._run(lambda conn: stats_tx(self, conn, queue), write=False)
 
     # ---------------------------------------------------- settings, upkeep
     async def configure_queue(
@@ -527,13 +534,6 @@ class TaskStore(LeaseOps, InspectReads):
         if self._engine is None:
             await self.open()
         return await upkeep.maintain(self)
-
-    async def _maintain_at_start(self) -> dict[str, int]:
-        """A worker's first pass: :meth:`maintain` without retention, roll-up and idle
-        streams (see :func:`conveyor.store.protocol.upkeep.maintain`)."""
-        if self._engine is None:
-            await self.open()
-        return await upkeep.maintain(self, housekeeping=False)
 
     async def maintenance_history(self, limit: int = 20) -> builtins.list[dict[str, Any]]:
         """The most recent :meth:`maintain` passes, newest first.

@@ -11,7 +11,9 @@ one will not do), never in what it does. Lists are bound as JSON arrays where th
 contract says "JSON"; where it says "a list", the protocol gives a Python list,
 which the dialect binds as its driver can: a Postgres array, or JSON text where
 the statement reads it so (``json_each`` on SQLite: see
-:meth:`conveyor.store.protocol.texts.Text.bind`).
+:meth:`conveyor.store.protocol.texts.Text.bind`). An announcement is the
+dialect's: a NOTIFY sent at commit on Postgres; on SQLite the commit itself,
+which other processes see move ``PRAGMA data_version``.
 
 Two kinds of entry:
 
@@ -288,7 +290,7 @@ STATEMENTS: tuple[Statement, ...] = (
     # ---------------------------------------------------------------- acks
     _s(
         "succeed_plain",
-        "consumer",
+        "acks",
         f"""One ``succeed()`` of an unpartitioned leased row,
         fenced (``id``, ``grp``, ``worker_id``, ``attempt`` or NULL), with ``result``
         (JSON text); announced to a registered ``wait()``. Returns {_VIEW} of the row
@@ -317,89 +319,12 @@ STATEMENTS: tuple[Statement, ...] = (
         head became claimable; ``idx`` as ``ack_plain``'s, plus ``freed`` (streams whose
         head is claimable now).""",
     ),
-    # ---------------------------------------------------------------- wake
     _s(
-        "notify",
-        "wake",
-        """``channels`` and ``payloads`` (lists): one announcement per
-        pair, sent when the transaction commits (a ``conveyor_done`` one only to
-        registered waiters).""",
-    ),
-    _s(
-        "waiter_add",
-        "wake",
-        """``task_id``, ``token``, ``ttl_us``: a ``wait()`` registered
-        (expired registrations dropped).""",
-    ),
-    _s("waiter_drop", "wake", """``task_id``, ``token``: the registration dropped."""),
-    # --------------------------------------------------------------- claim
-    _s(
-        "claim_one",
-        "consumer",
-        f"""Claim in one statement: free streams' heads and
-        unpartitioned work of ``queue`` in one claim order, the streams taken marked
-        held. ``grp``, ``queue``, ``partition`` (or NULL), ``limit``, ``per_stream``
-        (tasks per stream), ``streams`` (streams to take at most), ``mix`` (several
-        units, or one stream or plain work only), ``worker_id``, ``lease`` (seconds or
-        NULL: the queue's setting, else the default). At least one row: ``busy`` and
-        ``rank`` (the unit's place in claim order), then {_VIEW} for each task leased
-        (all NULL when none). When ``busy`` it leases nothing: an expired lease in
-        these queues must be recovered first. Its commit does not wait for the WAL
-        flush (``quick``).""",
-    ),
-    _s("claim_any", "consumer", """``claim_one`` over ``queues`` (a list)."""),
-    _s(
-        "claim_one_durable",
-        "consumer",
-        """``claim_one`` whose commit waits for the WAL
-        flush (``durable_claims=True``).""",
-    ),
-    _s(
-        "claim_any_durable",
-        "consumer",
-        """``claim_any`` whose commit waits for the WAL
-        flush.""",
-    ),
-    _s(
-        "step_candidates",
-        "steps",
-        """What a claim of ``queue`` in ``grp`` chooses from,
-        in one read (column ``kind``): 1, up to ``streams`` free streams (only
-        ``partition``'s when given), fairest first, each with its first
-        ``per_stream`` active rows from its head; 0, up to ``limit`` ready unpartitioned
-        rows in claim order; 2, a row when a lease of the queue has expired.""",
-    ),
-    _s(
-        "step_lease_seqs",
-        "steps",
-        """``seqs`` (JSON), ``grp``, ``w_id``, ``lease``: those
-        rows leased to the worker (``queries.take``).""",
-    ),
-    _s(
-        "step_view_seqs",
-        "steps",
-        f"""``seqs``, ``grp``, ``w_id``: {_VIEW} of those rows
-        leased to the worker.""",
-    ),
-    _s(
-        "step_hold_streams",
-        "steps",
-        """``queue``, ``grp``, ``partitions`` (JSON): those
-        streams marked held.""",
-    ),
-    # ------------------------------------------------ SQLite's steps (to merge)
-    _s(
-        "step_finish",
-        "steps",
-        """``seq``, ``grp``, ``result``: the row finished as
-        succeeded.""",
-    ),
-    _s(
-        "ack_held",
-        "steps",
-        """``ids`` (JSON), ``grp``, ``worker_id``: the rows of those
-        tasks in the group leased to the worker (``id``, ``task_seq``, ``attempt``,
-        ``queue``, ``partition``).""",
+        "task_views",
+        "acks",
+        f"""``ids`` (a JSON array) and ``grp``: {_VIEW} of each of
+        those tasks that has a row in the group (no row for the others), each task
+        found by its id and its row by the primary key.""",
     ),
 )
 
@@ -414,7 +339,29 @@ _NAMES = {s.name for s in STATEMENTS}
 
 #: The seam's operation-level hooks, by name: where the dialects' algorithms differ
 #: (not only their SQL). A dialect's statements named ``<hook>.<part>`` serve it.
-HOOKS: dict[str, str] = {}
+HOOKS: dict[str, str] = {
+    "wake": """The wake channel (``Seam._notify``, ``_add_waiter``, ``_drop_waiter``,
+        ``_start_wake``): Postgres announces with ``wake.notify`` (``channels`` and
+        ``payloads``, lists: one NOTIFY per pair at commit, a ``conveyor_done`` one
+        only to registered waiters) and registers waiters with ``wake.waiter_add``
+        (``task_id``, ``token``, ``ttl_us``; expired registrations dropped) and
+        ``wake.waiter_drop``; SQLite's channel is its connection thread's
+        ``data_version`` poll and needs no statement.""",
+    "claim": " ".join(
+        f"""``Seam._claim(grp, queues, worker_id, lease, limit, partition,
+        per_stream)``, its own transaction: when a lease of ``grp`` in ``queues`` has
+        expired, nothing leased or written and ``None`` returned (the protocol
+        recovers, ``upkeep.recover_tx``, and asks again); else the rows
+        ``claim_order.claim_order`` chooses leased to the worker (running, attempt +
+        1, lease set: ``lease`` seconds, or the queue's setting, else the default),
+        the streams taken from marked held, and {_VIEW} of each returned in claim
+        order. Concurrent claims never lease one row twice nor wait for each other.
+        One round trip (Postgres: ``claim.one`` / ``claim.any``, their ``_durable``
+        variants with ``durable_claims=True``) or one connection-thread hop (SQLite:
+        ``claim.candidates`` per queue, ``claim.lease``, ``claim.view``,
+        ``claim.hold``).""".split()
+    ),
+}
 
 #: Catalogue statements one dialect does not implement yet, and that dialect's name.
 ONLY_ON: dict[str, str] = {
@@ -426,15 +373,7 @@ ONLY_ON: dict[str, str] = {
             "submit_partitioned_children submit_keyed submit_keyed_child "
             "submit_keyed_partitioned submit_keyed_many submit_key_owned "
             "lock_streams_if_parents lock_group_streams "
-            "lock_group_streams_if_parents refresh_group_streams succeed_plain ack_plain "
-            "ack_streams_lock ack_streams notify waiter_add waiter_drop claim_one claim_any "
-            "claim_one_durable claim_any_durable"
-        ).split()
-    },
-    **{
-        name: "sqlite"
-        for name in (
-            "step_finish ack_held step_candidates step_lease_seqs step_view_seqs step_hold_streams"
+            "lock_group_streams_if_parents refresh_group_streams"
         ).split()
     },
 }

@@ -229,12 +229,56 @@ class Seam(abc.ABC):
 
     @abc.abstractmethod
     def _claim_probe(
-        self, grp: str, queues: Sequence[str], partition: str | None, now: ColumnElement[int]
+        self, grp: str, queues: Sequence[str], partition: str | None
     ) -> Select[Any] | None:
         """A cheap read-only statement a claim runs *before* its write transaction,
         returning one row whose columns are truthy when the claim could find work
-        (ready rows, free streams, expired leases); or ``None`` where an idle claim
-        takes no lock worth sparing and claims go straight in."""
+        (ready rows, free streams, expired leases), its clock read when it runs; or
+        ``None`` where an idle claim takes no lock worth sparing and claims go
+        straight in."""
+
+    # ------------------------------------------------------------- claim
+    @abc.abstractmethod
+    async def _claim(
+        self,
+        grp: str,
+        queues: Sequence[str],
+        worker_id: str,
+        lease: float | None,
+        limit: int,
+        partition: str | None,
+        per_stream: int | None,
+    ) -> Sequence[Any] | None:
+        """The claim hook (``catalogue.HOOKS["claim"]``): lease up to ``limit`` tasks
+        of ``queues`` in group ``grp`` to ``worker_id``, in one transaction of its
+        own, committed before it returns.
+
+        Given: ``grp`` (the group key, ``""`` for queue mode), ``queues`` (distinct
+        names, at least one), ``worker_id``, ``lease`` (seconds, or ``None``: each
+        queue's stored setting, else the default), ``limit`` (1 or more),
+        ``partition`` (only that partition's streams, or ``None``) and
+        ``per_stream`` (a claim across streams taking at most that many tasks of
+        each, or ``None``: one stream or unpartitioned work).
+
+        * If a lease of ``grp`` in ``queues`` has expired, it leases nothing,
+          writes nothing and returns ``None``: the caller recovers the expired
+          leases (:func:`conveyor.store.protocol.upkeep.recover_tx`) and asks again.
+        * Otherwise it leases exactly the rows
+          :func:`conveyor.store.protocol.claim_order.claim_order` chooses (as of
+          its own snapshot, at the store's clock): each becomes ``running``,
+          ``attempt`` + 1, ``worker_id`` set, ``lease`` and ``lease_expires_at``
+          (now + lease) set, ``started_at`` set where unset, progress cleared; each
+          stream it took from is marked held (``available_at`` NULL). It returns
+          those rows as they are after the lease, each with every column of
+          :func:`conveyor.store.protocol.queries.view_columns` under the same
+          names, in claim order (possibly none).
+        * Concurrent claims never lease the same row, and never wait for each
+          other: rows another claim holds are passed over (Postgres: ``SKIP
+          LOCKED``; SQLite: the one write lock).
+        * The hot path: one round trip to a server (one statement), or one hop to
+          the dialect's connection thread. Its statements are the dialect's own,
+          named ``claim.<part>`` in its SQL files.
+        """
 
     @abc.abstractmethod
     def _statement_texts(self) -> Mapping[str, str]:
@@ -297,6 +341,18 @@ class Seam(abc.ABC):
     async def _stop_wake(self) -> None:
         """Stop the cross-process wake channel (called by close(), after the start
         has finished, whether or not it was ever started)."""
+
+    @abc.abstractmethod
+    async def _add_waiter(self, task_id: str, token: str, ttl_us: int) -> None:
+        """Register (or renew) a ``wait()`` on ``task_id`` under ``token`` for ``ttl_us``
+        microseconds, committed on its own, where the wake channel announces
+        completions only to registered waiters (Postgres: a ``conveyor_waiters`` row,
+        so an acknowledgement nobody waits for costs no NOTIFY). Elsewhere it does
+        nothing."""
+
+    @abc.abstractmethod
+    async def _drop_waiter(self, task_id: str, token: str) -> None:
+        """Drop the registration :meth:`_add_waiter` made (nothing where it made none)."""
 
     @abc.abstractmethod
     async def _notify(

@@ -30,6 +30,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from conveyor import metrics
+from conveyor.connect import display_url
 from conveyor.errors import ConveyorError, InvalidArgument
 from conveyor.models import Status
 from conveyor.store.base import TaskStore
@@ -93,6 +94,8 @@ class Dashboard:
         self.store = store
         self.allow_actions = allow_actions
         self.refresh = refresh
+        #: Which database the pages show, its password masked (in every header).
+        self.database = display_url(store.url)
         self.env = _environment()
 
     # ------------------------------------------------------------ helpers
@@ -104,6 +107,7 @@ class Dashboard:
             here=str(request.url.path) + (f"?{request.url.query}" if request.url.query else ""),
             allow_actions=self.allow_actions,
             refresh=self.refresh,
+            database=self.database,
             now=datetime.now(UTC),
             **ctx,
         )
@@ -221,6 +225,7 @@ class Dashboard:
             "tasks.html",
             page="tasks",
             items=page.items,
+            groups_only=await self._groups_only() if filters["group"] is None else set(),
             filters=filters,
             queues=queues,
             search=search,
@@ -238,17 +243,28 @@ class Dashboard:
         views = await self.store.deliveries(task_id)
         children = await self.store.children(task_id, limit=100)
         parent = None if task.parent_id is None else await self.store.get(task.parent_id)
+        # On a queue consumed by groups only, queue mode's view of the task stays
+        # queued for ever: the page shows the groups' views instead.
+        groups_only = task.queue in await self._groups_only()
+        if groups_only:
+            views = [view for view in views if view.group is not None]
         return self.render(
             request,
             "task.html",
             page="tasks",
             task=task,
             group=group,
+            groups_only=groups_only,
+            pending=any(not view.terminal for view in views),
             views=views,
             children=children,
             parent=parent,
             retryable=RETRYABLE,
         )
+
+    async def _groups_only(self) -> set[str]:
+        """The queues declared consumed by groups only (queue mode off)."""
+        return {s["queue"] for s in await self.store.queue_settings() if not s["queue_mode"]}
 
     async def workers(self, request: Request) -> Response:
         found = await self.store.workers()

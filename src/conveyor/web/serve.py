@@ -42,7 +42,9 @@ def serve(
     import conveyor
     from conveyor.connect import resolve_url
 
-    options: dict[str, Any] = {}
+    # The dashboard reads (and, with actions, cancels and retries): it never creates
+    # or migrates conveyor's schema; a database without it fails at open.
+    options: dict[str, Any] = {"migrate": False}
     if resolve_url(url)[0] == "postgresql":
         options["listen"] = False  # the dashboard polls; it needs no wake-up channel
     store = conveyor.connect(url, **options)

@@ -56,7 +56,7 @@ class Acks:
         self.observe(len(batch))
         try:
             # The store's claim gave us these tasks: only their results need checking.
-            outcomes = await self.store._ack_claimed(
+            outcomes = await self.store.internal.ack_claimed(
                 [(task, result) for task, result, _ in batch],
                 self.worker_id,
                 self.group,

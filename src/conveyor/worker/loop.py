@@ -21,10 +21,13 @@ What it does, in order of a task's life:
   cannot be killed in Python, so the attempt is recorded as timed out and the
   thread is left to finish in the background, its result ignored;
 * **record**: ``succeed(result)``, or ``fail(error, retryable=True)`` (the store
-  applies the task's backoff and attempt budget and keeps the traceback). An
-  unknown task name is a terminal failure (``code="unknown_task"``), not a crash
-  loop. Every write carries ``attempt=`` so a stale attempt can never complete a
-  newer one; ``LostLease``/``TaskCancelled`` drop the task quietly;
+  applies the task's backoff and attempt budget and keeps the traceback). A
+  task whose name the app has no handler for is handed back for a worker that
+  knows it (no attempt spent, with a growing delay; see
+  :mod:`conveyor.worker.unknown`), or with ``unknown="fail"`` failed for good
+  (``code="unknown_task"``). Every write carries ``attempt=`` so a stale attempt
+  can never complete a newer one; ``LostLease``/``TaskCancelled`` drop the task
+  quietly;
 * **settle the collector**: at its first start in a process, a worker collects
   garbage once and freezes what is alive (``gc.freeze()``): the modules, the app,
   the store. Python's full collections then skip them; otherwise each one walks
@@ -54,11 +57,13 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Coroutine, Sequence
-from typing import Any
+from datetime import datetime
+from typing import Any, Literal
 
 from conveyor import _values as v
 from conveyor.collector import settle_collector
-from conveyor.errors import ConveyorError, InvalidArgument, LostLease, TaskCancelled
+from conveyor.connect import display_url
+from conveyor.errors import ConveyorError, InvalidArgument, LostLease, NotFound, TaskCancelled
 from conveyor.models import Task
 from conveyor.outcomes import Snooze, TaskTimeout, UnknownTask, is_retryable
 from conveyor.schedule import scheduler_for
@@ -70,7 +75,8 @@ from conveyor.worker.group_commit import Acks
 from conveyor.worker.heartbeats import Heartbeats
 from conveyor.worker.instrument import Instruments
 from conveyor.worker.recording import Held, Recorder, Run
-from conveyor.worker.startup import open_when_ready
+from conveyor.worker.startup import join_group, open_when_ready, subscribe_start
+from conveyor.worker.unknown import Policy, UnknownNames, policy, release_delay
 
 log = logging.getLogger("conveyor.worker")
 
@@ -86,7 +92,14 @@ class Worker:
 
     ``lease`` (seconds) is the lease asked for each claim; ``None`` uses the
     queue's configured lease, else 30 s. ``group`` consumes as that consumer
-    group (bus mode). ``maintain_interval=None`` leaves maintenance to others.
+    group (bus mode): it must be subscribed to every queue, or :meth:`run` raises
+    :class:`NotFound` before claiming anything, unless ``subscribe`` (``"all"``,
+    ``"new"`` or a datetime, as :meth:`TaskStore.subscribe`'s ``start``) asks the
+    worker to subscribe a group never registered from there.
+    ``unknown`` says what happens to a claimed task whose name the app has no
+    handler for: ``"release"`` (hand it back, no attempt spent, claimable again
+    after a growing delay) or ``"fail"`` (fail it for good).
+    ``maintain_interval=None`` leaves maintenance to others.
     ``gc_freeze=False`` leaves the garbage collector alone (see
     :func:`conveyor.collector.settle_collector`).
     """
@@ -99,18 +112,21 @@ class Worker:
         store: TaskStore | None = None,
         concurrency: int = 10,
         group: str | None = None,
+        subscribe: Literal["all", "new"] | datetime | None = None,
         lease: v.Duration | None = None,
         poll_interval: v.Duration = 1.0,
         grace: v.Duration = 30.0,
         maintain_interval: v.Duration | None = 30.0,
         worker_id: str | None = None,
         gc_freeze: bool = True,
+        unknown: Policy = "release",
     ) -> None:
         self.app = app
         self.store = store if store is not None else app.store
         self.queues = v.names("queues", queues)
         self.concurrency = v.positive_int("concurrency", concurrency)
         self.group = v.opt_name("group", group)
+        self.subscribe = subscribe_start(subscribe, self.group)
         self.lease = None if lease is None else v.duration_seconds("lease", lease, allow_zero=False)
         self.poll_interval = v.duration_seconds("poll_interval", poll_interval, allow_zero=False)
         self.grace = v.duration_seconds("grace", grace)
@@ -126,6 +142,7 @@ class Worker:
         if not isinstance(gc_freeze, bool):
             raise InvalidArgument("gc_freeze", "must be True or False")
         self.gc_freeze = gc_freeze
+        self._unknown = UnknownNames(policy(unknown))
         self._held: dict[str, Held] = {}
         self._feed: Feed[Held] = Feed(self.concurrency)
         self._acks = Acks(self.store, self.worker_id, self.group)
@@ -154,6 +171,7 @@ class Worker:
         self._resume: deque[tuple[asyncio.Future[None], Run]] = deque()
         self._stop_calls = 0
         self._running = False
+        self._fatal: NotFound | None = None  # raised by run() once wound down
         #: Drain mode (``conveyor.testing.run_tasks``): return once a claim finds
         #: nothing and nothing is held, instead of waiting for more work.
         self.stop_when_idle = False
@@ -162,6 +180,9 @@ class Worker:
         #: Seconds :meth:`run` keeps trying to reach a database that does not answer
         #: before it gives up (``App.run_worker`` and the CLI wait a minute).
         self.wait_for_db = 0.0
+        #: Where the store's URL came from (``"$CONVEYOR_URL"``, ...), for the start
+        #: line; None says nothing.
+        self.database_origin: str | None = None
         self.instruments = Instruments(self)
         self._acks.observe = self.instruments.acked
 
@@ -213,6 +234,10 @@ class Worker:
         try:
             if not await open_when_ready(self.store, self.wait_for_db, self._stopping):
                 return
+            if self.group is not None and not await join_group(
+                self.store, self.queues, self.group, self.subscribe, self._stopping
+            ):
+                return
             await self._heartbeats.refresh()
             if self.gc_freeze:
                 settle_collector()
@@ -224,12 +249,15 @@ class Worker:
             scheduler = scheduler_for(self.app, self.store)  # periodic tasks, if the app has any
             if scheduler is not None and self.run_schedules:
                 background.append(asyncio.create_task(scheduler.run(), name="conveyor-scheduler"))
+            origin = f" (from {self.database_origin})" if self.database_origin else ""
             log.info(
-                "worker %s started: queues %s, concurrency %d%s",
+                "worker %s started: queues %s, concurrency %d%s, database %s%s",
                 self.worker_id,
                 ",".join(self.queues),
                 self.concurrency,
                 f", group {self.group}" if self.group else "",
+                display_url(self.store.url),
+                origin,
             )
             try:
                 await self._claim_loop()
@@ -240,8 +268,11 @@ class Worker:
                     job.cancel()
                 await asyncio.gather(*jobs, return_exceptions=True)
             log.info("worker %s stopped", self.worker_id)
+            if self._fatal is not None:
+                raise self._fatal
         finally:
             self._running = False
+
 
     # ------------------------------------------------------------ claiming
     async def _claim_loop(self) -> None:
@@ -262,6 +293,13 @@ class Worker:
             self._stream_freed.clear()
             try:
                 found, took_all = await self._claim_round(room)
+            except NotFound as exc:
+                # The group was unsubscribed through this worker's store: every claim
+                # would fail the same way. Stop, hand back what is held, then raise.
+                log.error("%s; stopping", exc)
+                self._fatal = exc
+                self._request_stop()
+                break
             except (ConveyorError, OSError) as exc:
                 failures += 1
                 pause = min(CLAIM_RETRY_FIRST * 2 ** min(failures - 1, 6), CLAIM_RETRY_MAX)
@@ -462,12 +500,13 @@ class Worker:
         task = held.task
         fn = self.app.tasks.get(task.name)
         if fn is None:
-            known = ", ".join(sorted(self.app.tasks)) or "none"
-            error = UnknownTask(
-                f"no task named {task.name!r} is registered in this worker's app (known: {known})"
-            )
-            held.log.error("no handler is registered under this name")
-            return await self._record.fail(held, error, retryable=False)
+            if self._unknown.policy == "fail":
+                held.log.error("no handler is registered under this name")
+                error = self._unknown.error(task, self.app.tasks)
+                return await self._record.fail(held, error, retryable=False)
+            delay = release_delay(task)
+            self._unknown.note_release(task, delay, self.app.tasks)
+            return await self._record.snooze(held, delay)
         args, kwargs = payload_arguments(task.payload)
         ctx = Context(
             task,
@@ -574,7 +613,8 @@ class Worker:
 
     async def _maintain_once(self, start: bool = False) -> None:
         try:
-            counts = await (self.store._maintain_at_start() if start else self.store.maintain())
+            maintain = self.store.internal.maintain_at_start if start else self.store.maintain
+            counts = await maintain()
             if any(counts.get(k) for k in ("recovered", "expired", "evicted", "deleted")):
                 log.info("maintenance: %s", counts)
         except (ConveyorError, OSError) as exc:

@@ -9,6 +9,9 @@ The supervisor does no task work itself:
   out of memory) is started again after a backoff: 1 s, doubling up to 30 s,
   back to 1 s once a child has stayed up for a minute. Its leased tasks are not
   lost: their leases run out and they are recovered like any crashed worker's;
+* a child that exits with a usage error (code 2: a group that is not
+  subscribed, say) is not started again, since it would fail the same way: the
+  supervisor stops the others and exits with that code;
 * SIGTERM or SIGINT is passed on to every child as SIGTERM: each stops
   claiming, finishes its tasks within its grace period and hands the rest back.
   A second signal is passed on too, cutting the children's grace period short;
@@ -36,6 +39,7 @@ log = logging.getLogger("conveyor.worker.supervisor")
 BACKOFF_FIRST = 1.0  # seconds before the first restart of a child
 BACKOFF_MAX = 30.0
 STABLE_AFTER = 60.0  # a child up this long resets its backoff
+USAGE_ERROR = 2  # the CLI's exit code for bad input or usage: restarting cannot help
 TICK = 0.1  # how often the supervisor looks at its children
 
 
@@ -65,9 +69,11 @@ class Supervisor:
     _slots: list[_Slot] = field(default_factory=list)
     _signals: int = 0
     _forwarded: int = 0
+    _exit: int = 0
 
     def run(self) -> int:
-        """Supervise until stopped by a signal and every child has exited; 0."""
+        """Supervise until stopped by a signal and every child has exited; 0, or a
+        child's usage error code (see the module docs)."""
         previous = {
             sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)
         }
@@ -87,7 +93,7 @@ class Supervisor:
                 signal.signal(sig, handler)
             self._kill_leftovers()
         log.info("supervisor %d: all worker processes stopped", os.getpid())
-        return 0
+        return self._exit
 
     def stop(self) -> None:
         """Stop as a SIGTERM would (for embedding and tests)."""
@@ -122,6 +128,16 @@ class Supervisor:
             slot.proc = None
             if self._signals:
                 log.info("worker process %d exited with code %d", slot.index, code)
+                return
+            if code == USAGE_ERROR:
+                log.error(
+                    "worker process %d exited with a usage error (code %d): not restarting "
+                    "it; stopping the others",
+                    slot.index,
+                    code,
+                )
+                self._exit = code
+                self._signals += 1
                 return
             up = now - slot.started
             if up >= STABLE_AFTER:

@@ -40,6 +40,7 @@ from conveyor.errors import ConfigurationError, InvalidArgument
 from conveyor.schema import deliveries as d
 from conveyor.schema import tasks as t
 from conveyor.store.base import TaskStore
+from conveyor.store.postgres import claim as pg_claim
 from conveyor.store.postgres import direct as pg_direct
 from conveyor.store.postgres import listen as pg_listen
 from conveyor.store.protocol import queries as q
@@ -304,17 +305,29 @@ class PostgresStore(TaskStore):
         return stmt.where(t.c.seq == d.c.task_seq).returning(*q.view_columns())
 
     def _claim_probe(
-        self, grp: str, queues: Sequence[str], partition: str | None, now: ColumnElement[int]
+        self, grp: str, queues: Sequence[str], partition: str | None
     ) -> Select[Any] | None:
         # An idle claim takes no lock worth sparing (SKIP LOCKED, row locks only).
         return None
 
+    async def _claim(
+        self,
+        grp: str,
+        queues: Sequence[str],
+        worker_id: str,
+        lease: float | None,
+        limit: int,
+        partition: str | None,
+        per_stream: int | None,
+    ) -> Sequence[Any] | None:
+        # One statement (conveyor.store.postgres.claim), durable or not as the store
+        # was opened.
+        return await pg_claim.claim(
+            self, self.durable_claims, grp, queues, worker_id, lease, limit, partition, per_stream
+        )
+
     def _statement_texts(self) -> Mapping[str, str]:
-        own = dict(texts.load("conveyor.store.postgres"))
-        if self.durable_claims:
-            # The claim whose commit waits for the WAL flush (durable_claims=True).
-            own["claim_one"], own["claim_any"] = own["claim_one_durable"], own["claim_any_durable"]
-        return own
+        return texts.load("conveyor.store.postgres")
 
     def _direct_runner(self) -> DirectRunner | None:
         # Outside a transaction the timeouts hold only when set on the connection.
@@ -379,6 +392,16 @@ class PostgresStore(TaskStore):
         if listener is not None:
             await listener.stop()
 
+    async def _add_waiter(self, task_id: str, token: str, ttl_us: int) -> None:
+        add = await texts.get(self, "wake.waiter_add")
+        assert add is not None
+        await texts.alone(self, add, {"task_id": task_id, "token": token, "ttl_us": ttl_us})
+
+    async def _drop_waiter(self, task_id: str, token: str) -> None:
+        drop = await texts.get(self, "wake.waiter_drop")
+        assert drop is not None
+        await texts.alone(self, drop, {"task_id": task_id, "token": token})
+
     async def _notify(
         self,
         conn: AsyncConnection,
@@ -389,7 +412,7 @@ class PostgresStore(TaskStore):
         params = pg_listen.notify_params(queues, done, task_ids)
         if params is None:
             return
-        built = texts.usable(self, conn, "notify")
+        built = texts.usable(self, conn, "wake.notify")
         if built is not None:
             await texts.execute(conn, self, built, params)  # built once (sql/wake.sql)
         else:

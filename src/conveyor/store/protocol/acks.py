@@ -1,27 +1,37 @@
-"""Batch acknowledgement: checking ``succeed_many``/``ack_many`` items, the fenced
-transaction that finishes them step by step (:func:`succeed_many_tx`), and
-``ack_many``'s built-once statements where the dialect has them (one statement
-for unpartitioned tasks; two, sent together, when streams move).
+"""Acknowledgements: ``succeed`` (one task), ``succeed_many`` and ``ack_many``
+(batches), each one path on every dialect, run by the catalogue's four ack
+statements (and ``task_views``, which reads the tasks back).
+
+* ``succeed_plain`` finishes one unpartitioned row;
+* ``ack_plain`` finishes a batch of unpartitioned rows;
+* ``ack_streams_lock`` then ``ack_streams`` finish any rows, partitioned or not:
+  the first locks the streams they move (the lock order: streams before delivery
+  rows), the second finishes the rows and recomputes those streams.
+
+Which to run is chosen by what the request holds: a batch the caller knows to be
+partitioned goes straight to the stream pair; otherwise the plain statement goes
+first and the items it did not finish (partitioned rows, or fence failures: its
+rows do not say which) go on to the pair. What still failed its fence is
+explained item by item (:func:`~conveyor.store.protocol.consumer.explain_lost`).
 
 Each item is fenced on its own, as :mod:`conveyor.store.protocol.consumer`'s single
-writes are: one item's failure does not hold back the others.
+writes are: one item's failure does not hold back the others. Waiters are told
+by the statements (the dialect's announcement, or its commit) and, in this
+process, by :func:`~conveyor.store.protocol.wake.wake_local` after the commit.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
 from conveyor.errors import ConveyorError, InvalidArgument, LostLease, NotFound
 from conveyor.models import Task
-from conveyor.schema import tasks as t
-from conveyor.store.protocol import codec, steps, streams, texts, wake
-from conveyor.store.protocol import queries as q
+from conveyor.store.protocol import codec, texts, wake
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.protocol.consumer import explain_lost
 from conveyor.store.seam import Seam
@@ -29,15 +39,19 @@ from conveyor.store.seam import Seam
 #: A validated succeed_many item: (index, task_id, worker_id, grp, attempt, result JSON).
 AckItem = tuple[int, str, str, str, int | None, str]
 
+#: An item's outcome: the task (read back), ``None`` (finished, not read back) or
+#: the error it met.
+Outcome = Task | ConveyorError | None
+
 
 def validate_acks(
     items: Iterable[Mapping[str, Any]], *, max_size: int | None = None
-) -> tuple[list[Task | ConveyorError | None], list[AckItem]]:
+) -> tuple[list[Outcome], list[AckItem]]:
     """Check succeed_many's items: ``(outcomes, todo)``, where ``outcomes`` holds an
     error at the index of each item whose result is not JSON or over ``max_size``
     bytes (``None`` elsewhere) and ``todo`` the items to acknowledge. Malformed
     items raise at once."""
-    outcomes: list[Task | ConveyorError | None] = []
+    outcomes: list[Outcome] = []
     todo: list[AckItem] = []
     for i, item in enumerate(items):
         if not isinstance(item, Mapping):
@@ -61,140 +75,173 @@ def validate_acks(
     return outcomes, todo
 
 
-async def succeed_many_tx(
+async def succeed(
     st: Seam,
-    conn: AsyncConnection,
-    outcomes: list[Task | ConveyorError | None],
-    todo: list[AckItem],
-    *,
-    read_back: bool = True,
-) -> tuple[list[Task | ConveyorError | None], bool]:
-    """Finish the leased ``todo`` items, each fenced on its own; fill ``outcomes``
-    (a copy) at their indexes with the task (``read_back``; else left ``None``) or
-    the error it met. Also returns whether a stream's head became claimable (idle
-    claimers have something to find)."""
+    task_id: str,
+    worker_id: str,
+    group: str | None,
+    attempt: int | None,
+    encoded: str,
+) -> Task:
+    """Finish a leased task as ``succeeded`` with the JSON ``encoded`` result, or
+    raise why its fence failed: ``succeed_plain`` (one statement) for an
+    unpartitioned row; when that finishes nothing (a partitioned row, or the fence
+    failed), the stream pair in one transaction with the task read back or the
+    failure explained there."""
+    item: AckItem = (
+        0,
+        v.name("task_id", task_id),
+        v.name("worker_id", worker_id),
+        codec.group_key(group),
+        None if attempt is None else v.positive_int("attempt", attempt),
+        encoded,
+    )
+    built = await texts.of(st)
+    params = {
+        "id": item[1],
+        "worker_id": item[2],
+        "grp": item[3],
+        "attempt": item[4],
+        "result": encoded,
+    }
+    rows = await texts.alone(st, _need(built, "succeed_plain"), params)
+    if rows:
+        wake.wake_local(st, work=False)
+        return codec.row_to_task(rows[0])
+    found, freed = await tx.run(st, lambda conn: finish_tx(st, conn, built, [item]))
+    outcome = found[0]
+    if isinstance(outcome, ConveyorError):
+        raise outcome
+    wake.wake_local(st, work=freed)
+    assert outcome is not None
+    return outcome
+
+
+async def succeed_many(
+    st: Seam, outcomes: list[Outcome], todo: list[AckItem]
+) -> list[Task | ConveyorError]:
+    """Finish the leased ``todo`` items in one transaction, the tasks read back in
+    it: per item, in order, its task or the error it met (``outcomes`` holds those
+    of the items refused before). Always the stream pair: the plain statement first
+    in the same transaction would take delivery rows before the streams."""
+    built = await texts.of(st)
+    found, freed = await tx.run(st, lambda conn: finish_tx(st, conn, built, todo))
+    if any(not isinstance(outcome, ConveyorError) for outcome in found.values()):
+        wake.wake_local(st, work=freed)
     out = list(outcomes)
-    ids = sorted({item[1] for item in todo})
-    idents = list(
-        await conn.execute(select(t.c.id, t.c.seq, t.c.queue, t.c.partition).where(t.c.id.in_(ids)))
-    )
-    seq_of = {row.id: row.seq for row in idents}
-    owners: dict[tuple[str, str], list[tuple[int, str, int | None, str]]] = {}
-    for i, task_id, worker_id, grp, attempt, encoded in todo:
-        owners.setdefault((worker_id, grp), []).append((i, task_id, attempt, encoded))
-    # The lock order: every stream these acks may move, before any delivery row.
-    where = {row.id: row for row in idents if row.partition is not None}
-    await streams.lock_streams(
-        st,
-        conn,
-        [(where[it[1]].queue, it[3], where[it[1]].partition) for it in todo if it[1] in where],
-    )
-    finished: list[str] = []
-    queues: set[str] = set()
-    touched: set[tuple[str, str, str]] = set()
-    for (worker_id, grp), mine in owners.items():
-        wanted = sorted({seq_of[m[1]] for m in mine if m[1] in seq_of})
-        held = {}
-        if wanted:
-            locked = st._lock_rows(q.leased_to(grp, worker_id))
-            held = {row.task_seq: row for row in await conn.execute(locked, {"seqs": wanted})}
-        # The fence, per task: leased to this worker, on the attempt given.
-        ok: dict[int, str] = {}
-        for _i, task_id, attempt, encoded in mine:
-            row = held.get(seq_of.get(task_id, -1))
-            if row is not None and (attempt is None or row.attempt == attempt):
-                ok.setdefault(row.task_seq, encoded)
-        if ok:
-            await conn.execute(
-                q.finish_row(grp, tx.now(st)),
-                [{"b_seq": seq, "b_result": res} for seq, res in ok.items()],
-            )
-            for seq in ok:
-                queues.add(held[seq].queue)
-                if held[seq].partition is not None:
-                    touched.add((held[seq].queue, grp, held[seq].partition))
-        tasks_by_seq: dict[Any, Task] = {}
-        if ok and read_back:
-            tasks_by_seq = await codec.fetch_tasks(conn, grp, seqs=sorted(ok))
-        for i, task_id, _attempt, _encoded in mine:
-            seq = seq_of.get(task_id, -1)
-            if seq in ok:
-                out[i] = tasks_by_seq.get(seq)
-                finished.append(task_id)
-                continue
-            try:
-                await explain_lost(conn, task_id, grp)
-            except (LostLease, NotFound) as exc:
-                out[i] = exc
-    freed = await streams.refresh(st, conn, touched)
-    if finished:
-        await st._notify(conn, queues, done=True, task_ids=finished)
-        if freed:
-            await st._notify(conn, {key[0] for key in touched}, done=False)
-    return out, freed
+    for i, outcome in found.items():
+        out[i] = outcome
+    return [o for o in out if o is not None]
 
 
 async def ack_many(
     st: Seam,
-    outcomes: list[Task | ConveyorError | None],
+    outcomes: list[Outcome],
     todo: list[AckItem],
     *,
     partitioned: bool = False,
 ) -> list[ConveyorError | None]:
     """Finish the ``todo`` items without reading tasks back: per item ``None`` when
-    it was acknowledged, else its error. Unpartitioned rows go through the dialect's
-    one-statement ack where there is one (skipped when the caller says the batch is
-    ``partitioned``), partitioned ones through its stream acknowledgement; the rest
-    (fence failures, to learn why; everything where the dialect has neither)
-    through :func:`succeed_many_tx`."""
+    it was acknowledged, else its error. ``ack_plain`` first (committed on its own)
+    unless the caller says the batch is ``partitioned``; the items it left go
+    through the stream pair (sent together), and those still left are explained
+    in a read of their own."""
+    built = await texts.of(st)
     left = todo
-    # A batch known to hold partitioned rows skips the statement that leaves them.
-    text = None if partitioned else await texts.get(st, "ack_plain")
-    if text is not None:
-        rows = await texts.alone(st, text, {"items": _ack_items(todo)})
-        missed = {row.idx for row in rows if row.idx is not None}
-        left = [item for n, item in enumerate(todo, 1) if n in missed]
+    if not partitioned:
+        rows = await texts.alone(st, _need(built, "ack_plain"), {"items": _ack_items(todo)})
+        left = _left(todo, rows)
         if len(left) < len(todo):
             wake.wake_local(st, work=False)
     if left:
-        left = await _ack_streams(st, left)
-    if left and await steps.ack_ready(st):
-        # Step by step, each statement built once; the fence failures go on below.
-        left, finished, moved = await tx.run(st, lambda conn: steps.ack_tx(st, conn, left))
-        if finished:
-            wake.wake_local(st, work=moved)
-    out: list[Task | ConveyorError | None] = list(outcomes)
+        params = {"items": _ack_items(left)}
+        steps = [(_need(built, "ack_streams_lock"), params), (_need(built, "ack_streams"), params)]
+        rows = await texts.together(st, steps)
+        still = _left(left, rows)
+        if len(still) < len(left):
+            # Waiters of finished tasks; idle workers too when a stream's head is free now.
+            wake.wake_local(st, work=bool(rows[0].freed))
+        left = still
+    out = [o if isinstance(o, ConveyorError) else None for o in outcomes]
     if left:
-        out, moved = await tx.run(
-            st, lambda conn: succeed_many_tx(st, conn, outcomes, left, read_back=False)
-        )
-        wake.wake_local(st, work=moved)
-    return [o if isinstance(o, ConveyorError) else None for o in out]
+
+        async def explain(conn: AsyncConnection) -> list[ConveyorError]:
+            return [await _why(conn, item) for item in left]
+
+        for item, error in zip(left, await tx.run(st, explain, write=False), strict=True):
+            out[item[0]] = error
+    return out
 
 
-async def _ack_streams(st: Seam, todo: list[AckItem]) -> list[AckItem]:
-    """Finish ``todo`` (partitioned rows among them) with the dialect's two-statement
-    acknowledgement where it has one: lock the batch's streams in the lock order,
-    then finish the rows and recompute the streams in one statement. Returns the
-    items left: those that failed the fence (all of them without the texts)."""
-    lock = await texts.get(st, "ack_streams_lock")
-    ack = await texts.get(st, "ack_streams")
-    if lock is None or ack is None:
-        return todo
+async def finish_tx(
+    st: Seam, conn: AsyncConnection, built: texts.Texts, todo: Sequence[AckItem]
+) -> tuple[dict[int, Outcome], bool]:
+    """Finish ``todo`` with the stream pair inside ``conn``'s transaction: each
+    item's task as it is now (by the item's index), or the error its fence met;
+    and whether a stream's head became claimable (idle claimers have something
+    to find)."""
     params = {"items": _ack_items(todo)}
-    rows = await texts.together(st, [(lock, params), (ack, params)])
-    missed = {row.idx for row in rows if row.idx is not None}
-    left = [item for n, item in enumerate(todo, 1) if n in missed]
-    if len(left) < len(todo):
-        # Waiters of finished tasks; idle workers too when a stream's head is free now.
-        wake.wake_local(st, work=bool(rows[0].freed))
-    return left
+    await texts.execute(conn, st, _need(built, "ack_streams_lock"), params)
+    rows = list(await texts.execute(conn, st, _need(built, "ack_streams"), params))
+    lost = _lost(rows)
+    by_group: dict[str, list[str]] = {}
+    for n, item in enumerate(todo, 1):
+        if n not in lost:
+            by_group.setdefault(item[3], []).append(item[1])
+    tasks: dict[tuple[str, str], Task] = {}
+    views = _need(built, "task_views")
+    for grp, ids in by_group.items():
+        found = await texts.execute(
+            conn, st, views, {"ids": json.dumps(sorted(set(ids))), "grp": grp}
+        )
+        tasks.update({(grp, row.id): codec.row_to_task(row) for row in found})
+    out: dict[int, Outcome] = {}
+    for n, item in enumerate(todo, 1):
+        out[item[0]] = await _why(conn, item) if n in lost else tasks.get((item[3], item[1]))
+    return out, bool(rows and rows[0].freed)
 
 
-def _ack_items(todo: list[AckItem]) -> str:
-    """The ``items`` parameter of the batch acknowledgement texts: one JSON array of
-    ``[id, worker_id, grp, attempt, result]`` (the result as its JSON text)."""
+async def _why(conn: AsyncConnection, item: AckItem) -> ConveyorError:
+    """Why ``item``'s fence failed: NotFound, TaskCancelled or LostLease."""
+    try:
+        await explain_lost(conn, item[1], item[3])
+    except (LostLease, NotFound) as exc:
+        return exc
+    raise AssertionError("explain_lost always raises")  # pragma: no cover
+
+
+def _lost(rows: Sequence[Any]) -> set[int]:
+    """The 1-based positions an ack statement reports as not finished."""
+    return {row.idx for row in rows if row.idx is not None}
+
+
+def _left(todo: list[AckItem], rows: Sequence[Any]) -> list[AckItem]:
+    """The items of ``todo`` an ack statement did not finish."""
+    lost = _lost(rows)
+    return [item for n, item in enumerate(todo, 1) if n in lost] if lost else []
+
+
+def _need(built: texts.Texts, name: str) -> texts.Text:
+    """The store's statement ``name`` (every dialect has each ack statement: the
+    catalogue test holds them to it)."""
+    text = built.get(name)
+    assert text is not None, f"the dialect lacks the catalogue statement {name}"
+    return text
+
+
+def _ack_items(todo: Sequence[AckItem]) -> str:
+    """The ``items`` parameter of the ack statements, the same JSON text on every
+    dialect: one array of ``[id, worker_id, grp, attempt, result]`` (the result as
+    its JSON text)."""
     return json.dumps([item[1:] for item in todo], ensure_ascii=False, separators=(",", ":"))
 
 
-__all__ = ["AckItem", "ack_many", "succeed_many_tx", "validate_acks"]
+__all__ = [
+    "AckItem",
+    "Outcome",
+    "ack_many",
+    "finish_tx",
+    "succeed",
+    "succeed_many",
+    "validate_acks",
+]

@@ -1,6 +1,6 @@
 """Consumer: claiming (plain work and streams), the fenced writes of a lease holder
-(heartbeat, progress, succeed, fail, release), and the explanation of a failed
-fence. Batch acknowledgement is :mod:`conveyor.store.protocol.acks`.
+(heartbeat, progress, fail, release, snooze), and the explanation of a failed
+fence. Acknowledgements (succeed, one or many) are :mod:`conveyor.store.protocol.acks`.
 
 Fencing: every write of a holder names the task, its group, the worker and
 optionally the attempt; it changes the row only while the row is running and
@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, or_, select, update
+from sqlalchemy import ColumnElement, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
@@ -23,10 +23,14 @@ from conveyor.models import Task
 from conveyor.schema import deliveries as d
 from conveyor.schema import queues as qs
 from conveyor.schema import tasks as t
-from conveyor.store.protocol import codec, steps, streams, texts, upkeep, wake
+from conveyor.store.protocol import codec, streams, upkeep
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.seam import Seam
+
+#: How many times a claim recovers expired leases and asks again before it
+#: returns empty-handed (leases expiring as fast as they are recovered).
+RECOVERIES = 3
 
 
 async def claim(
@@ -39,16 +43,15 @@ async def claim(
     partition: str | None,
     per_stream: int | None = None,
 ) -> list[Task]:
-    """Probe (where the dialect asks for it), then claim in one transaction."""
+    """Claim through the dialect's claim hook (:meth:`~conveyor.store.seam.Seam._claim`,
+    in the order of :mod:`conveyor.store.protocol.claim_order`): after the probe
+    where the dialect has one, and after recovering the expired leases of these
+    queues when the hook finds one (it then leased nothing)."""
     # The probe spares idle claimers the write lock; right after a claim that found
     # work, the next one most likely finds work too, so it goes straight in.
     busy_key = (grp, tuple(names), partition)
-    fast = await claim_in_one(st, grp, names, worker_id, lease, limit, partition, per_stream)
-    if fast is not None:
-        (st._busy.add if fast else st._busy.discard)(busy_key)
-        return fast
     if busy_key not in st._busy:
-        probe = st._claim_probe(grp, names, partition, tx.now(st))
+        probe = st._claim_probe(grp, names, partition)
         if probe is not None:
 
             async def ask(conn: AsyncConnection) -> bool:
@@ -57,172 +60,19 @@ async def claim(
 
             if not await tx.run(st, ask, write=False):
                 return []
-    if await steps.ready(st, names):
-        # The same steps, each statement built once (dialects without a
-        # one-statement claim).
-        rows = await tx.run(
-            st,
-            lambda conn: steps.claim_tx(
-                st, conn, grp, names[0], worker_id, lease, limit, partition, per_stream
-            ),
-        )
-        # Built after the commit: the write lock is not held meanwhile.
-        claimed = [codec.row_to_task(row) for row in rows]
-    else:
-        claimed = await tx.run(
-            st,
-            lambda conn: claim_tx(
-                st, conn, grp, names, worker_id, lease, limit, partition, per_stream
-            ),
-        )
+    rows = await st._claim(grp, names, worker_id, lease, limit, partition, per_stream)
+    for _ in range(RECOVERIES):
+        if rows is not None:
+            break
+        await tx.run(st, lambda conn: upkeep.recover_tx(st, conn, grp, names))
+        rows = await st._claim(grp, names, worker_id, lease, limit, partition, per_stream)
+    # Built after the commit: no lock is held meanwhile.
+    claimed = [codec.row_to_task(row) for row in rows or ()]
     if claimed:
         st._busy.add(busy_key)
     else:
         st._busy.discard(busy_key)
     return claimed
-
-
-async def claim_in_one(
-    st: Seam,
-    grp: str,
-    names: Sequence[str],
-    worker_id: str,
-    lease: float | None,
-    limit: int,
-    partition: str | None = None,
-    per_stream: int | None = None,
-) -> list[Task] | None:
-    """Claim with the dialect's one-statement claim (plain work and stream heads, the
-    same choice as :func:`claim_tx`); ``None`` when the dialect has none, or the
-    statement found an expired lease in these queues (it then leased nothing, and
-    :func:`claim_tx` must recover it first)."""
-    single = len(names) == 1
-    text = await texts.get(st, "claim_one" if single else "claim_any")
-    if text is None:
-        return None
-    params: dict[str, Any] = {
-        "grp": grp,
-        "partition": partition,
-        "limit": limit,
-        # Without per_stream a claim is one unit: one stream (up to ``limit`` of its
-        # tasks) or plain work; with it, several streams, each capped.
-        "per_stream": limit if per_stream is None else min(per_stream, limit),
-        "streams": 1 if per_stream is None or partition is not None else limit,
-        "mix": per_stream is not None and partition is None,
-        "worker_id": worker_id,
-        "lease": lease,
-    }
-    if single:
-        params["queue"] = names[0]
-    else:
-        params["queues"] = list(names)
-    rows = await texts.alone(st, text, params)
-    if rows[0].busy:
-        return None
-    # Claim order: unit by unit (a stream's tasks together, in submit order).
-    taken = sorted((row.rank, row.seq, codec.row_to_task(row)) for row in rows if row.id)
-    return [task for _, _, task in taken]
-
-
-async def claim_tx(
-    st: Seam,
-    conn: AsyncConnection,
-    grp: str,
-    names: Sequence[str],
-    worker_id: str,
-    lease: float | None,
-    limit: int,
-    partition: str | None,
-    per_stream: int | None = None,
-) -> list[Task]:
-    """Recover expired leases of these queues, then lease up to ``limit`` rows: from
-    the fairest free stream or from unpartitioned work, whichever comes first.
-
-    With ``per_stream``, a stream gives at most that many tasks and the claim goes
-    on choosing (the stream it took from is held now, so it is not chosen again)
-    until ``limit`` is used up or nothing is left: one claim then serves several
-    streams. Each stream's tasks come together, in submit order.
-    """
-    await upkeep.recover_tx(st, conn, grp, names)
-
-    async def once(left: int, cap: int) -> tuple[list[Task], bool]:
-        return await _claim_once(
-            st, conn, grp, names, worker_id, lease, left, cap, partition, per_stream is not None
-        )
-
-    return await steps.claim_rounds(once, limit, partition, per_stream)
-
-
-async def _claim_once(
-    st: Seam,
-    conn: AsyncConnection,
-    grp: str,
-    names: Sequence[str],
-    worker_id: str,
-    lease: float | None,
-    limit: int,
-    stream_limit: int,
-    partition: str | None,
-    mix: bool = False,
-) -> tuple[list[Task], bool]:
-    """One choice between the fairest free stream (up to ``stream_limit`` of its
-    tasks) and unpartitioned work (up to ``limit``): the tasks, and whether a free
-    stream was seen (so another choice may find more). With ``mix`` (a claim that
-    goes on to further streams), plain work is taken only as far as it comes before
-    that stream in claim order, so priorities hold across both kinds."""
-    now = tx.now(st)
-    stream = (
-        await conn.execute(st._lock_candidates(q.ready_streams(grp, names, now, partition)))
-    ).first()
-    if stream is None and partition is not None:
-        return [], False
-    use_stream = stream is not None
-    if stream is not None and partition is None:
-        # Streams and unpartitioned work compete: priority, then who waited longest.
-        plain = (await conn.execute(q.ready_plain(grp, names, now).limit(1))).first()
-        use_stream = plain is None or (stream.priority, -stream.available_at) > (
-            plain.priority,
-            -plain.run_at,
-        )
-    if use_stream:
-        assert stream is not None
-        seqs = await streams.next_run(st, conn, stream.queue, grp, stream.partition, stream_limit)
-        if not seqs:
-            return [], False
-        taken = await take(st, conn, grp, seqs, worker_id, lease, [stream.queue])
-        await streams.refresh(st, conn, [(stream.queue, grp, stream.partition)])
-        return [task for _, task in sorted(taken, key=lambda pair: pair[0])], True
-    # A CTE, not an IN-subquery: Postgres may rescan a subquery once per outer
-    # row, and each rescan with SKIP LOCKED would pick further rows past LIMIT.
-    ready = q.ready_plain(grp, names, now)
-    if mix and stream is not None:
-        ready = ready.where(
-            or_(
-                d.c.priority > stream.priority,
-                and_(d.c.priority == stream.priority, d.c.run_at <= stream.available_at),
-            )
-        )
-    pick = st._lock_candidates(ready.limit(limit)).cte("pick")
-    taken = await take(
-        st, conn, grp, select(pick.c.task_seq).scalar_subquery(), worker_id, lease, names
-    )
-    taken.sort(key=lambda pair: (-pair[1].priority, pair[1].run_at, pair[0]))
-    return [task for _, task in taken], stream is not None
-
-
-async def take(
-    st: Seam,
-    conn: AsyncConnection,
-    grp: str,
-    seqs: Any,
-    worker_id: str,
-    lease: float | None,
-    queues: Sequence[str],
-) -> list[tuple[int, Task]]:
-    """Lease the rows and return ``(seq, task)`` pairs, in one statement."""
-    stmt = q.take(grp, seqs, tx.now(st), worker_id=worker_id, lease=lease, queues=queues)
-    result = await conn.execute(st._returning_view(stmt))
-    return [(row.seq, codec.row_to_task(row)) for row in result]
 
 
 Values = Callable[[ColumnElement[int]], dict[str, Any]]
@@ -251,20 +101,6 @@ def progress_values(progress: float | None, message: str | None) -> Values:
         if message is not None:
             out["progress_message"] = message
         return out or {"worker_id": d.c.worker_id}
-
-    return values
-
-
-def succeed_values(encoded: str) -> Values:
-    """Success with the JSON ``encoded`` result."""
-
-    def values(now: ColumnElement[int]) -> dict[str, Any]:
-        return {
-            "status": "succeeded",
-            "result": encoded,
-            "finished_at": now,
-            "lease_expires_at": None,
-        }
 
     return values
 
@@ -307,35 +143,6 @@ def release_values(now: ColumnElement[int]) -> dict[str, Any]:
     }
 
 
-async def succeed(
-    st: Seam,
-    task_id: str,
-    worker_id: str,
-    group: str | None,
-    attempt: int | None,
-    encoded: str,
-) -> Task:
-    """Finish a leased task as ``succeeded`` with the JSON ``encoded`` result: one
-    statement where the dialect has one (unpartitioned rows), else, and when that
-    statement's fence matched nothing (to learn why), :func:`owned_write`."""
-    text = await texts.get(st, "succeed_plain")
-    if text is not None:
-        params = {
-            "id": v.name("task_id", task_id),
-            "worker_id": v.name("worker_id", worker_id),
-            "grp": codec.group_key(group),
-            "attempt": None if attempt is None else v.positive_int("attempt", attempt),
-            "result": encoded,
-        }
-        rows = await texts.alone(st, text, params)
-        if rows:
-            wake.wake_local(st, work=False)
-            return codec.row_to_task(rows[0])
-    return await owned_write(
-        st, task_id, worker_id, group, attempt, succeed_values(encoded), done=True
-    )
-
-
 async def owned_write(
     st: Seam,
     task_id: str,
@@ -343,10 +150,9 @@ async def owned_write(
     group: str | None,
     attempt: int | None,
     values: Values,
-    *,
-    done: bool = False,
 ) -> Task:
-    """Validate the fence's arguments and apply ``values`` in its own transaction."""
+    """Validate the fence's arguments and apply ``values`` in its own transaction
+    (heartbeat, progress, release, snooze: a success is :func:`.acks.succeed`)."""
     grp = codec.group_key(group)
     task_id = v.name("task_id", task_id)
     worker_id = v.name("worker_id", worker_id)
@@ -355,13 +161,10 @@ async def owned_write(
 
     async def work(conn: AsyncConnection) -> Task:
         return await owned_update(
-            st, conn, task_id, grp, worker_id, attempt, values(tx.now(st)), done=done
+            st, conn, task_id, grp, worker_id, attempt, values(tx.now(st)), done=False
         )
 
-    task = await tx.run(st, work)
-    if done:
-        wake.wake_local(st, work=False)
-    return task
+    return await tx.run(st, work)
 
 
 async def owned_update(

@@ -1,12 +1,23 @@
 """Consumer groups (bus mode): registering a group, backfilling its delivery rows
-from the retained history, and dropping its state when it unsubscribes.
+from the retained history, and dropping its state when it unsubscribes; and the
+check that a claim's group exists.
+
+A group exists only once something asked for it: :meth:`subscribe`, or a claim
+(or a worker) given ``subscribe=`` — never a claim by itself. A group name with a
+typo in it would otherwise register a new group that starts from the whole
+retained history and runs every old task again.
 """
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Any
+
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from conveyor import _values as v
+from conveyor.errors import InvalidArgument, NotFound
 from conveyor.models import ConsumerGroup
 from conveyor.schema import deliveries as d
 from conveyor.schema import groups as g
@@ -17,6 +28,69 @@ from conveyor.store.protocol import transactions as tx
 from conveyor.store.seam import Seam
 
 BACKFILL_CHUNK = 20_000  # tasks per backfill statement (all in one transaction)
+NAMES_SHOWN = 10  # groups of the queue named in the error for a missing one
+
+
+def parse_start(field: str, start: Any) -> tuple[bool, int | None]:
+    """``start`` of a subscription (``"all"``, ``"new"`` or an aware datetime) as
+    ``(new, start_at)``: from now, or from ``start_at`` microseconds (``None``: the
+    retained history). ``field`` names the argument in the error."""
+    if isinstance(start, datetime):
+        return False, v.to_us(v.aware(field, start))
+    if isinstance(start, str) and start in ("all", "new"):
+        return start == "new", None
+    raise InvalidArgument(
+        field,
+        f'must be "all" (the retained history too), "new" (tasks submitted from now '
+        f"on) or an aware datetime, got {start!r}",
+    )
+
+
+async def join(st: Seam, queue: str, group: str, start: Any) -> ConsumerGroup:
+    """The claim's check of its group: ``group`` must be subscribed to ``queue``;
+    with ``start`` (a subscription start, see :func:`parse_start`), a group never
+    registered is subscribed from there first. Raises :class:`NotFound` saying how
+    to subscribe when the group is missing, or was unsubscribed (only
+    :meth:`subscribe` starts an unsubscribed group over)."""
+    if start is not None:
+        new, start_at = parse_start("subscribe", start)
+        found: ConsumerGroup | None = await subscribe(
+            st, queue, group, new=new, start_at=start_at, if_missing=True
+        )
+    else:
+
+        async def look(conn: AsyncConnection) -> ConsumerGroup | None:
+            stmt = select(g).where(g.c.queue == queue, g.c.name == group)
+            row = (await conn.execute(stmt)).first()
+            return None if row is None else codec.group_row(row)
+
+        found = await tx.run(st, look, write=False)
+    if found is not None and found.active:
+        st._known_groups.add((queue, group))
+        return found
+    st._known_groups.discard((queue, group))
+    what = f"group {group!r} on queue {queue!r}"
+    if found is not None:
+        raise NotFound(
+            what,
+            hint=f"it was unsubscribed; subscribe({queue!r}, {group!r}, start=...) "
+            "starts it over (a claim or a worker never does)",
+        )
+    others = [x.name for x in await tx.run(st, lambda conn: list_tx(conn, queue), write=False)]
+    others = [name for name in others if name != group]
+    known = (
+        f"groups of {queue!r}: " + ", ".join(repr(n) for n in others[:NAMES_SHOWN])
+        + (", ..." if len(others) > NAMES_SHOWN else "")
+        if others
+        else f"queue {queue!r} has no groups"
+    )
+    raise NotFound(
+        what,
+        hint=f"{known}. A claim does not create a group: check the name, or subscribe "
+        f'it first with subscribe({queue!r}, {group!r}, start="new") (tasks submitted '
+        'from then on; start="all" replays the retained history too), or pass '
+        'subscribe="new" or "all" to the claim or the worker',
+    )
 
 
 async def subscribe(

@@ -417,31 +417,6 @@ def active() -> ColumnElement[bool]:
     return d.c.status.in_([literal(value, literal_execute=True) for value in ACTIVE])
 
 
-def leased_to(grp: str, worker_id: str) -> Select[Any]:
-    """Rows of ``grp`` leased to ``worker_id`` among the expanding ``seqs``."""
-    return select(d.c.task_seq, d.c.attempt, d.c.queue, d.c.partition).where(
-        d.c.grp == grp,
-        d.c.worker_id == worker_id,
-        is_status(RUNNING),
-        d.c.task_seq.in_(bindparam("seqs", expanding=True)),
-    )
-
-
-def finish_row(grp: str, now: Now) -> Update:
-    """Mark one row (``b_seq``) ``succeeded`` with ``b_result``: run as an executemany
-    over rows the caller has already checked and locked."""
-    return (
-        update(d)
-        .where(d.c.grp == grp, d.c.task_seq == bindparam("b_seq"))
-        .values(
-            status="succeeded",
-            result=bindparam("b_result"),
-            finished_at=now,
-            lease_expires_at=None,
-        )
-    )
-
-
 def stream_head(queue: str, grp: str, partition: str, now: Now) -> Select[Any]:
     """The first active row of a stream, with the clock reading."""
     return (

@@ -116,8 +116,6 @@ def lock_order(key: tuple[Any, ...]) -> tuple[Any, ...]:
 async def lock_streams(st: Seam, conn: AsyncConnection, keys: Iterable[tuple[Any, ...]]) -> None:
     """Lock the existing stream rows of (queue, grp, partition) ``keys`` (unpartitioned
     ones are ignored), in the lock order, before any delivery row of them."""
-    if not st.row_locks:
-        return
     wanted = sorted({(grp, queue, p) for queue, grp, p in keys if p is not None})
     if wanted:
         await conn.execute(st._lock_rows(q.stream_rows_of(wanted)))
@@ -128,8 +126,6 @@ async def lock_task_streams(
 ) -> None:
     """Lock the stream rows of the given tasks' partitions — every group's, or
     ``grp``'s — in the lock order, before their delivery rows."""
-    if not st.row_locks:
-        return
     rows = await conn.execute(
         select(t.c.queue, t.c.partition).where(
             t.c.id.in_(sorted(set(task_ids))), t.c.partition.is_not(None)
@@ -138,20 +134,6 @@ async def lock_task_streams(
     pairs = sorted({(row.queue, row.partition) for row in rows})
     if pairs:
         await conn.execute(st._lock_rows(q.partition_streams(pairs, grp)))
-
-
-async def next_run(
-    st: Seam, conn: AsyncConnection, queue: str, grp: str, partition: str, limit: int
-) -> list[int]:
-    """The sequence numbers a claim of this stream may take: its first active rows
-    while they are queued and due, at most ``limit``."""
-    rows = await conn.execute(q.stream_rows(queue, grp, partition, limit, tx.now(st)))
-    seqs = []
-    for row in rows:
-        if row.status != q.QUEUED or not row.due:
-            break
-        seqs.append(row.task_seq)
-    return seqs
 
 
 async def refresh(st: Seam, conn: AsyncConnection, keys: Iterable[tuple[Any, ...]]) -> bool:

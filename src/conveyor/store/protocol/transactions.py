@@ -35,12 +35,14 @@ from conveyor import _values as v
 from conveyor.errors import (
     ConfigurationError,
     ConveyorError,
+    MigrationRequired,
     ProtocolVersionMismatch,
     StoreError,
     StoreUnavailable,
 )
 from conveyor.migrations import HEAD_REVISION, SCRIPT_LOCATION, VERSION_TABLE
 from conveyor.schema import PROTOCOL_VERSION, meta
+from conveyor.store.protocol.refusals import check_unrecorded_tables, refused_login
 from conveyor.store.seam import Seam
 
 log = logging.getLogger("conveyor.store")
@@ -71,6 +73,13 @@ async def open_engine(st: Seam) -> AsyncEngine:
         raise
     except (DBAPIError, OSError) as exc:
         await engine.dispose()
+        refusal = refused_login(exc)
+        if refusal is not None:
+            # The server answered and said no: waiting will not change its mind.
+            raise ConfigurationError(
+                f"cannot open {safe_url(st)}: the server refused the connection: {refusal}. "
+                "Fix the role, password or database name in the URL (or create them)."
+            ) from exc
         raise StoreUnavailable(
             f"cannot open {safe_url(st)}: {exc}. Check that the database "
             "is running and the URL is right."
@@ -122,23 +131,29 @@ def _migrate(st: Seam, conn: Connection) -> None:
             f"the database is at schema revision {unknown[0]}, which this version of "
             "conveyor does not know: upgrade conveyor"
         )
+    if not current:
+        check_unrecorded_tables(conn)
     if st.migrate and set(current) != set(script.get_heads()):
         cfg = Config()
         cfg.set_main_option("script_location", SCRIPT_LOCATION)
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
     elif not current:
-        raise ConfigurationError(
+        raise MigrationRequired(
+            (),
+            HEAD_REVISION,
             "the database has no conveyor schema: run `conveyor migrate` or open "
-            "the store with migrate=True"
+            "the store with migrate=True",
         )
     elif set(current) != set(script.get_heads()):
         # Behind: this version's statements would meet tables that are not
         # there yet, and fail mid-call. Say so now, with the way out.
-        raise ConfigurationError(
+        raise MigrationRequired(
+            tuple(sorted(current)),
+            HEAD_REVISION,
             f"the database's conveyor schema is at revision {', '.join(sorted(current))}, "
             f"and this version of conveyor needs {', '.join(sorted(script.get_heads()))}: "
-            "run `conveyor migrate` (or open the store once with migrate=True)"
+            "run `conveyor migrate` (or open the store once with migrate=True)",
         )
 
 

@@ -10,12 +10,12 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import delete, func, literal_column, select, tuple_, update
+from sqlalchemy import delete, func, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
 from conveyor.errors import InvalidArgument
-from conveyor.models import Backoff, GroupStats, QueueStats, Status
+from conveyor.models import Backoff
 from conveyor.schema import counts as cn
 from conveyor.schema import deliveries as d
 from conveyor.schema import groups as g
@@ -48,21 +48,19 @@ async def recover_tx(
 ) -> tuple[int, int]:
     """Expired leases (of ``grp`` in ``names``; ``None``: all): requeued while
     attempts remain, else failed. Returns ``(requeued, failed)``."""
-    found: list[tuple[int, str]] | None = None
-    if st.row_locks:
-        # The lock order: find the expired rows, lock their streams, then update them
-        # (the update re-checks that each is still expired).
-        expired = list(
-            await conn.execute(
-                select(d.c.task_seq, d.c.grp, d.c.queue, d.c.partition).where(
-                    *q.expired(tx.now(st), grp, names)
-                )
+    # The lock order: find the expired rows, lock their streams, then update them
+    # (the update re-checks that each is still expired).
+    expired = list(
+        await conn.execute(
+            select(d.c.task_seq, d.c.grp, d.c.queue, d.c.partition).where(
+                *q.expired(tx.now(st), grp, names)
             )
         )
-        if not expired:
-            return 0, 0
-        await streams.lock_streams(st, conn, [(r.queue, r.grp, r.partition) for r in expired])
-        found = [(r.task_seq, r.grp) for r in expired]
+    )
+    if not expired:
+        return 0, 0
+    await streams.lock_streams(st, conn, [(r.queue, r.grp, r.partition) for r in expired])
+    found = [(r.task_seq, r.grp) for r in expired]
     rows = list(await conn.execute(q.recover_expired(tx.now(st), grp, names, LEASE_EXPIRED, found)))
     requeued = [r for r in rows if r.status == q.QUEUED]
     failed = [r for r in rows if r.status != q.QUEUED]
@@ -268,13 +266,13 @@ async def evict_tx(st: Seam, conn: AsyncConnection, queue: str, max_wait: float)
             d.c.attempt == 0,
             d.c.run_at < cutoff,
         )
-        if st.row_locks:  # the lock order: the streams first
-            keys = await conn.execute(
-                select(d.c.queue, d.c.grp, d.c.partition)
-                .where(*due, d.c.partition.is_not(None))
-                .distinct()
-            )
-            await streams.lock_streams(st, conn, [tuple(key) for key in keys])
+        # The lock order: the streams first.
+        keys = await conn.execute(
+            select(d.c.queue, d.c.grp, d.c.partition)
+            .where(*due, d.c.partition.is_not(None))
+            .distinct()
+        )
+        await streams.lock_streams(st, conn, [tuple(key) for key in keys])
         rows = list(
             await conn.execute(
                 update(d)
@@ -494,61 +492,3 @@ async def rollup_batch(st: Seam, conn: AsyncConnection) -> int:
         n += 1
     await add_counts(st, conn, deltas)
     return n
-
-
-async def stats_tx(st: Seam, conn: AsyncConnection, queue: str | None) -> list[QueueStats]:
-    """Per-queue counts, lag and oldest claimable age (see TaskStore.stats)."""
-    now = await tx.now_us(st, conn)
-    # Totals folded up by maintain(), plus the rows not folded yet (the queued
-    # ones and the recently finished), read from their partial index, and the
-    # leased ones, from theirs.
-    live_q = (
-        select(d.c.queue, d.c.grp, d.c.status, func.count())
-        .where(*q.unrolled())
-        .group_by(d.c.queue, d.c.grp, d.c.status)
-    )
-    leased_q = (
-        select(d.c.queue, d.c.grp, d.c.status, func.count())
-        .where(q.is_status(q.RUNNING), d.c.rolled == literal_column("0"))
-        .group_by(d.c.queue, d.c.grp, d.c.status)
-    )
-    rolled_q = select(cn.c.queue, cn.c.grp, cn.c.status, cn.c.n)
-    oldest_q = (
-        select(d.c.queue, d.c.grp, func.min(d.c.run_at))
-        .where(*q.unrolled(), *q.claimable(now))
-        .group_by(d.c.queue, d.c.grp)
-    )
-    if queue is not None:
-        live_q = live_q.where(d.c.queue == queue)
-        leased_q = leased_q.where(d.c.queue == queue)
-        rolled_q = rolled_q.where(cn.c.queue == queue)
-        oldest_q = oldest_q.where(d.c.queue == queue)
-    counts: dict[tuple[str, str], dict[str, int]] = {}
-    for stmt in (live_q, leased_q, rolled_q):
-        for qn, grp, status, n in await conn.execute(stmt):
-            per = counts.setdefault((qn, grp), {x.value: 0 for x in Status})
-            per[status] += int(n)
-    counts = {key: c for key, c in counts.items() if any(c.values()) or key[1]}
-    oldest = {(qn, grp): (now - m) / v.US for qn, grp, m in await conn.execute(oldest_q)}
-    group_rows = await conn.execute(
-        select(g.c.queue, g.c.name).where(g.c.active.is_(True))
-        if queue is None
-        else select(g.c.queue, g.c.name).where(g.c.active.is_(True), g.c.queue == queue)
-    )
-    for qn, name in group_rows:
-        counts.setdefault((qn, name), {x.value: 0 for x in Status})
-    out: dict[str, QueueStats] = {}
-    for qn, grp in sorted(counts):
-        if qn not in out:
-            base = counts.get((qn, q.QUEUE_MODE), {x.value: 0 for x in Status})
-            out[qn] = QueueStats(
-                queue=qn, counts=base, oldest_claimable_age=oldest.get((qn, q.QUEUE_MODE))
-            )
-        if grp:
-            c = counts[(qn, grp)]
-            out[qn].groups[grp] = GroupStats(
-                counts=c,
-                lag=c["queued"] + c["running"],
-                oldest_claimable_age=oldest.get((qn, grp)),
-            )
-    return list(out.values())

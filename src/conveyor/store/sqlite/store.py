@@ -78,6 +78,7 @@ from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import texts
 from conveyor.store.protocol.transactions import InlineConnection
 from conveyor.store.seam import BatchRunner, ConnectionRunner, DirectRunner, StepsRunner
+from conveyor.store.sqlite import claim as sqlite_claim
 from conveyor.store.sqlite.thread import CHECKPOINT_EVERY, ConnectionThread
 
 SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
@@ -243,6 +244,11 @@ class SQLiteStore(TaskStore):
             cur.execute("PRAGMA journal_mode = WAL")
             cur.execute(f"PRAGMA synchronous = {synchronous}")
             cur.execute("PRAGMA foreign_keys = ON")
+            # The ephemeral tables a statement builds (an UPDATE … FROM's rows, a
+            # DISTINCT, a materialized CTE: a batch's worth) in memory: backed by a
+            # temporary file instead, each such statement of an acknowledgement
+            # cost as much again as its writes.
+            cur.execute("PRAGMA temp_store = MEMORY")
             if fair:
                 # The store's own connection checkpoints on a timer instead of in
                 # whichever commit finds the WAL long (see sqlite_thread._checkpoint).
@@ -370,12 +376,12 @@ class SQLiteStore(TaskStore):
         return stmt.returning(*_returned_view())
 
     def _claim_probe(
-        self, grp: str, queues: Sequence[str], partition: str | None, now: ColumnElement[int]
+        self, grp: str, queues: Sequence[str], partition: str | None
     ) -> Select[Any] | None:
         # A claim takes the single write lock (BEGIN IMMEDIATE) and would block every
         # producer while an idle worker polls; a read beside the writer (WAL) does not.
         # An idle worker asks this on every wake-up, so it is built once per question,
-        # its clock read when it runs (``now`` is the same clock, read earlier).
+        # its clock read when it runs.
         key = (grp, tuple(queues), partition, self.clock_offset)
         probe = self._probes.get(key)
         if probe is None:
@@ -386,13 +392,29 @@ class SQLiteStore(TaskStore):
             probe = self._probes[key] = q.claim_probe(grp, queues, clock, partition)
         return probe
 
+    async def _claim(
+        self,
+        grp: str,
+        queues: Sequence[str],
+        worker_id: str,
+        lease: float | None,
+        limit: int,
+        partition: str | None,
+        per_stream: int | None,
+    ) -> Sequence[Any] | None:
+        # No data-modifying CTEs, arrays or LATERAL: a claim is a few statements in
+        # one transaction on the connection thread (conveyor.store.sqlite.claim).
+        return await sqlite_claim.claim(
+            self, grp, queues, worker_id, lease, limit, partition, per_stream
+        )
+
     def _statement_texts(self) -> Mapping[str, str]:
         # No data-modifying CTEs, arrays, LATERAL or UPDATE … FROM a set-returning
-        # function: claim, plain submit and ack run step by step
+        # function: plain submit and ack run step by step
         # (conveyor.store.protocol.steps), on the one connection that holds the write lock,
         # so it costs no extra round trips to a server. The steps that take a list
         # take it as JSON text read by json_each (an IN list would be rebuilt per
-        # size); why each differs is in conveyor.store.sqlite.texts.
+        # size); why each differs is in the comments of sql/*.sql.
         return texts.load("conveyor.store.sqlite")
 
     def _direct_runner(self) -> DirectRunner | None:
@@ -434,6 +456,14 @@ class SQLiteStore(TaskStore):
         if thread is not None:
             thread.close()  # also done by the engine's disposal; harmless twice
             await thread.wait_closed()
+
+    async def _add_waiter(self, task_id: str, token: str, ttl_us: int) -> None:
+        # The wake channel (data_version) wakes every waiter of this process on any
+        # commit: no registration to keep.
+        return None
+
+    async def _drop_waiter(self, task_id: str, token: str) -> None:
+        return None
 
     async def _notify(
         self,

@@ -187,3 +187,13 @@ note AS (
     WHERE EXISTS (SELECT 1 FROM conveyor_waiters AS w WHERE w.task_id = done.id)
 )
 SELECT done.* FROM note, done
+
+-- name: task_views
+-- Each task looked up by its unique id, then its row by the primary key: lateral
+-- lookups with a LIMIT, which the planner cannot turn into a join over every task.
+SELECT t.seq, t.id, t.name, t.queue, t.partition, t.payload, t.metadata, t.priority, d.max_attempts, t.created_at, t.key, t.parent_id, t.root_id, t.correlation_id, d.grp, d.status, d.attempt, d.run_at, d.started_at, d.finished_at, d.lease_expires_at, d.worker_id, d.progress, d.progress_message, d.result, d.error, d.lease
+FROM json_array_elements_text(:ids::json) AS i(id)
+CROSS JOIN LATERAL (SELECT * FROM conveyor_tasks AS t WHERE t.id = i.id LIMIT 1) AS t
+CROSS JOIN LATERAL (
+    SELECT * FROM conveyor_deliveries AS d WHERE d.task_seq = t.seq AND d.grp = :grp LIMIT 1
+) AS d

@@ -1,4 +1,4 @@
--- name: claim_any
+-- name: claim.any
 WITH flags AS (
     SELECT set_config('synchronous_commit', 'off', true) AS quick, EXISTS (
         SELECT 1 FROM conveyor_deliveries
@@ -137,7 +137,7 @@ held AS (
 SELECT flags.busy, x.rank, t.seq, t.id, t.name, t.queue, t.partition, t.payload, t.metadata, t.priority, x.max_attempts, t.created_at, t.key, t.parent_id, t.root_id, t.correlation_id, x.grp, x.status, x.attempt, x.run_at, x.started_at, x.finished_at, x.lease_expires_at, x.worker_id, x.progress, x.progress_message, x.result, x.error, x.lease
 FROM flags LEFT JOIN (taken AS x JOIN conveyor_tasks AS t ON t.seq = x.task_seq) ON true
 
--- name: claim_any_durable
+-- name: claim.any_durable
 WITH flags AS (
     SELECT NULL AS quick, EXISTS (
         SELECT 1 FROM conveyor_deliveries
@@ -276,7 +276,7 @@ held AS (
 SELECT flags.busy, x.rank, t.seq, t.id, t.name, t.queue, t.partition, t.payload, t.metadata, t.priority, x.max_attempts, t.created_at, t.key, t.parent_id, t.root_id, t.correlation_id, x.grp, x.status, x.attempt, x.run_at, x.started_at, x.finished_at, x.lease_expires_at, x.worker_id, x.progress, x.progress_message, x.result, x.error, x.lease
 FROM flags LEFT JOIN (taken AS x JOIN conveyor_tasks AS t ON t.seq = x.task_seq) ON true
 
--- name: claim_one
+-- name: claim.one
 WITH flags AS (
     SELECT set_config('synchronous_commit', 'off', true) AS quick, EXISTS (
         SELECT 1 FROM conveyor_deliveries
@@ -415,7 +415,7 @@ held AS (
 SELECT flags.busy, x.rank, t.seq, t.id, t.name, t.queue, t.partition, t.payload, t.metadata, t.priority, x.max_attempts, t.created_at, t.key, t.parent_id, t.root_id, t.correlation_id, x.grp, x.status, x.attempt, x.run_at, x.started_at, x.finished_at, x.lease_expires_at, x.worker_id, x.progress, x.progress_message, x.result, x.error, x.lease
 FROM flags LEFT JOIN (taken AS x JOIN conveyor_tasks AS t ON t.seq = x.task_seq) ON true
 
--- name: claim_one_durable
+-- name: claim.one_durable
 WITH flags AS (
     SELECT NULL AS quick, EXISTS (
         SELECT 1 FROM conveyor_deliveries

@@ -1,4 +1,23 @@
--- name: step_candidates
+-- The claim hook's statements (conveyor.store.sqlite.claim): SQLite has no
+-- arrays (a list is bound as JSON text and read with json_each), no LATERAL (a
+-- stream's run is bounded by a correlated OFFSET probe instead), no
+-- data-modifying CTEs (the claim is these statements in one BEGIN IMMEDIATE
+-- transaction, the single writer lock standing in for row locks), and its
+-- RETURNING may name only the updated table's columns. The choice among the
+-- candidates is conveyor.store.protocol.claim_order's.
+
+-- name: claim.candidates
+-- Everything a claim of :queue in group :grp chooses from, in one read (kind
+-- tells the rows apart):
+-- * 1: up to :streams free streams (only :partition's when it is not NULL),
+--   fairest first, each with its first :per_stream active rows from the head
+--   the stream row names: status and due (run_at reached at :now_us) per row,
+--   in submit order. Without LATERAL, a stream's rows are bounded by its
+--   per_stream-th active row, one correlated index probe;
+-- * 0: up to :limit ready unpartitioned rows in claim order (none when
+--   :partition is given);
+-- * 2: one row if a lease of the queue has expired (to be recovered first).
+-- The stream index's partial WHERE is matched by the literal statuses.
 WITH free AS (
     SELECT s.queue AS queue, s."partition" AS "partition", s.priority AS priority,
            s.available_at AS available_at, s.head_seq AS head_seq
@@ -45,12 +64,21 @@ FROM (
 ) AS e
 ORDER BY 1, 2 DESC, 3, 4, 5, 7
 
--- name: step_hold_streams
+-- name: claim.hold
+-- The streams :partitions (a JSON array) of :queue in :grp are held now: the
+-- claim just leased their heads. This is what recomputing them would write
+-- (same head, same priority, no longer available).
 UPDATE conveyor_streams SET available_at = NULL
 WHERE grp = :grp AND queue = :queue
   AND "partition" IN (SELECT j.value FROM json_each(:partitions) AS j)
 
--- name: step_lease_seqs
+-- name: claim.lease
+-- Lease the rows :seqs (a JSON array of task_seq) of :queue in :grp to :w_id for
+-- :lease seconds (NULL: the queue's setting, else the default). No RETURNING:
+-- its correlated lookups of the task columns cost twice the update; claim.view
+-- reads the rows back with one join. The queue is redundant for the result but
+-- not for the plan: without it SQLite (no statistics) serves grp and status from
+-- the status index by grp alone, every row the group ever had.
 UPDATE conveyor_deliveries SET status='running', attempt=(conveyor_deliveries.attempt + 1), lease_expires_at=(:now_us + CAST(round(1000000.0 * coalesce(:lease, coalesce((SELECT conveyor_queues.lease 
 FROM conveyor_queues 
 WHERE conveyor_queues.queue = conveyor_deliveries.queue), 30.0))) AS BIGINT)), lease=coalesce(:lease, coalesce((SELECT conveyor_queues.lease 
@@ -58,7 +86,10 @@ FROM conveyor_queues
 WHERE conveyor_queues.queue = conveyor_deliveries.queue), 30.0)), worker_id=:w_id, started_at=coalesce(conveyor_deliveries.started_at, :now_us), progress=NULL, progress_message=NULL WHERE conveyor_deliveries.grp = :grp AND conveyor_deliveries.queue IN (:queue) AND conveyor_deliveries.task_seq IN (SELECT anon_1.value 
 FROM json_each(:seqs) AS anon_1) AND conveyor_deliveries.status = 'queued'
 
--- name: step_view_seqs
+-- name: claim.view
+-- The task view of the rows :seqs (a JSON array of task_seq) of :grp leased to
+-- :w_id: what a claim returns. CROSS JOIN keeps SQLite's join order: from the
+-- list, one primary-key probe of each table.
 SELECT t."seq", t."id", t."name", t."queue", t."partition", t."payload", t."metadata", t."priority", d."max_attempts", t."created_at", t."key", t."parent_id", t."root_id", t."correlation_id", d."grp", d."status", d."attempt", d."run_at", d."started_at", d."finished_at", d."lease_expires_at", d."worker_id", d."progress", d."progress_message", d."result", d."error", d."lease"
 FROM json_each(:seqs) AS j
 CROSS JOIN conveyor_tasks AS t ON t.seq = j.value

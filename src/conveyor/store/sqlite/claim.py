@@ -1,0 +1,152 @@
+"""SQLite's claim (the seam's claim hook, :meth:`conveyor.store.seam.Seam._claim`):
+a few statements in one transaction, run as one function on the store's
+connection thread (one hop from the event loop), the single writer lock standing
+in for row locks.
+
+SQLite has no data-modifying CTEs, arrays or LATERAL, so the claim reads its
+candidates, chooses in Python and writes what it chose: per queue one read of
+the candidates (``claim.candidates``: free streams with their runs, ready
+unpartitioned rows, whether a lease expired), the choice
+(:func:`conveyor.store.protocol.claim_order.choose`, the claim order stated
+once), per queue one lease of the rows chosen (``claim.lease``), one read of
+them back (``claim.view``), and per queue one update marking the streams taken
+as held (``claim.hold``: what recomputing them would write, their heads leased
+now). A fixed number of statements per queue, however many streams it takes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from conveyor.store.protocol import claim_order, texts
+from conveyor.store.protocol import transactions as tx
+from conveyor.store.seam import Seam
+
+#: ``kind`` of the candidate rows (see ``claim.candidates``).
+_PLAIN, _STREAM, _EXPIRED = 0, 1, 2
+_QUEUED = "queued"
+
+
+async def claim(
+    st: Seam,
+    grp: str,
+    queues: Sequence[str],
+    worker_id: str,
+    lease: float | None,
+    limit: int,
+    partition: str | None,
+    per_stream: int | None,
+) -> list[Any] | None:
+    """The claim hook: see :meth:`conveyor.store.seam.Seam._claim`.
+
+    Returns the leased rows (the task view), not Tasks: the caller builds those
+    after the commit, so JSON decoding and Task construction do not run while
+    this transaction holds SQLite's one write lock, which every other process's
+    claims and acknowledgements wait for."""
+    built = await texts.of(st)
+
+    async def work(conn: AsyncConnection) -> list[Any] | None:
+        return await claim_tx(
+            st, conn, built, grp, queues, worker_id, lease, limit, partition, per_stream
+        )
+
+    return await tx.run(st, work)
+
+
+def _step(built: texts.Texts, name: str) -> texts.Text:
+    text = built.get(name)
+    assert text is not None, f"the SQLite SQL files hold {name}"
+    return text
+
+
+async def claim_tx(
+    st: Seam,
+    conn: AsyncConnection,
+    built: texts.Texts,
+    grp: str,
+    queues: Sequence[str],
+    worker_id: str,
+    lease: float | None,
+    limit: int,
+    partition: str | None,
+    per_stream: int | None,
+) -> list[Any] | None:
+    """The claim inside the caller's transaction: the leased rows in claim order,
+    or ``None`` (nothing written) when a lease of these queues has expired."""
+    params: dict[str, Any] = {
+        "grp": grp,
+        "queue": queues[0],
+        "partition": partition,
+        "limit": limit,
+        "streams": claim_order.streams_wanted(limit, partition, per_stream),
+        "per_stream": claim_order.run_cap(limit, per_stream),
+    }
+    candidates = _step(built, "claim.candidates")
+    rows = list(await texts.execute(conn, st, candidates, params))
+    for queue in queues[1:]:
+        # Each queue read by its own index range: the union of every queue's first
+        # ``limit`` rows and ``streams`` streams holds the claim's whole choice.
+        rows += await texts.execute(conn, st, candidates, {**params, "queue": queue})
+    if any(row.kind == _EXPIRED for row in rows):
+        return None
+    picked = claim_order.choose(_units(rows), limit, claim_order.mixes(partition, per_stream))
+    if not picked:
+        return []
+    lease_step = _step(built, "claim.lease")
+    base = {"grp": grp, "w_id": worker_id, "lease": lease}
+    if len(queues) == 1:
+        await texts.execute(
+            conn, st, lease_step, {**base, "queue": queues[0], "seqs": json.dumps(picked)}
+        )
+    else:
+        chosen = set(picked)
+        of_queue: dict[str, list[int]] = {}
+        for row in rows:
+            if row.task_seq in chosen:
+                of_queue.setdefault(row.queue, []).append(row.task_seq)
+        for queue, seqs in of_queue.items():
+            await texts.execute(
+                conn, st, lease_step, {**base, "queue": queue, "seqs": json.dumps(seqs)}
+            )
+    view = {"grp": grp, "seqs": json.dumps(picked), "w_id": worker_id}
+    read = await texts.execute(conn, st, _step(built, "claim.view"), view)
+    taken = {row.seq: row for row in read}
+    held: dict[str, set[str]] = {}
+    for row in taken.values():
+        if row.partition is not None:
+            held.setdefault(row.queue, set()).add(row.partition)
+    hold = _step(built, "claim.hold")
+    for queue, partitions in held.items():
+        streams = {"grp": grp, "queue": queue, "partitions": json.dumps(sorted(partitions))}
+        await texts.execute(conn, st, hold, streams)
+    return [taken[seq] for seq in picked if seq in taken]
+
+
+def _units(rows: Sequence[Any]) -> list[claim_order.Unit]:
+    """The claim's candidate units: each free stream's run (its rows from the head,
+    while queued and due), and each ready unpartitioned row."""
+    units: list[claim_order.Unit] = []
+    found: dict[tuple[str, str], list[Any]] = {}
+    for row in rows:
+        if row.kind == _PLAIN:
+            key = claim_order.plain_key(row.priority, row.at, row.task_seq)
+            units.append((key, [row.task_seq]))
+        elif row.kind == _STREAM:
+            found.setdefault((row.queue, row.partition), []).append(row)
+    for (queue, partition), stream in found.items():
+        first = stream[0]
+        if first.task_seq != first.head_seq:
+            continue  # the stream row names another head: not a run to take
+        # A leased or waiting row holds the rest of the stream back.
+        run: list[int] = []
+        for row in stream:
+            if row.status != _QUEUED or not row.due:
+                break
+            run.append(row.task_seq)
+        if run:
+            units.append((claim_order.stream_key(first.priority, first.at, queue, partition), run))
+    return units
