@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from conveyor.app import App
 from conveyor.connect import SyncStore, connect, connect_sync
+from conveyor.context import Context
 from conveyor.errors import (
     AlreadyExists,
     ConfigurationError,
@@ -30,6 +31,7 @@ __all__ = [
     "Backoff",
     "ConfigurationError",
     "ConsumerGroup",
+    "Context",
     "ConveyorError",
     "GroupStats",
     "InvalidArgument",

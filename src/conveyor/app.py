@@ -24,7 +24,7 @@ import importlib
 import signal
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, overload
 
 from conveyor import _values as v
 from conveyor.connect import ChosenUrl, SyncStore, choose_url, connect
@@ -45,9 +45,13 @@ from conveyor.worker.startup import Start
 from conveyor.worker.unknown import Policy
 
 if TYPE_CHECKING:
+    from conveyor.context import Context
     from conveyor.schedule import Schedule
 
+P = ParamSpec("P")
 R = TypeVar("R")
+#: A handler: it takes the :class:`~conveyor.Context` first, then its own arguments.
+Handler = Callable[Concatenate["Context", P], R]
 
 #: Where a URL came from, as a worker's start line says it (nothing for a URL
 #: given to this very worker: whoever gave it knows).
@@ -141,7 +145,7 @@ class App:
         await self.close()
 
     @overload
-    def task(self, func: Callable[..., R], /) -> TaskFunction[..., R]: ...
+    def task(self, func: Handler[P, R], /) -> TaskFunction[P, R]: ...
 
     @overload
     def task(
@@ -156,11 +160,11 @@ class App:
         partition: PartitionSpec = None,
         retry_on: type[BaseException] | Sequence[type[BaseException]] | None = None,
         no_retry_on: type[BaseException] | Sequence[type[BaseException]] | None = None,
-    ) -> Callable[[Callable[..., R]], TaskFunction[..., R]]: ...
+    ) -> Callable[[Handler[P, R]], TaskFunction[P, R]]: ...
 
     def task(
         self,
-        func: Callable[..., R] | None = None,
+        func: Handler[P, R] | None = None,
         *,
         name: str | None = None,
         queue: str = "default",
@@ -171,7 +175,7 @@ class App:
         partition: PartitionSpec = None,
         retry_on: type[BaseException] | Sequence[type[BaseException]] | None = None,
         no_retry_on: type[BaseException] | Sequence[type[BaseException]] | None = None,
-    ) -> TaskFunction[..., R] | Callable[[Callable[..., R]], TaskFunction[..., R]]:
+    ) -> TaskFunction[P, R] | Callable[[Handler[P, R]], TaskFunction[P, R]]:
         """Register a task function (``@app.task`` or ``@app.task(...)``).
 
         ``name`` defaults to ``module.qualname`` — give one explicitly when producers
@@ -199,7 +203,7 @@ class App:
             no_retry_on=no_retry_on,
         )
 
-        def register(fn: Callable[..., R]) -> TaskFunction[..., R]:
+        def register(fn: Handler[P, R]) -> TaskFunction[P, R]:
             registered = make(fn)
             known = self.tasks.get(registered.name)
             if known is not None and known.func is not fn:
@@ -223,7 +227,7 @@ class App:
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
         **task_options: Any,
-    ) -> Callable[[Callable[..., R]], TaskFunction[..., R]]:
+    ) -> Callable[[Handler[P, R]], TaskFunction[P, R]]:
         """Run a task on a schedule: ``@app.periodic(cron="0 3 * * *", tz="Europe/Paris")``
         or ``@app.periodic(every=timedelta(minutes=5))``.
 
@@ -238,13 +242,13 @@ class App:
         """
         from conveyor.schedule import Schedule
 
-        def register(fn: Callable[..., R]) -> TaskFunction[..., R]:
+        def register(fn: Handler[P, R]) -> TaskFunction[P, R]:
             if isinstance(fn, TaskFunction):
                 if task_options:
                     raise InvalidArgument(
                         sorted(task_options)[0], "belongs on @app.task when it is applied too"
                     )
-                registered: TaskFunction[..., R] = fn
+                registered: TaskFunction[P, R] = fn
             else:
                 registered = self.task(**task_options)(fn)
             try:
