@@ -12,7 +12,7 @@ from pathlib import Path
 
 import conveyor
 
-GOOD = '''
+GOOD = """
 from sqlalchemy.ext.asyncio import AsyncSession
 
 import conveyor
@@ -48,9 +48,9 @@ async def produce(session: AsyncSession) -> Task:
     build_report.submit_sync("2026-01-01")
     build_report.with_options(delay=5).submit_sync(day="2026-01-02")
     return await send_email.submit(to="a@b.c")
-'''
+"""
 
-BAD = '''
+BAD = """
 from user_tasks import build_report, send_email, tick
 
 
@@ -60,7 +60,7 @@ async def produce() -> None:
     await send_email.with_options(delay=1).submit()
     build_report.submit_sync(day=3)
     await tick.submit(1)
-'''
+"""
 
 #: A call of BAD, and the error mypy must report on its line.
 EXPECTED = {
