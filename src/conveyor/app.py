@@ -127,16 +127,40 @@ class App:
     def using(self, store: TaskStore) -> Iterator[App]:
         """Make ``store`` this app's store inside the ``with`` block (and a blocking
         store on the same database its :attr:`sync_store`): how a test points an
-        application's own app at a test database. The stores before come back after."""
+        application's own app at a test database. The stores before come back after.
+
+        Task functions and schedules registered inside the block by a function
+        defined inside another function (a test's own ``@app.task``) are
+        unregistered at its end, so the next test may define its own under the
+        same name; those of modules imported meanwhile stay, as their module
+        is not imported again.
+        """
         saved = self._store, self._sync_store, self._origin
+        tasks, schedules = set(self.tasks), set(self.schedules)
         self._store, self._sync_store, self._origin = store, None, None
         try:
             yield self
         finally:
             sync = self._sync_store
             self._store, self._sync_store, self._origin = saved
+            self._forget_local(tasks, schedules)
             if sync is not None:
                 sync.close()
+
+    def _forget_local(self, tasks: set[str], schedules: set[str]) -> None:
+        """Unregister the task functions (and their schedules) registered since
+        ``tasks``/``schedules`` were the names, whose handler was defined inside a
+        function."""
+
+        def local(fn: TaskFunction[Any, Any]) -> bool:
+            return "<locals>" in getattr(fn.func, "__qualname__", "")
+
+        for name in [n for n in self.schedules if n not in schedules]:
+            if local(self.schedules[name].task):
+                del self.schedules[name]
+        for name in [n for n in self.tasks if n not in tasks]:
+            if local(self.tasks[name]):
+                del self.tasks[name]
 
     async def __aenter__(self) -> App:
         return self
