@@ -27,10 +27,11 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, overload
 
 from conveyor import _values as v
-from conveyor.connect import ChosenUrl, SyncStore, choose_url, connect
+from conveyor.connect import ChosenUrl, choose_url, connect
 from conveyor.errors import ConfigurationError, InvalidArgument
 from conveyor.models import Backoff
 from conveyor.store.base import TaskStore
+from conveyor.sync_store import SyncStore
 from conveyor.task_functions import (
     PartitionSpec,
     TaskCall,
@@ -45,8 +46,8 @@ from conveyor.worker.startup import Start
 from conveyor.worker.unknown import Policy
 
 if TYPE_CHECKING:
-    from conveyor.context import Context
     from conveyor.schedule import Schedule
+    from conveyor.worker.context import Context
 
 P = ParamSpec("P")
 R = TypeVar("R")

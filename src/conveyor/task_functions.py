@@ -28,8 +28,8 @@ from conveyor.models import Backoff, Task
 from conveyor.outcomes import ExceptionTypes, exception_types
 
 if TYPE_CHECKING:
-    from conveyor.connect import SyncStore
     from conveyor.store.base import TaskStore
+    from conveyor.sync_store import SyncStore
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -18,8 +18,11 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 import conveyor
-from conveyor.connect import DEFAULT_URL, SyncStore, choose_url, display_url, resolve_url
+from conveyor.connect import DEFAULT_URL, choose_url, display_url, resolve_url
 from conveyor.models import Status, Task
+
+if TYPE_CHECKING:
+    from conveyor.sync_store import SyncStore
 
 EXIT_OK = 0
 EXIT_NOT_FOUND = 1
@@ -137,6 +140,14 @@ def print_json(data: Any) -> None:
     # Plain print, not rich: a program reads this, so no wrapping and no colour.
     sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
     sys.stdout.flush()
+
+
+def is_database_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is one of SQLAlchemy's errors. Asked without importing
+    SQLAlchemy (a command that never opened a database must not pay for it): one
+    of its errors exists only once it is imported."""
+    errors = sys.modules.get("sqlalchemy.exc")
+    return errors is not None and isinstance(exc, errors.SQLAlchemyError)
 
 
 def shown_url(url: str | None, app_url: str | None = None) -> str:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from conveyor.app import App
 from conveyor.cli._common import (
     EXIT_USAGE,
     CliError,
@@ -28,10 +27,13 @@ from conveyor.cli._common import (
     when,
 )
 from conveyor.cli.worker import load_user_app
-from conveyor.connect import SyncStore
 from conveyor.errors import ConveyorError
 from conveyor.models import Status
-from conveyor.task_functions import TaskFunction
+
+if TYPE_CHECKING:
+    from conveyor.app import App
+    from conveyor.sync_store import SyncStore
+    from conveyor.task_functions import TaskFunction
 
 
 @cli.command()

@@ -8,11 +8,10 @@ import sys
 import traceback
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from conveyor.app import App, load_app
 from conveyor.cli._common import (
     EXIT_USAGE,
     CliError,
@@ -21,9 +20,12 @@ from conveyor.cli._common import (
 )
 from conveyor.errors import ConveyorError, NotFound
 from conveyor.worker.logs import FORMATS, LEVELS, setup_logging
-from conveyor.worker.startup import Start
 from conveyor.worker.supervisor import Supervisor, watch_parent
 from conveyor.worker.unknown import POLICIES, policy
+
+if TYPE_CHECKING:
+    from conveyor.app import App
+    from conveyor.worker.startup import Start
 
 
 @cli.command()
@@ -268,6 +270,8 @@ def serve_metrics(address: str, url: str | None) -> None:
 def load_user_app(app_path: str) -> App:
     """The App at ``MODULE:APP``, imported from the current directory too; a
     :class:`CliError` with the user's own traceback when their module fails."""
+    from conveyor.app import load_app
+
     if ":" not in app_path:
         raise CliError(
             EXIT_USAGE,
