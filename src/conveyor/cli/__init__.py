@@ -25,7 +25,9 @@ Exit codes:
     1  not found (no such task, for queue mode or the group); also any other
        failure, such as the demo's ordering check or an unexpected error
     2  bad input or usage (malformed JSON, invalid argument, unknown option)
-    3  conflict: a task with this idempotency key exists (``submit --conflict reject``)
+    3  conflict: a task with this idempotency key exists (``submit --conflict reject``),
+       or the task's state leaves it unchanged (``retry`` of a task that has not
+       failed, ``cancel`` of a finished one)
     4  database unavailable, or a configuration error (bad URL, missing driver,
        a role or database the server does not have)
     5  protocol mismatch: the database was written by an incompatible conveyor
