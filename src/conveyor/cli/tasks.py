@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 from rich import box
@@ -184,7 +184,7 @@ def list_tasks(
     as_json: JsonOption = False,
 ) -> None:
     """List tasks, newest first (--oldest-first: in submit order), a page at a time."""
-    order = "oldest" if oldest_first else "newest"
+    order: Literal["oldest", "newest"] = "oldest" if oldest_first else "newest"
     with open_store(url, create=False) as store:
         page = store.list(
             queue=queue,
