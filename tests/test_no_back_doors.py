@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import conveyor
-from conveyor.connect import SyncInternal, SyncStore
+from conveyor.sync_store import SyncInternal, SyncStore
 from conveyor.store.api_internal import Internal
 from conveyor.store.base import TaskStore
 from conveyor.store.postgres import PostgresStore

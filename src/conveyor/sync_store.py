@@ -158,6 +158,8 @@ class SyncStore:
     maintain = _blocking(TaskStore.maintain)
     maintenance_history = _blocking(TaskStore.maintenance_history)
     workers = _blocking(TaskStore.workers)
+    announce_worker = _blocking(TaskStore.announce_worker)
+    retire_worker = _blocking(TaskStore.retire_worker)
     deliveries = _blocking(TaskStore.deliveries)
     children = _blocking(TaskStore.children)
     queue_settings = _blocking(TaskStore.queue_settings)

@@ -329,6 +329,8 @@ def test_worker_runs_an_app_until_sigterm(store_url: str, tmp_path: Path) -> Non
         )
         try:
             done = store.wait(task.id, timeout=30)
+            # Idle now, and listed among the live workers.
+            listed, human = run_all(("workers", "--json"), ("workers",), url=store_url)
         finally:
             proc.send_signal(signal.SIGTERM)
             _, err = proc.communicate(timeout=30)
@@ -336,3 +338,12 @@ def test_worker_runs_an_app_until_sigterm(store_url: str, tmp_path: Path) -> Non
     assert done.result == {"doubled": 42}
     assert proc.returncode == 0, err
     assert "Traceback" not in err
+    [shown] = parsed(listed)
+    assert shown["queues"] == ["cli-work"] and shown["concurrency"] == 2
+    assert shown["pid"] == proc.pid and shown["tasks"] == [] and shown["group"] is None
+    assert human.returncode == 0, human.stderr
+    assert shown["worker_id"] in human.stdout and "1 live worker(s), 0 busy" in human.stdout
+    # Stopped: gone from the list, and "stopped" is the last thing it said.
+    after = run_cli("workers", url=store_url)
+    assert after.returncode == 0 and "no live worker" in after.stdout
+    assert err.strip().splitlines()[-1].endswith(f"worker {shown['worker_id']} stopped")

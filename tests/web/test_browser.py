@@ -324,3 +324,32 @@ def test_tasks_are_newest_first_and_failed_ones_say_why(page: Any, served: Serve
     page.locator("form.controls button", has_text="Filter").click()
     page.wait_for_url(re.compile(r"status=succeeded"))
     assert "order=oldest" in page.url
+
+
+def test_an_idle_worker_is_shown_live_until_it_stops(page: Any, served: Served) -> None:
+    app = conveyor.App(served.db_url)
+    worker = app.worker(
+        "browser-idle", concurrency=4, worker_id="idle-worker", maintain_interval=None
+    )
+
+    async def serve() -> None:
+        try:
+            await worker.run()
+        finally:
+            await app.close()
+
+    page.goto(served.url + "/workers")
+    shown = page.locator('[data-worker="idle-worker"]')
+    assert shown.count() == 0
+    thread = threading.Thread(target=asyncio.run, args=(serve(),))
+    thread.start()
+    try:
+        # It appears without a reload, idle, with what it consumes.
+        playwright_api.expect(shown).to_contain_text("idle")
+        playwright_api.expect(shown).to_contain_text("browser-idle")
+        playwright_api.expect(shown).to_contain_text("runs 4 at once")
+        playwright_api.expect(shown).to_have_attribute("data-held", "0")
+    finally:
+        worker.stop()
+        thread.join(30)
+    playwright_api.expect(shown).to_have_count(0)  # stopped: it leaves the list

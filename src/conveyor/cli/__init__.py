@@ -10,6 +10,7 @@ Commands::
     conveyor cancel ID                    cancel a task
     conveyor retry ID                     queue a failed, cancelled or evicted task again
     conveyor stats                        counts, oldest claimable age, group lag per queue
+    conveyor workers                      the live workers, busy or idle, and what they hold
     conveyor schedules                    periodic tasks with their last and next run
     conveyor demo                         a self-contained tour on a throwaway SQLite file
     conveyor dashboard                    the web dashboard (extra ``web``)
@@ -49,6 +50,7 @@ from conveyor.cli import queues as _queues  # noqa: F401
 from conveyor.cli import schedules as _schedules  # noqa: F401
 from conveyor.cli import tasks as _tasks  # noqa: F401
 from conveyor.cli import worker as _worker  # noqa: F401
+from conveyor.cli import workers as _workers  # noqa: F401
 from conveyor.cli._common import CliError, cli
 from conveyor.cli.main import main, run
 

@@ -77,6 +77,7 @@ COMMAND_ORDER = (
     "cancel",
     "retry",
     "stats",
+    "workers",
     "queue",
     "maintain",
     "migrate",

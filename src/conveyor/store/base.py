@@ -49,6 +49,7 @@ from conveyor.schema import keys as k
 from conveyor.store.api_internal import Internal
 from conveyor.store.api_leases import MAX_LIMIT, LeaseOps
 from conveyor.store.api_reads import InspectReads
+from conveyor.store.api_workers import WorkerOps
 from conveyor.store.protocol import (
     caller_tx,
     codec,
@@ -74,7 +75,7 @@ WAITER_TTL = 3600.0  # seconds a wait() without timeout stays registered unrenew
 WAITER_SLACK = 60.0  # a wait() with a timeout stays registered that much longer
 
 
-class TaskStore(LeaseOps, InspectReads):
+class TaskStore(LeaseOps, InspectReads, WorkerOps):
     """A durable task queue and message bus on one database.
 
     Use :func:`conveyor.connect` to make one; ``async with store:`` opens it

@@ -74,6 +74,7 @@ from conveyor.worker.feed import Feed
 from conveyor.worker.group_commit import Acks
 from conveyor.worker.heartbeats import Heartbeats
 from conveyor.worker.instrument import Instruments
+from conveyor.worker.liveness import Announcer
 from conveyor.worker.recording import Held, Recorder, Run
 from conveyor.worker.startup import join_group, open_when_ready, subscribe_start
 from conveyor.worker.unknown import Policy, UnknownNames, policy, release_delay
@@ -158,6 +159,14 @@ class Worker:
         self._record = Recorder(
             self.store, self.worker_id, self.group, self._acks, self._heartbeats, self._let_go
         )
+        #: Keeps this worker among the store's live workers while it runs.
+        self._announcer = Announcer(
+            self.store,
+            worker_id=self.worker_id,
+            queues=self.queues,
+            group=self.group,
+            concurrency=self.concurrency,
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._forced: asyncio.Event | None = None
@@ -239,9 +248,13 @@ class Worker:
             ):
                 return
             await self._heartbeats.refresh()
+            await self._announcer.announce()
             if self.gc_freeze:
                 settle_collector()
-            background = [asyncio.create_task(self._heartbeats.run(), name="conveyor-heartbeat")]
+            background = [
+                asyncio.create_task(self._heartbeats.run(), name="conveyor-heartbeat"),
+                asyncio.create_task(self._announcer.run(), name="conveyor-announce"),
+            ]
             if self.maintain_interval is not None:
                 background.append(
                     asyncio.create_task(self._maintain_loop(), name="conveyor-maintain")
@@ -267,6 +280,7 @@ class Worker:
                 for job in jobs:
                     job.cancel()
                 await asyncio.gather(*jobs, return_exceptions=True)
+                await self._announcer.retire()
             log.info("worker %s stopped", self.worker_id)
             if self._fatal is not None:
                 raise self._fatal
