@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import signal
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, overload
@@ -42,6 +41,7 @@ from conveyor.task_functions import (
     task_factory,
 )
 from conveyor.worker import Worker
+from conveyor.worker import signals as stop_signals
 from conveyor.worker.startup import Start
 from conveyor.worker.unknown import Policy
 
@@ -367,6 +367,13 @@ class App:
         up to ``wait_for_db`` seconds (then :class:`StoreUnavailable`).
         """
         wait = v.duration_seconds("wait_for_db", wait_for_db)
+        # The process's stop signals: already installed by the CLI (covering the
+        # application's import); installed here otherwise, for the whole run, so
+        # that a signal while starting or closing stops the worker rather than
+        # killing the process.
+        signals = stop_signals.PROCESS
+        ours = not signals.installed
+        signals.install()
 
         async def serve() -> None:
             # Without url=, the app's own store, so the worker says where its URL came from.
@@ -385,25 +392,20 @@ class App:
                 gc_freeze=gc_freeze,
                 unknown=unknown,
             )
-            store = worker.store
             worker.wait_for_db = wait
+            worker.close_store = True  # the store belongs to this loop, which ends with it
             loop = asyncio.get_running_loop()
-            installed = []
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                try:
-                    loop.add_signal_handler(sig, worker.stop)
-                    installed.append(sig)
-                except (NotImplementedError, RuntimeError):  # pragma: no cover - Windows
-                    signal.signal(sig, lambda *_: loop.call_soon_threadsafe(worker.stop))
+            signals.forward(lambda: loop.call_soon_threadsafe(worker.stop))
             try:
                 await worker.run()
             finally:
-                for sig in installed:
-                    loop.remove_signal_handler(sig)
-                # The store belongs to this loop, which ends here.
-                await store.close()
+                signals.forward(None)
 
-        asyncio.run(serve())
+        try:
+            asyncio.run(serve())
+        finally:
+            if ours:
+                signals.restore()
 
 
 def load_app(path: str) -> App:

@@ -13,10 +13,13 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 import conveyor
 from conveyor import Status
@@ -347,3 +350,60 @@ def test_worker_runs_an_app_until_sigterm(store_url: str, tmp_path: Path) -> Non
     after = run_cli("workers", url=store_url)
     assert after.returncode == 0 and "no live worker" in after.stdout
     assert err.strip().splitlines()[-1].endswith(f"worker {shown['worker_id']} stopped")
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_sigterm_while_the_app_is_still_importing_stops_cleanly(
+    tmp_path: Path, processes: str
+) -> None:
+    """A deploy that stops a worker right after starting it: the signal comes while
+    the application is imported. It is a stop request like any other (exit 0,
+    nothing claimed), not a kill (exit 143)."""
+    (tmp_path / "slow_app.py").write_text(
+        textwrap.dedent(
+            """
+            import pathlib, time
+            import conveyor
+
+            pathlib.Path("importing").touch()
+            time.sleep(4)  # a heavy import
+            app = conveyor.App()
+
+            @app.task(name="never", queue="slow")
+            def never(ctx):
+                raise AssertionError("must not run")
+            """
+        )
+    )
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    with conveyor.connect_sync(url) as store:
+        task = store.submit("never", queue="slow")
+    env = {k: v for k, v in os.environ.items() if k != "CONVEYOR_URL"}
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "conveyor.cli", "worker", "slow_app:app"),
+            *("--queues", "slow", "--url", url, "--processes", processes),
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for _ in range(600):
+            if (tmp_path / "importing").exists() or proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    if processes == "1":
+        assert err.strip().splitlines()[-1].endswith("stopped before its first claim"), err
+    with conveyor.connect_sync(url) as store:
+        left = store.get(task.id)
+    assert left is not None and left.status is Status.QUEUED and left.attempt == 0

@@ -20,6 +20,7 @@ from conveyor.cli._common import (
 )
 from conveyor.errors import ConveyorError, NotFound
 from conveyor.worker.logs import FORMATS, LEVELS, setup_logging
+from conveyor.worker.signals import PROCESS
 from conveyor.worker.supervisor import Supervisor, watch_parent
 from conveyor.worker.unknown import POLICIES, policy
 
@@ -143,6 +144,9 @@ def worker(
     supervised_by: Annotated[int | None, typer.Option("--supervised-by", hidden=True)] = None,
 ) -> None:
     """Run a worker for an App until SIGINT/SIGTERM, then exit 0."""
+    # From here on a signal is a stop request, even while the application is
+    # still being imported: the worker (or supervisor) gets it once it exists.
+    signals = PROCESS.install()
     for option, value, allowed in (
         ("--unknown", unknown, POLICIES),
         ("--log-level", log_level, LEVELS),
@@ -189,7 +193,9 @@ def worker(
                 argv += ["--metrics-port", metrics_address(metrics_port, index)]
             return argv
 
-        raise typer.Exit(Supervisor(child_command, processes).run())
+        supervisor = Supervisor(child_command, processes)
+        signals.forward(supervisor.stop)
+        raise typer.Exit(supervisor.run())
     if supervised_by is not None:
         watch_parent(supervised_by)
     if metrics_port is not None:

@@ -186,6 +186,9 @@ class Worker:
         self.stop_when_idle = False
         #: Whether this worker also submits the ticks of the app's periodic schedules.
         self.run_schedules = True
+        #: Whether :meth:`run` closes the store when it ends, before it logs that it
+        #: stopped (``App.run_worker``: the store belongs to the loop that ends).
+        self.close_store = False
         #: Seconds :meth:`run` keeps trying to reach a database that does not answer
         #: before it gives up (``App.run_worker`` and the CLI wait a minute).
         self.wait_for_db = 0.0
@@ -240,12 +243,16 @@ class Worker:
         self._slot_freed, self._stream_freed = asyncio.Event(), asyncio.Event()
         for _ in range(self._stop_calls):  # stop() called before run()
             self._request_stop()
+        farewell: str | None = None  # said once everything is closed
         try:
             if not await open_when_ready(self.store, self.wait_for_db, self._stopping):
                 return
             if self.group is not None and not await join_group(
                 self.store, self.queues, self.group, self.subscribe, self._stopping
             ):
+                return
+            if self._stopping.is_set():  # asked to stop before it began: claim nothing
+                farewell = "worker %s stopped before its first claim"
                 return
             await self._heartbeats.refresh()
             await self._announcer.announce()
@@ -281,11 +288,16 @@ class Worker:
                     job.cancel()
                 await asyncio.gather(*jobs, return_exceptions=True)
                 await self._announcer.retire()
-            log.info("worker %s stopped", self.worker_id)
+            farewell = "worker %s stopped"
             if self._fatal is not None:
                 raise self._fatal
         finally:
+            if self.close_store:
+                await self.store.close()
             self._running = False
+            # Last, so that "stopped" means it: nothing of the worker's runs after it.
+            if farewell is not None:
+                log.info(farewell, self.worker_id)
 
 
     # ------------------------------------------------------------ claiming
