@@ -214,7 +214,8 @@ def test_cancel_and_retry(store_url: str, sync_store: conveyor.SyncStore) -> Non
     assert by_group["attempt"] == 1  # the attempt budget is kept without --reset-attempts
 
     # Queued now: nothing to retry. The task is shown, and the exit code says so.
-    noop, done = run_all(("retry", task.id), ("cancel", task.id), url=store_url)
+    noop = run_cli("retry", task.id, url=store_url)
+    done = run_cli("cancel", task.id, url=store_url)  # after the retry: one at a time
     assert noop.returncode == EXIT_CONFLICT and task.id in noop.stdout
     assert "unchanged" in noop.stderr and "only failed" in noop.stderr
     assert done.returncode == 0, done.stderr
