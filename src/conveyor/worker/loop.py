@@ -299,7 +299,6 @@ class Worker:
             if farewell is not None:
                 log.info(farewell, self.worker_id)
 
-
     # ------------------------------------------------------------ claiming
     async def _claim_loop(self) -> None:
         assert self._stopping is not None
