@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 import conveyor
-from conveyor.connect import SyncInternal, SyncStore
 from conveyor.store.api_internal import Internal
 from conveyor.store.base import TaskStore
 from conveyor.store.postgres import PostgresStore
 from conveyor.store.sqlite import SQLiteStore
+from conveyor.sync_store import SyncInternal, SyncStore
 
 SRC = Path(conveyor.__file__).parent
 STORE_PACKAGE = SRC / "store"

@@ -32,6 +32,7 @@ EXPORTS = [
     "Backoff",
     "ConfigurationError",
     "ConsumerGroup",
+    "Context",
     "ConveyorError",
     "GroupStats",
     "InvalidArgument",

@@ -5,8 +5,10 @@ SQLite for development and embedded use, PostgreSQL for production; one API.
 
 from __future__ import annotations
 
-from conveyor.app import App
-from conveyor.connect import SyncStore, connect, connect_sync
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from conveyor.connect import connect, connect_sync
 from conveyor.errors import (
     AlreadyExists,
     ConfigurationError,
@@ -22,7 +24,35 @@ from conveyor.errors import (
 )
 from conveyor.models import Backoff, ConsumerGroup, GroupStats, Page, QueueStats, Status, Task
 from conveyor.outcomes import Permanent, Snooze
-from conveyor.store.base import TaskStore
+
+if TYPE_CHECKING:
+    from conveyor.app import App
+    from conveyor.store.base import TaskStore
+    from conveyor.sync_store import SyncStore
+    from conveyor.worker.context import Context
+
+#: The names whose modules need SQLAlchemy, imported on first use (PEP 562), so
+#: that ``import conveyor`` and ``conveyor --help`` stay quick.
+_LAZY = {
+    "App": "conveyor.app",
+    "Context": "conveyor.worker.context",
+    "SyncStore": "conveyor.sync_store",
+    "TaskStore": "conveyor.store.base",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "AlreadyExists",
@@ -30,6 +60,7 @@ __all__ = [
     "Backoff",
     "ConfigurationError",
     "ConsumerGroup",
+    "Context",
     "ConveyorError",
     "GroupStats",
     "InvalidArgument",

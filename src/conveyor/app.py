@@ -21,16 +21,16 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import signal
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, overload
 
 from conveyor import _values as v
-from conveyor.connect import ChosenUrl, SyncStore, choose_url, connect
+from conveyor.connect import ChosenUrl, choose_url, connect
 from conveyor.errors import ConfigurationError, InvalidArgument
 from conveyor.models import Backoff
 from conveyor.store.base import TaskStore
+from conveyor.sync_store import SyncStore
 from conveyor.task_functions import (
     PartitionSpec,
     TaskCall,
@@ -41,13 +41,18 @@ from conveyor.task_functions import (
     task_factory,
 )
 from conveyor.worker import Worker
+from conveyor.worker import signals as stop_signals
 from conveyor.worker.startup import Start
 from conveyor.worker.unknown import Policy
 
 if TYPE_CHECKING:
     from conveyor.schedule import Schedule
+    from conveyor.worker.context import Context
 
+P = ParamSpec("P")
 R = TypeVar("R")
+#: A handler: it takes the :class:`~conveyor.Context` first, then its own arguments.
+Handler = Callable[Concatenate["Context", P], R]
 
 #: Where a URL came from, as a worker's start line says it (nothing for a URL
 #: given to this very worker: whoever gave it knows).
@@ -123,16 +128,40 @@ class App:
     def using(self, store: TaskStore) -> Iterator[App]:
         """Make ``store`` this app's store inside the ``with`` block (and a blocking
         store on the same database its :attr:`sync_store`): how a test points an
-        application's own app at a test database. The stores before come back after."""
+        application's own app at a test database. The stores before come back after.
+
+        Task functions and schedules registered inside the block by a function
+        defined inside another function (a test's own ``@app.task``) are
+        unregistered at its end, so the next test may define its own under the
+        same name; those of modules imported meanwhile stay, as their module
+        is not imported again.
+        """
         saved = self._store, self._sync_store, self._origin
+        tasks, schedules = set(self.tasks), set(self.schedules)
         self._store, self._sync_store, self._origin = store, None, None
         try:
             yield self
         finally:
             sync = self._sync_store
             self._store, self._sync_store, self._origin = saved
+            self._forget_local(tasks, schedules)
             if sync is not None:
                 sync.close()
+
+    def _forget_local(self, tasks: set[str], schedules: set[str]) -> None:
+        """Unregister the task functions (and their schedules) registered since
+        ``tasks``/``schedules`` were the names, whose handler was defined inside a
+        function."""
+
+        def local(fn: TaskFunction[Any, Any]) -> bool:
+            return "<locals>" in getattr(fn.func, "__qualname__", "")
+
+        for name in [n for n in self.schedules if n not in schedules]:
+            if local(self.schedules[name].task):
+                del self.schedules[name]
+        for name in [n for n in self.tasks if n not in tasks]:
+            if local(self.tasks[name]):
+                del self.tasks[name]
 
     async def __aenter__(self) -> App:
         return self
@@ -141,7 +170,7 @@ class App:
         await self.close()
 
     @overload
-    def task(self, func: Callable[..., R], /) -> TaskFunction[..., R]: ...
+    def task(self, func: Handler[P, R], /) -> TaskFunction[P, R]: ...
 
     @overload
     def task(
@@ -156,11 +185,11 @@ class App:
         partition: PartitionSpec = None,
         retry_on: type[BaseException] | Sequence[type[BaseException]] | None = None,
         no_retry_on: type[BaseException] | Sequence[type[BaseException]] | None = None,
-    ) -> Callable[[Callable[..., R]], TaskFunction[..., R]]: ...
+    ) -> Callable[[Handler[P, R]], TaskFunction[P, R]]: ...
 
     def task(
         self,
-        func: Callable[..., R] | None = None,
+        func: Handler[P, R] | None = None,
         *,
         name: str | None = None,
         queue: str = "default",
@@ -171,7 +200,7 @@ class App:
         partition: PartitionSpec = None,
         retry_on: type[BaseException] | Sequence[type[BaseException]] | None = None,
         no_retry_on: type[BaseException] | Sequence[type[BaseException]] | None = None,
-    ) -> TaskFunction[..., R] | Callable[[Callable[..., R]], TaskFunction[..., R]]:
+    ) -> TaskFunction[P, R] | Callable[[Handler[P, R]], TaskFunction[P, R]]:
         """Register a task function (``@app.task`` or ``@app.task(...)``).
 
         ``name`` defaults to ``module.qualname`` — give one explicitly when producers
@@ -199,7 +228,7 @@ class App:
             no_retry_on=no_retry_on,
         )
 
-        def register(fn: Callable[..., R]) -> TaskFunction[..., R]:
+        def register(fn: Handler[P, R]) -> TaskFunction[P, R]:
             registered = make(fn)
             known = self.tasks.get(registered.name)
             if known is not None and known.func is not fn:
@@ -223,7 +252,7 @@ class App:
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
         **task_options: Any,
-    ) -> Callable[[Callable[..., R]], TaskFunction[..., R]]:
+    ) -> Callable[[Handler[P, R]], TaskFunction[P, R]]:
         """Run a task on a schedule: ``@app.periodic(cron="0 3 * * *", tz="Europe/Paris")``
         or ``@app.periodic(every=timedelta(minutes=5))``.
 
@@ -238,13 +267,13 @@ class App:
         """
         from conveyor.schedule import Schedule
 
-        def register(fn: Callable[..., R]) -> TaskFunction[..., R]:
+        def register(fn: Handler[P, R]) -> TaskFunction[P, R]:
             if isinstance(fn, TaskFunction):
                 if task_options:
                     raise InvalidArgument(
                         sorted(task_options)[0], "belongs on @app.task when it is applied too"
                     )
-                registered: TaskFunction[..., R] = fn
+                registered: TaskFunction[P, R] = fn
             else:
                 registered = self.task(**task_options)(fn)
             try:
@@ -338,6 +367,13 @@ class App:
         up to ``wait_for_db`` seconds (then :class:`StoreUnavailable`).
         """
         wait = v.duration_seconds("wait_for_db", wait_for_db)
+        # The process's stop signals: already installed by the CLI (covering the
+        # application's import); installed here otherwise, for the whole run, so
+        # that a signal while starting or closing stops the worker rather than
+        # killing the process.
+        signals = stop_signals.PROCESS
+        ours = not signals.installed
+        signals.install()
 
         async def serve() -> None:
             # Without url=, the app's own store, so the worker says where its URL came from.
@@ -356,25 +392,20 @@ class App:
                 gc_freeze=gc_freeze,
                 unknown=unknown,
             )
-            store = worker.store
             worker.wait_for_db = wait
+            worker.close_store = True  # the store belongs to this loop, which ends with it
             loop = asyncio.get_running_loop()
-            installed = []
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                try:
-                    loop.add_signal_handler(sig, worker.stop)
-                    installed.append(sig)
-                except (NotImplementedError, RuntimeError):  # pragma: no cover - Windows
-                    signal.signal(sig, lambda *_: loop.call_soon_threadsafe(worker.stop))
+            signals.forward(lambda: loop.call_soon_threadsafe(worker.stop))
             try:
                 await worker.run()
             finally:
-                for sig in installed:
-                    loop.remove_signal_handler(sig)
-                # The store belongs to this loop, which ends here.
-                await store.close()
+                signals.forward(None)
 
-        asyncio.run(serve())
+        try:
+            asyncio.run(serve())
+        finally:
+            if ours:
+                signals.restore()
 
 
 def load_app(path: str) -> App:

@@ -1,27 +1,25 @@
-"""Opening a store from a URL, and the blocking facade over the async store."""
+"""Opening a store from a URL: :func:`connect`, :func:`connect_sync` and the URL
+rules they share (:func:`choose_url`, :func:`resolve_url`).
+
+Importing this module is cheap (no SQLAlchemy): the CLI's ``--help`` and the
+package's own import go through it. SQLAlchemy and the store classes are
+imported by the calls that need them; the blocking facade lives in
+:mod:`conveyor.sync_store`.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import os
-import threading
-from collections.abc import Callable, Coroutine
-from concurrent.futures import Future
-from typing import Any, Concatenate, NamedTuple, ParamSpec, TypeVar
-
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from conveyor.errors import ConfigurationError
-from conveyor.store.api_internal import ScheduleInfo
-from conveyor.store.base import TaskStore
+
+if TYPE_CHECKING:
+    from conveyor.store.base import TaskStore
+    from conveyor.sync_store import SyncStore
 
 DEFAULT_URL = "sqlite:///conveyor.db"
 POSTGRES_INSTALL = "pip install 'conveyor[postgres]'"
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 
 #: The environment variable that names the database.
@@ -59,6 +57,9 @@ def choose_url(given: str | None = None, app: str | None = None) -> ChosenUrl:
 def display_url(url: str) -> str:
     """``url`` as shown to people: the password masked, the driver left out
     (``sqlite+aiosqlite://`` shows as ``sqlite://``)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
     try:
         parsed = make_url(url)
     except ArgumentError:
@@ -69,6 +70,9 @@ def display_url(url: str) -> str:
 
 def resolve_url(url: str | None) -> tuple[str, str]:
     """``(dialect, async SQLAlchemy URL)`` for a user's URL, or ConfigurationError."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
     raw = choose_url(url).url
     try:
         parsed = make_url(raw)
@@ -125,150 +129,18 @@ def connect(url: str | None = None, **options: Any) -> TaskStore:
     return PostgresStore(async_url, **options)
 
 
-def _blocking(
-    method: Callable[Concatenate[TaskStore, P], Coroutine[Any, Any, R]],
-) -> Callable[Concatenate[SyncStore, P], R]:
-    """The blocking twin of an async store method: same signature, same docstring."""
-
-    @functools.wraps(method)
-    def call(self: SyncStore, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        if kwargs.get("connection") is not None:
-            joined: R = self._in_callers_transaction(method.__name__, args, kwargs)
-            return joined
-        bound: Callable[P, Coroutine[Any, Any, R]] = getattr(self.store, method.__name__)
-        return self._call(bound(*args, **kwargs))
-
-    return call
-
-
-class SyncInternal:
-    """The blocking twin of the store's internal methods that conveyor's CLI
-    calls (see :class:`conveyor.store.api_internal.Internal`); not covered by
-    semver."""
-
-    def __init__(self, store: TaskStore, call: Callable[[Coroutine[Any, Any, Any]], Any]) -> None:
-        self._store = store
-        self._call = call
-
-    def schedules(self) -> list[ScheduleInfo]:
-        """Internal, for ``conveyor schedules``; not covered by semver. Every
-        registered periodic schedule, by name."""
-        found: list[ScheduleInfo] = self._call(self._store.internal.schedules())
-        return found
-
-
-class SyncStore:
-    """The same API as :class:`TaskStore`, blocking.
-
-    The async store runs on a private event loop in a background thread; each
-    call is handed to it and waited for. There is one implementation of the
-    protocol — this class only carries calls across.
-    """
-
-    def __init__(self, store: TaskStore) -> None:
-        self.store = store
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-        #: The blocking twin of ``store.internal`` (conveyor's CLI; not covered by semver).
-        self.internal = SyncInternal(store, self._call)
-
-    def _call(self, coro: Coroutine[Any, Any, R]) -> R:
-        loop = self._ensure_loop()
-        future: Future[R] = asyncio.run_coroutine_threadsafe(coro, loop)
-        return future.result()
-
-    def _in_callers_transaction(
-        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Any:
-        """``submit``/``submit_many`` with ``connection=``: a blocking Connection or
-        Session is used in the caller's thread, where it belongs; the store's one
-        submit path runs on it without ever waiting on the store's loop."""
-        from conveyor.store.protocol import caller_conn
-
-        sync = caller_conn.sync_connection_of(kwargs["connection"])
-        if sync is None:
-            raise ConfigurationError(
-                "connection: the sync store takes a SQLAlchemy Connection or Session "
-                f"(got {type(kwargs['connection']).__name__}); pass an AsyncConnection or "
-                "AsyncSession to the async store"
-            )
-        loop = self._ensure_loop()
-        self._call(caller_conn.store_identity(self.store))  # opens the store on its loop
-        joined = {**kwargs, "connection": caller_conn.SyncConnection(sync, loop)}
-        return caller_conn.run_inline(getattr(self.store, method)(*args, **joined))
-
-    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            if self._loop is None:
-                loop = asyncio.new_event_loop()
-                thread = threading.Thread(
-                    target=loop.run_forever, name="conveyor-sync", daemon=True
-                )
-                thread.start()
-                self._loop, self._thread = loop, thread
-            return self._loop
-
-    def open(self) -> None:
-        """Connect and migrate (done for you by ``with`` or the first call)."""
-        self._call(self.store.open())
-
-    def close(self) -> None:
-        """Close the store and stop the background loop."""
-        with self._lock:
-            loop, thread = self._loop, self._thread
-            self._loop = self._thread = None
-        if loop is None or thread is None:
-            return
-        asyncio.run_coroutine_threadsafe(self.store.close(), loop).result()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join()
-        loop.close()
-
-    def __enter__(self) -> SyncStore:
-        self.open()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    submit = _blocking(TaskStore.submit)
-    submit_many = _blocking(TaskStore.submit_many)
-    get = _blocking(TaskStore.get)
-    get_by_key = _blocking(TaskStore.get_by_key)
-    list = _blocking(TaskStore.list)
-    cancel = _blocking(TaskStore.cancel)
-    cancel_by_key = _blocking(TaskStore.cancel_by_key)
-    retry = _blocking(TaskStore.retry)
-    retry_by_key = _blocking(TaskStore.retry_by_key)
-    wait = _blocking(TaskStore.wait)
-    claim = _blocking(TaskStore.claim)
-    heartbeat = _blocking(TaskStore.heartbeat)
-    progress = _blocking(TaskStore.progress)
-    succeed = _blocking(TaskStore.succeed)
-    succeed_many = _blocking(TaskStore.succeed_many)
-    ack_many = _blocking(TaskStore.ack_many)
-    fail = _blocking(TaskStore.fail)
-    release = _blocking(TaskStore.release)
-    snooze = _blocking(TaskStore.snooze)
-    subscribe = _blocking(TaskStore.subscribe)
-    unsubscribe = _blocking(TaskStore.unsubscribe)
-    groups = _blocking(TaskStore.groups)
-    stats = _blocking(TaskStore.stats)
-    configure_queue = _blocking(TaskStore.configure_queue)
-    get_queue = _blocking(TaskStore.get_queue)
-    recover = _blocking(TaskStore.recover)
-    maintain = _blocking(TaskStore.maintain)
-    maintenance_history = _blocking(TaskStore.maintenance_history)
-    workers = _blocking(TaskStore.workers)
-    deliveries = _blocking(TaskStore.deliveries)
-    children = _blocking(TaskStore.children)
-    queue_settings = _blocking(TaskStore.queue_settings)
-    streams = _blocking(TaskStore.streams)
-    throughput = _blocking(TaskStore.throughput)
-    finished_totals = _blocking(TaskStore.finished_totals)
-
-
 def connect_sync(url: str | None = None, **options: Any) -> SyncStore:
     """A blocking store for ``url``; same options as :func:`connect`."""
+    from conveyor.sync_store import SyncStore
+
     return SyncStore(connect(url, **options))
+
+
+def __getattr__(name: str) -> Any:
+    # SyncStore (and SyncInternal) lived here; importing them from here still works
+    # (and costs SQLAlchemy).
+    if name in ("SyncStore", "SyncInternal"):
+        from conveyor import sync_store
+
+        return getattr(sync_store, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

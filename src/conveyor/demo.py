@@ -25,6 +25,7 @@ import tempfile
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,8 @@ class Tour:
     order: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     story: list[tuple[float, str]] = field(default_factory=list)
     story_id: str | None = None
+    #: When the followed task was submitted (its ``created_at``), the story's zero.
+    story_start: datetime | None = None
     t0: float = field(default_factory=time.monotonic)
     seconds: float = 0.0
     problems: list[str] = field(default_factory=list)
@@ -116,7 +119,11 @@ def build_app(url: str, tour: Tour) -> conveyor.App:
     async def resize(ctx: Context, image: str, flaky: bool = False) -> dict[str, Any]:
         follow = ctx.task.id == tour.story_id
         if follow:
-            tour.tell(f"claimed by {ctx.worker_id}, attempt {ctx.task.attempt}")
+            claimed = f"claimed by {ctx.worker_id}, attempt {ctx.task.attempt}"
+            if ctx.task.attempt > 1:  # when the retry was due, on the story's clock
+                due = (ctx.task.run_at - ctx.task.created_at).total_seconds()
+                claimed += f" (its retry was due at {due:.2f})"
+            tour.tell(claimed)
             for message, fraction in STORY_STEPS:
                 await ctx.progress(fraction, message)
                 tour.tell(f"progress {fraction:.0%} {message}")
@@ -130,7 +137,10 @@ def build_app(url: str, tour: Tour) -> conveyor.App:
                 )
             raise ConnectionError(f"the image store timed out on {image}")
         tour.finished(ctx)
-        return {"image": image, "thumbnail": image.replace(".png", "-64.png")}
+        result = {"image": image, "thumbnail": image.replace(".png", "-64.png")}
+        if follow:  # told now, when it happens, not when the tour ends
+            tour.tell(f"succeeded on attempt {ctx.task.attempt}, result {result}")
+        return result
 
     @app.task(name="demo.event", queue=names["events"])
     async def event(ctx: Context, kind: str, n: int) -> None:
@@ -186,6 +196,7 @@ async def _run(app: conveyor.App, tour: Tour, console: Console) -> None:
     resize, event, step = (app.tasks[n] for n in ("demo.resize", "demo.event", "demo.order_step"))
     followed = await resize.submit("cover.png", flaky=True)
     tour.story_id = followed.id
+    tour.story_start = followed.created_at
     tour.t0 = time.monotonic()
     tour.tell(f"submitted to {names['jobs']} as {followed.id}")
     kinds = ["job"] * (plan.jobs - 1) + ["event"] * plan.events + ["order"] * plan.orders
@@ -224,11 +235,10 @@ async def _run(app: conveyor.App, tour: Tour, console: Console) -> None:
         await _watch(tour, console)
     finally:
         tour.seconds = time.monotonic() - started
+        tour.tell("every consumer is done: the workers stop")
         await _stop(workers, runs)
     final = await store.get(followed.id)
-    if final is not None and final.status is Status.SUCCEEDED:
-        tour.tell(f"succeeded on attempt {final.attempt}, result {final.result}")
-    else:
+    if final is None or final.status is not Status.SUCCEEDED:
         tour.problems.append(f"the followed task ended {final and final.status.value}")
 
 
@@ -271,6 +281,11 @@ async def _stop(workers: list[Worker], runs: list[asyncio.Task[None]]) -> None:
     await asyncio.gather(*runs, return_exceptions=True)
 
 
+def _clock(moment: datetime) -> str:
+    """``14:19:25.426 UTC``: a time of day a reader can match with the logs."""
+    return moment.astimezone(UTC).strftime("%H:%M:%S.%f")[:-3] + " UTC"
+
+
 def _check_order(tour: Tour) -> None:
     for customer, seqs in tour.order.items():
         if seqs != sorted(seqs):
@@ -299,7 +314,8 @@ def _summary(url: str, tour: Tour, console: Console, *, temporary: bool, keep: b
         f"{total} deliveries of {tasks_total(tour.plan)} tasks in {tour.seconds:.1f} s "
         f"({total / seconds:,.0f} tasks/s; each handler sleeps ~{tour.plan.pace * 1000:.0f} ms)"
     )
-    console.print("\n[bold]one task's story[/] (seconds since it was submitted)")
+    start = "" if tour.story_start is None else f" at {_clock(tour.story_start)}"
+    console.print(f"\n[bold]one task's story[/] (seconds since it was submitted{start})")
     for at, line in tour.story:
         console.print(f"  [dim]{at:5.2f}[/]  {escape(line)}")
     if any("ran out of order" in p for p in tour.problems):

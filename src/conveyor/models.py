@@ -163,15 +163,39 @@ class GroupStats:
 
 @dataclass(frozen=True, slots=True)
 class WorkerLeases:
-    """A worker that holds leases right now (see :meth:`TaskStore.workers`).
+    """A live worker and the leases it holds (see :meth:`TaskStore.workers`).
 
-    ``last_seen`` is its latest claim or heartbeat: a lease is always set to run
-    ``lease`` seconds from the moment of the claim or heartbeat that wrote it.
+    A worker is live while its announcement (:meth:`TaskStore.announce_worker`,
+    which every :class:`~conveyor.worker.Worker` makes) has not expired, or while
+    it holds a lease. ``last_seen`` is the latest of its announcement, claims and
+    heartbeats. ``queues``, ``group``, ``concurrency``, ``host``, ``pid`` and
+    ``started_at`` are what it announced; empty or ``None`` for a worker known
+    only by its leases (one that claims through the store's methods itself).
     """
 
     worker_id: str
     tasks: list[Task]
     last_seen: datetime
+    queues: list[str] = field(default_factory=list)
+    group: str | None = None
+    concurrency: int | None = None
+    host: str | None = None
+    pid: int | None = None
+    started_at: datetime | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (times as ISO 8601 strings, each held task as a dict)."""
+        return {
+            "worker_id": self.worker_id,
+            "host": self.host,
+            "pid": self.pid,
+            "queues": list(self.queues),
+            "group": self.group,
+            "concurrency": self.concurrency,
+            "started_at": None if self.started_at is None else self.started_at.isoformat(),
+            "last_seen": self.last_seen.isoformat(),
+            "tasks": [t.as_dict() for t in self.tasks],
+        }
 
 
 @dataclass(frozen=True, slots=True)

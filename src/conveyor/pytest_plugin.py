@@ -8,13 +8,21 @@ Fixtures:
   postgresql://user@host/db``, a database created on that server once per test
   session (emptied before each test, dropped at the end);
 * ``conveyor_store`` — an open async store on it;
-* ``conveyor_app`` — a :class:`conveyor.App` using that store. Override it to
-  point your own app at the test database::
+* ``conveyor_app`` — a :class:`conveyor.App` using that store. Override it in a
+  ``conftest.py`` to point your own app at the test database::
+
+      from myapp.tasks import app
 
       @pytest.fixture
       def conveyor_app(conveyor_store):
-          with myapp.tasks.app.using(conveyor_store):
-              yield myapp.tasks.app
+          with app.using(conveyor_store):
+              yield app
+
+  pytest finds ``myapp`` from a ``conftest.py`` beside it (the conftest's folder
+  goes on ``sys.path``); from ``tests/conftest.py``, set ``pythonpath = ["."]``
+  under ``[tool.pytest.ini_options]`` or install the project. Tasks a test
+  defines on the app are unregistered when ``using`` ends (see
+  :meth:`conveyor.App.using`), so they do not reach the next test.
 
 * ``run_tasks`` — ``await run_tasks()`` runs ``conveyor_app``'s queued tasks
   inline until none is left and returns a :class:`conveyor.testing.Drained`

@@ -357,3 +357,21 @@ waiters = Table(
     Column("token", String(64), primary_key=True),
     Column("expires_at", BigInteger, nullable=False),
 )
+
+# Live workers: a running worker writes its row when it starts and again every
+# few seconds (``seen_at``), and deletes it when it stops. A row is live until
+# ``expires_at``; one left by a killed worker stops counting then, and the next
+# write of any worker deletes it. A dashboard's view of who runs, busy or idle.
+workers = Table(
+    "conveyor_workers",
+    metadata,
+    Column("worker_id", String(NAME), primary_key=True),
+    Column("queues", Text, nullable=False),  # a JSON list of the queue names
+    Column("grp", String(NAME), nullable=False),  # '' = queue mode
+    Column("concurrency", Integer, nullable=False),
+    Column("host", String(NAME), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("started_at", BigInteger, nullable=False),
+    Column("seen_at", BigInteger, nullable=False),
+    Column("expires_at", BigInteger, nullable=False),
+)

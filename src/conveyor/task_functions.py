@@ -20,7 +20,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, Literal, ParamSpec, Protocol, TypeVar
 
 from conveyor import _values as v
 from conveyor.errors import InvalidArgument
@@ -28,8 +28,8 @@ from conveyor.models import Backoff, Task
 from conveyor.outcomes import ExceptionTypes, exception_types
 
 if TYPE_CHECKING:
-    from conveyor.connect import SyncStore
     from conveyor.store.base import TaskStore
+    from conveyor.sync_store import SyncStore
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -112,27 +112,41 @@ def _connection_of(kwargs: dict[str, Any]) -> tuple[Any, Any]:
 
 class TaskCall(Generic[P]):
     """A task function with per-call submit options bound; see
-    :meth:`TaskFunction.with_options`."""
+    :meth:`TaskFunction.with_options`.
 
-    def __init__(self, fn: TaskFunction[P, Any], options: dict[str, Any]) -> None:
+    ``submit`` and ``submit_sync`` take the handler's own parameters (without its
+    first, the context), so a type checker checks every call against them.
+    """
+
+    def __init__(
+        self, fn: TaskFunction[P, Any], options: dict[str, Any], connection: Any = None
+    ) -> None:
         self.fn = fn
         self.options = options
+        #: The caller's connection or session the submit writes in (``None``: its own).
+        self.connection = connection
 
     async def submit(self, *args: P.args, **kwargs: P.kwargs) -> Task:
         """Submit one run with the function's arguments; returns the queued task.
 
-        ``connection=`` (an ``AsyncConnection`` or ``AsyncSession``) writes it in the
-        caller's transaction, as :meth:`TaskStore.submit` does."""
-        connection, kwargs = _connection_of(kwargs)
-        request = self.request(args, kwargs)
+        A connection bound with ``with_options(connection=...)`` (an
+        ``AsyncConnection`` or ``AsyncSession``) writes it in the caller's
+        transaction, as :meth:`TaskStore.submit` does; so does a ``connection=``
+        keyword here, which type checkers do not know of (it is not the handler's)."""
+        connection, own = self._connection(kwargs)
+        request = self.request(args, own)
         return await self.fn.app.store.submit(**request, connection=connection)
 
     def submit_sync(self, *args: P.args, **kwargs: P.kwargs) -> Task:
-        """:meth:`submit`, blocking (for scripts and sync web handlers);
-        ``connection=`` takes a blocking ``Connection`` or ``Session``."""
-        connection, kwargs = _connection_of(kwargs)
-        request = self.request(args, kwargs)
+        """:meth:`submit`, blocking (for scripts and sync web handlers); the
+        connection is a blocking ``Connection`` or ``Session``."""
+        connection, own = self._connection(kwargs)
+        request = self.request(args, own)
         return self.fn.app.sync_store.submit(**request, connection=connection)
+
+    def _connection(self, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        connection, kwargs = _connection_of(kwargs)
+        return (self.connection if connection is None else connection), kwargs
 
     def request(self, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
         """The keyword arguments of :meth:`TaskStore.submit` for one call."""
@@ -157,14 +171,17 @@ class TaskFunction(Generic[P, R]):
     """A function registered with ``@app.task``.
 
     Calling it runs the function directly (handy in tests); :meth:`submit` queues
-    a run instead. The function receives a :class:`~conveyor.worker.Context` first.
-    Build one with :func:`define_task`, which checks the options.
+    a run instead. The function receives a :class:`~conveyor.Context` first;
+    ``P`` is the rest of its parameters, which :meth:`submit`, :meth:`submit_sync`
+    and ``with_options(...).submit`` take, so a type checker checks their
+    arguments (``R`` is what it returns). Build one with :func:`task_factory`,
+    which checks the options.
     """
 
     def __init__(
         self,
         app: TaskHost,
-        func: Callable[..., R],
+        func: Callable[Concatenate[Any, P], R],
         *,
         name: str,
         queue: str,
@@ -220,10 +237,13 @@ class TaskFunction(Generic[P, R]):
         parent: Task | str | None = None,
         metadata: dict[str, Any] | None = None,
         max_attempts: int | None = None,
+        connection: Any = None,
     ) -> TaskCall[P]:
         """Submit options for one call: ``fn.with_options(partition="c7").submit(...)``.
 
-        Options left ``None`` keep the task's defaults.
+        Options left ``None`` keep the task's defaults. ``connection`` is the
+        caller's SQLAlchemy connection or session to write the task in (async for
+        ``submit``, blocking for ``submit_sync``); see :meth:`TaskStore.submit`.
         """
         given = {
             "partition": partition,
@@ -238,7 +258,8 @@ class TaskFunction(Generic[P, R]):
             "metadata": metadata,
             "max_attempts": max_attempts,
         }
-        return TaskCall(self, {k: val for k, val in given.items() if val is not None})
+        options = {k: val for k, val in given.items() if val is not None}
+        return TaskCall(self, options, connection)
 
     async def submit(self, *args: P.args, **kwargs: P.kwargs) -> Task:
         """Queue one run with these arguments; returns the queued task."""
@@ -261,7 +282,7 @@ def task_factory(
     partition: PartitionSpec,
     retry_on: object = None,
     no_retry_on: object = None,
-) -> Callable[[Callable[..., R]], TaskFunction[..., R]]:
+) -> Callable[[Callable[Concatenate[Any, P], R]], TaskFunction[P, R]]:
     """Check ``@app.task``'s options now; the returned function wraps one handler.
 
     It does not register the result: the host does (it knows its own registry).
@@ -280,7 +301,7 @@ def task_factory(
     elif partition is not None and not callable(partition):
         raise InvalidArgument("partition", "must be a name or a function of the arguments")
 
-    def make(fn: Callable[..., R]) -> TaskFunction[..., R]:
+    def make(fn: Callable[Concatenate[Any, P], R]) -> TaskFunction[P, R]:
         return TaskFunction(
             host,
             fn,

@@ -19,21 +19,22 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-try:
-    from opentelemetry import propagate, trace
-    from opentelemetry.trace import (
-        Link,
-        NoOpTracerProvider,
-        ProxyTracerProvider,
-        SpanKind,
-        StatusCode,
-    )
-except ImportError:  # the otel extra is not installed
-    trace = None  # type: ignore[assignment]
+# OpenTelemetry's names, set by _load() on first need: importing it costs more
+# than a command of the CLI should, and nothing is traced before an application
+# has imported it to configure a provider.
+trace: Any = None
+propagate: Any = None
+Link: Any = None
+NoOpTracerProvider: Any = None
+ProxyTracerProvider: Any = None
+SpanKind: Any = None
+StatusCode: Any = None
+_loaded: bool | None = None  # None: not tried yet; False: the otel extra is not installed
 
 #: The metadata key holding the producer's trace context.
 METADATA_KEY = "trace_context"
@@ -47,6 +48,25 @@ _PROVIDER_IN_ENVIRONMENT = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
 _UNKNOWN = object()
 
 
+def _load() -> bool:
+    """Import OpenTelemetry's API once; whether it is installed."""
+    global _loaded, trace, propagate, Link, NoOpTracerProvider, ProxyTracerProvider
+    global SpanKind, StatusCode
+    if _loaded is None:
+        try:
+            from opentelemetry import propagate as _propagate
+            from opentelemetry import trace as _trace
+        except ImportError:  # the otel extra is not installed
+            _loaded = False
+        else:
+            trace, propagate = _trace, _propagate
+            Link, SpanKind, StatusCode = _trace.Link, _trace.SpanKind, _trace.StatusCode
+            NoOpTracerProvider = _trace.NoOpTracerProvider
+            ProxyTracerProvider = _trace.ProxyTracerProvider
+            _loaded = True
+    return bool(_loaded)
+
+
 def set_tracer_provider(provider: Any) -> None:
     """Make conveyor's spans with ``provider`` rather than the global tracer
     provider (``None``: the global one again). For tests, and for applications
@@ -56,7 +76,8 @@ def set_tracer_provider(provider: Any) -> None:
 
 
 def _tracer() -> Any:
-    assert trace is not None
+    loaded = _load()
+    assert loaded, "OpenTelemetry is not installed"
     if _provider is not None:
         return _provider.get_tracer(TRACER)
     return trace.get_tracer(TRACER)
@@ -67,10 +88,14 @@ def _recording() -> bool:
     globally. Without one, OpenTelemetry would hand out non-recording spans, and
     making them (attributes, links, context switches) was about a tenth of a
     worker's CPU per task; checked per call, so a provider set later counts."""
-    if trace is None:
-        return False
     if _provider is not None:
-        return True
+        return _load()
+    # A global provider is set through opentelemetry.trace (or named in the
+    # environment): while nobody imported it, none is set.
+    if "opentelemetry.trace" not in sys.modules and not _PROVIDER_IN_ENVIRONMENT:
+        return False
+    if not _load():
+        return False
     # Until a global provider is set, get_tracer_provider() looks the environment up
     # for one on every call (about 1 us, a few per cent of a worker's CPU per task).
     # OpenTelemetry's module global says "none set" for free; the environment is
@@ -88,7 +113,7 @@ def recording() -> bool:
 def enabled() -> bool:
     """Whether OpenTelemetry is installed (spans are then made; they are recorded
     only if the application configured a tracer provider)."""
-    return trace is not None
+    return _load()
 
 
 @contextmanager

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -72,6 +73,46 @@ async def test_run_tasks_keeps_partition_order_and_skips_schedules(store: TaskSt
         report = await run_tasks(app)
     assert seen == [0, 1, 2, 3, 4] and len(report.succeeded) == 5
     assert all(t.metadata.get("periodic") is None for t in report.ran)
+
+
+async def test_using_forgets_the_tasks_a_test_defines(store: TaskStore, tmp_path: Path) -> None:
+    """Tasks and schedules defined inside a function while the app uses a test
+    store are gone after; those of a module imported meanwhile stay."""
+    import importlib
+    import sys
+    import types
+
+    app = conveyor.App(store.url)
+    holder = types.ModuleType("conveyor_test_app_holder")
+    holder.app = app  # type: ignore[attr-defined]
+
+    @app.task(name="kept")
+    async def kept(ctx: Any) -> None: ...
+
+    (tmp_path / "late_tasks_module.py").write_text(
+        "from conveyor_test_app_holder import app\n"
+        "@app.task(name='late')\nasync def late(ctx):\n    return 'late'\n"
+    )
+    sys.modules[holder.__name__] = holder
+    sys.path.insert(0, str(tmp_path))
+    try:
+        for _ in range(2):  # the second time, the same names are free again
+            with app.using(store):
+
+                @app.periodic(every=60, name="tick")
+                @app.task(name="mine")
+                async def mine(ctx: Any) -> str:
+                    return "mine"
+
+                importlib.import_module("late_tasks_module")
+                await mine.submit()
+                assert {t.name for t in (await run_tasks(app)).succeeded} == {"mine"}
+                assert sorted(app.tasks) == ["kept", "late", "mine"]
+            assert sorted(app.tasks) == ["kept", "late"] and app.schedules == {}
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("late_tasks_module", None)
+        sys.modules.pop(holder.__name__, None)
 
 
 EXAMPLE_CONFTEST = """

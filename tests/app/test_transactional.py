@@ -230,6 +230,28 @@ async def test_orm_session_commits_the_order_and_its_task_together(
     assert [t.id for t in page.items] == [task.id] and task.payload == {"args": [2], "kwargs": {}}
 
 
+async def test_with_options_binds_the_callers_session(
+    store: TaskStore, engine: AsyncEngine
+) -> None:
+    """The typed path: ``with_options(connection=...)`` (a ``connection=`` keyword of
+    ``submit`` is not among the handler's parameters a type checker knows)."""
+    app = conveyor.App(store.url)
+
+    @app.task(name="send_receipt", queue="receipts")
+    async def send_receipt(ctx: Any, order_id: int) -> None: ...
+
+    with app.using(store):
+        async with AsyncSession(engine) as session:
+            gone = await send_receipt.with_options(connection=session).submit(1)
+            await session.rollback()
+        async with AsyncSession(engine) as session:
+            kept = await send_receipt.with_options(connection=session, key="o2").submit(2)
+            await session.commit()
+    assert await store.get(gone.id) is None
+    found = await store.get(kept.id)
+    assert found is not None and found.key == "o2" and found.queue == "receipts"
+
+
 def test_the_sync_store_takes_a_connection_or_a_session(
     sync_store: conveyor.SyncStore, sync_engine: Engine
 ) -> None:

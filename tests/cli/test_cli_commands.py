@@ -13,10 +13,13 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 import conveyor
 from conveyor import Status
@@ -126,24 +129,63 @@ def test_list_pages_with_cursor(store_url: str, sync_store: conveyor.SyncStore) 
     )
     ids = [t.id for t in made[:5]]
 
-    first, human = run_all(
+    first, human, oldest = run_all(
         ("list", "--queue", "pages", "--limit", "3", "--json"),
         ("list", "--limit", "4"),
+        ("list", "--queue", "pages", "--limit", "3", "--oldest-first", "--json"),
         url=store_url,
     )
     page = parsed(first)
     assert set(page) == {"items", "next_cursor"}
-    assert [item["id"] for item in page["items"]] == ids[:3]
+    # Newest first by default; --oldest-first in submit order.
+    assert [item["id"] for item in page["items"]] == ids[:1:-1]
+    assert [item["id"] for item in parsed(oldest)["items"]] == ids[:3]
     assert all(item["queue"] == "pages" and item["status"] == "queued" for item in page["items"])
     assert page["next_cursor"]
-    last = ok_json(
-        "list", "--queue", "pages", "--limit", "3", "--cursor", page["next_cursor"], url=store_url
+    last, mixed = run_all(
+        ("list", "--queue", "pages", "--limit", "3", "--cursor", page["next_cursor"], "--json"),
+        ("list", "--queue", "pages", "--cursor", page["next_cursor"], "--oldest-first"),
+        url=store_url,
     )
-    assert [item["id"] for item in last["items"]] == ids[3:] and last["next_cursor"] is None
+    last_page = parsed(last)
+    assert [item["id"] for item in last_page["items"]] == ids[1::-1]
+    assert last_page["next_cursor"] is None
+    assert "order" in assert_one_line_error(mixed, EXIT_USAGE)
 
     assert human.returncode == 0, human.stderr
-    assert all(i in human.stdout for i in ids[:4]) and ids[4] not in human.stdout
+    assert made[5].id in human.stdout and all(i in human.stdout for i in ids[2:])
+    assert ids[0] not in human.stdout and ids[1] not in human.stdout
+    assert "newest first" in human.stdout
     assert "--cursor" in human.stdout  # tells the reader how to get the next page
+    assert "error" not in human.stdout  # no failed task on the page: no error column
+
+
+def test_list_says_why_failed_tasks_failed(store_url: str, sync_store: conveyor.SyncStore) -> None:
+    ok = sync_store.submit("fine", queue="why")
+    bad = sync_store.submit("broken", queue="why")
+    again = sync_store.submit("flaky", queue="why", max_attempts=3)
+    for task in sync_store.claim("why", worker_id="w", limit=3):
+        if task.id == ok.id:
+            sync_store.succeed(task.id, worker_id="w", attempt=task.attempt)
+        else:
+            message = "disk full on /var" if task.id == bad.id else "try later"
+            sync_store.fail(
+                task.id,
+                worker_id="w",
+                attempt=task.attempt,
+                error=message,
+                retryable=task.id != bad.id,
+                delay=600,
+            )
+    listed, retrying = run_all(("list", "--queue", "why"), ("get", again.id), url=store_url)
+    assert listed.returncode == 0, listed.stderr
+    header = next(line for line in listed.stdout.splitlines() if " id " in f" {line} ")
+    assert header.split()[-1] == "error"
+    rows = {line.split()[0]: line for line in listed.stdout.splitlines() if line.strip()}
+    assert "disk full on /var" in rows[bad.id]
+    assert "try later" not in rows[again.id]  # queued for a retry: not failed
+    assert retrying.returncode == 0, retrying.stderr
+    assert "last error" in retrying.stdout and "try later" in retrying.stdout
 
 
 def test_cancel_and_retry(store_url: str, sync_store: conveyor.SyncStore) -> None:
@@ -171,8 +213,20 @@ def test_cancel_and_retry(store_url: str, sync_store: conveyor.SyncStore) -> Non
     assert by_group["group"] == "audit" and by_group["status"] == "queued"
     assert by_group["attempt"] == 1  # the attempt budget is kept without --reset-attempts
 
-    noop = run_cli("retry", task.id, url=store_url)  # queued now: nothing to retry
-    assert noop.returncode == 0 and "unchanged" in noop.stdout
+    # Queued now: nothing to retry. The task is shown, and the exit code says so.
+    noop = run_cli("retry", task.id, url=store_url)
+    done = run_cli("cancel", task.id, url=store_url)  # after the retry: one at a time
+    assert noop.returncode == EXIT_CONFLICT and task.id in noop.stdout
+    assert "unchanged" in noop.stderr and "only failed" in noop.stderr
+    assert done.returncode == 0, done.stderr
+    # Cancelled already: the cancel is where it wanted to be; a finished task refuses it.
+    again = run_cli("cancel", task.id, url=store_url)
+    assert again.returncode == 0 and "already cancelled" in again.stderr
+    finished = sync_store.submit("work", queue="cr-done")
+    [held] = sync_store.claim("cr-done", worker_id="w")
+    sync_store.succeed(held.id, worker_id="w", attempt=held.attempt)
+    refused = run_cli("cancel", finished.id, url=store_url)
+    assert refused.returncode == EXIT_CONFLICT and "already succeeded" in refused.stderr
 
 
 def test_stats(store_url: str, sync_store: conveyor.SyncStore) -> None:
@@ -279,6 +333,8 @@ def test_worker_runs_an_app_until_sigterm(store_url: str, tmp_path: Path) -> Non
         )
         try:
             done = store.wait(task.id, timeout=30)
+            # Idle now, and listed among the live workers.
+            listed, human = run_all(("workers", "--json"), ("workers",), url=store_url)
         finally:
             proc.send_signal(signal.SIGTERM)
             _, err = proc.communicate(timeout=30)
@@ -286,3 +342,69 @@ def test_worker_runs_an_app_until_sigterm(store_url: str, tmp_path: Path) -> Non
     assert done.result == {"doubled": 42}
     assert proc.returncode == 0, err
     assert "Traceback" not in err
+    [shown] = parsed(listed)
+    assert shown["queues"] == ["cli-work"] and shown["concurrency"] == 2
+    assert shown["pid"] == proc.pid and shown["tasks"] == [] and shown["group"] is None
+    assert human.returncode == 0, human.stderr
+    assert shown["worker_id"] in human.stdout and "1 live worker(s), 0 busy" in human.stdout
+    # Stopped: gone from the list, and "stopped" is the last thing it said.
+    after = run_cli("workers", url=store_url)
+    assert after.returncode == 0 and "no live worker" in after.stdout
+    assert err.strip().splitlines()[-1].endswith(f"worker {shown['worker_id']} stopped")
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_sigterm_while_the_app_is_still_importing_stops_cleanly(
+    tmp_path: Path, processes: str
+) -> None:
+    """A deploy that stops a worker right after starting it: the signal comes while
+    the application is imported. It is a stop request like any other (exit 0,
+    nothing claimed), not a kill (exit 143)."""
+    (tmp_path / "slow_app.py").write_text(
+        textwrap.dedent(
+            """
+            import pathlib, time
+            import conveyor
+
+            pathlib.Path("importing").touch()
+            time.sleep(4)  # a heavy import
+            app = conveyor.App()
+
+            @app.task(name="never", queue="slow")
+            def never(ctx):
+                raise AssertionError("must not run")
+            """
+        )
+    )
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    with conveyor.connect_sync(url) as store:
+        task = store.submit("never", queue="slow")
+    env = {k: v for k, v in os.environ.items() if k != "CONVEYOR_URL"}
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "conveyor.cli", "worker", "slow_app:app"),
+            *("--queues", "slow", "--url", url, "--processes", processes),
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for _ in range(600):
+            if (tmp_path / "importing").exists() or proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    if processes == "1":
+        assert err.strip().splitlines()[-1].endswith("stopped before its first claim"), err
+    with conveyor.connect_sync(url) as store:
+        left = store.get(task.id)
+    assert left is not None and left.status is Status.QUEUED and left.attempt == 0

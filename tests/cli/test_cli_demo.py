@@ -34,11 +34,16 @@ def test_demo_runs_and_checks_ordering(tmp_path: Path) -> None:
         "claimed by worker-",
         "progress 20% downloading",
         "fails: ConnectionError",
-        "attempt 2",
+        "attempt 2 (its retry was due at",
         "succeeded on attempt 2",
+        "every consumer is done: the workers stop",  # the success is told when it happens
     ]
     positions = [story.index(step) for step in steps]
     assert positions == sorted(positions), story
+    # The story's zero is a time of day; its times only grow.
+    assert re.search(r"since it was submitted at \d\d:\d\d:\d\d\.\d{3} UTC\)", story), story
+    times = [float(t) for t in re.findall(r"^\s+(\d+\.\d\d)  ", story, re.MULTILINE)]
+    assert len(times) >= len(steps) and times == sorted(times), story
     assert "thumbnail" in story  # the result
     # The bars and the table list the consumers in the same order.
     bars = re.findall(r"^(.+?): (demo\.\w+)\s+━", out, re.MULTILINE)

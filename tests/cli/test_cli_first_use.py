@@ -12,7 +12,7 @@ import pytest
 import conveyor
 from conveyor.cli import run
 
-EXIT_UNAVAILABLE = 4
+EXIT_CONFLICT, EXIT_UNAVAILABLE = 3, 4
 
 
 @pytest.fixture(autouse=True)
@@ -60,6 +60,30 @@ def test_read_only_commands_do_not_create_a_database(
     assert "--url" in error
 
 
+@pytest.mark.parametrize("command", [["cancel", "01ABC"], ["retry", "01ABC"]])
+def test_commands_that_write_do_not_claim_to_only_read(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(command) == EXIT_UNAVAILABLE
+    error = capsys.readouterr().err
+    assert "only reads" not in error and "does not create a database" in error
+
+
+def test_listing_an_unknown_group_says_there_is_none(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    with conveyor.connect_sync(url) as store:
+        store.submit("x", queue="q")
+        store.subscribe("q", "billing")
+    assert run(["list", "--group", "biling", "--url", url]) == 0
+    shown = capsys.readouterr().out
+    assert "no queue has a consumer group 'biling'" in shown
+    assert run(["list", "--group", "billing", "--status", "failed", "--url", url]) == 0
+    shown = capsys.readouterr().out
+    assert "no tasks match" in shown and "consumer group" not in shown
+
+
 def test_a_missing_file_named_by_url_is_blamed_on_the_url(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -99,10 +123,11 @@ def test_cancel_of_a_finished_task_reads_as_english(
         [claimed] = store.claim("q", worker_id="w")
         store.progress(claimed.id, worker_id="w", progress=0.5, message="rendered")
         store.succeed(claimed.id, worker_id="w", result=1)
-    assert run(["cancel", task.id, "--url", url]) == 0
-    shown = capsys.readouterr().out
+    assert run(["cancel", task.id, "--url", url]) == EXIT_CONFLICT  # left as it was
+    captured = capsys.readouterr()
+    shown = captured.out + captured.err
     assert "was succeeded" not in shown
-    assert "already succeeded" in shown
+    assert "already succeeded" in captured.err
     # Progress belongs to a running task; a succeeded one does not show "50% rendered".
     assert "50%" not in shown and "rendered" not in shown
     assert run(["list", "--url", url]) == 0

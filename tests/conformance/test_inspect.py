@@ -159,3 +159,63 @@ async def test_queue_settings_lists_configured_queues(store: TaskStore) -> None:
     assert [s["queue"] for s in found] == ["a", "b"]
     assert found[0] == await store.get_queue("a")
     assert found[1]["lease"] == 10
+
+
+async def test_announced_workers_are_live_busy_or_idle(store: TaskStore) -> None:
+    import os
+    import socket
+
+    await store.announce_worker("idle", queues=["q", "r"], concurrency=4)
+    await store.announce_worker("busy", queues="q", group="g", concurrency=2)
+    await store.subscribe("q", "g")
+    await store.submit("t", queue="q")
+    [held] = await store.claim("q", worker_id="busy", group="g", lease=60)
+    found = {w.worker_id: w for w in await store.workers()}
+    assert set(found) == {"idle", "busy"}
+    idle, busy = found["idle"], found["busy"]
+    assert (idle.tasks, idle.queues, idle.group, idle.concurrency) == ([], ["q", "r"], None, 4)
+    assert (busy.queues, busy.group, busy.concurrency) == (["q"], "g", 2)
+    assert [t.id for t in busy.tasks] == [held.id]
+    assert idle.host == socket.gethostname() and idle.pid == os.getpid()
+    assert idle.started_at is not None and idle.last_seen >= idle.started_at
+    # A second announcement keeps the start time and moves last_seen.
+    started = idle.started_at
+    await store.announce_worker("idle", queues=["q"], concurrency=8)
+    again = {w.worker_id: w for w in await store.workers()}["idle"]
+    assert again.started_at == started and again.concurrency == 8 and again.queues == ["q"]
+
+    # A stopped worker is forgotten; one still holding leases stays, as a lease holder.
+    await store.retire_worker("idle")
+    await store.retire_worker("busy")
+    found = {w.worker_id: w for w in await store.workers()}
+    assert set(found) == {"busy"} and found["busy"].queues == []
+
+
+async def test_an_announcement_expires(store: TaskStore) -> None:
+    await store.announce_worker("short", queues=["q"], ttl=1)
+    await store.announce_worker("long", queues=["q"], ttl=3600)
+    store.clock_offset = 5.0
+    try:
+        assert [w.worker_id for w in await store.workers()] == ["long"]
+        # The next announcement deletes the expired row; announcing again revives none.
+        await store.announce_worker("other", queues=["q"])
+    finally:
+        store.clock_offset = 0.0
+    assert sorted(w.worker_id for w in await store.workers()) == ["long", "other"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"queues": []}, "queues"),
+        ({"queues": ["q"], "concurrency": 0}, "concurrency"),
+        ({"queues": ["q"], "ttl": 0}, "ttl"),
+        ({"queues": [""]}, "queues"),
+        ({"queues": ["q"], "group": ""}, "group"),
+    ],
+)
+async def test_announce_refuses_bad_input(store: TaskStore, kwargs: dict, field: str) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        await store.announce_worker("w", **kwargs)
+    assert info.value.field == field
+    assert await store.workers() == []

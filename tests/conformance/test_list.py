@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from typing import Any
 
 import pytest
 
@@ -11,7 +12,7 @@ from conveyor import InvalidArgument, Page, Status, Task
 from conveyor.store.base import TaskStore
 
 
-async def _all_pages(store: TaskStore, limit: int, **filters: str) -> list[list[Task]]:
+async def _all_pages(store: TaskStore, limit: int, **filters: Any) -> list[list[Task]]:
     pages: list[list[Task]] = []
     cursor: str | None = None
     while True:
@@ -189,3 +190,52 @@ async def test_invalid_status(store: TaskStore) -> None:
     with pytest.raises(InvalidArgument) as info:
         await store.list(status="done")
     assert info.value.field == "status"
+
+
+async def test_newest_first_walks_back_from_the_last_submit(store: TaskStore) -> None:
+    submitted = await store.submit_many(
+        [{"name": "t", "queue": "even" if i % 2 == 0 else "odd", "payload": i} for i in range(23)]
+    )
+    newest_first = [t.id for t in reversed(submitted)]
+    page = await store.list(order="newest")
+    assert [t.id for t in page.items] == newest_first
+    pages = await _all_pages(store, limit=5, order="newest")
+    assert [len(p) for p in pages] == [5, 5, 5, 5, 3]
+    assert [t.id for p in pages for t in p] == newest_first
+    evens = await _all_pages(store, limit=4, order="newest", queue="even")
+    assert [t.id for p in evens for t in p] == [
+        t.id for t in reversed(submitted) if t.queue == "even"
+    ]
+    # Tasks submitted during the walk are newer than its start: it never reaches them.
+    first = await store.list(limit=10, order="newest")
+    await store.submit("late")
+    assert first.next_cursor is not None
+    rest = await store.list(limit=100, order="newest", cursor=first.next_cursor)
+    assert [t.id for t in [*first.items, *rest.items]] == newest_first
+
+
+async def test_newest_first_through_a_workflow(store: TaskStore) -> None:
+    root = await store.submit("root", queue="wf")
+    children = await store.submit_many(
+        [{"name": "child", "queue": "wf", "parent": root.id} for _ in range(5)]
+    )
+    pages = await _all_pages(store, limit=2, root_id=root.id, order="newest")
+    assert [t.id for p in pages for t in p] == [*[c.id for c in reversed(children)], root.id]
+
+
+async def test_a_cursor_keeps_its_order(store: TaskStore) -> None:
+    await store.submit_many([{"name": "t"} for _ in range(4)])
+    oldest = await store.list(limit=2)
+    newest = await store.list(limit=2, order="newest")
+    assert oldest.next_cursor is not None and newest.next_cursor is not None
+    with pytest.raises(InvalidArgument) as info:
+        await store.list(cursor=oldest.next_cursor, order="newest")
+    assert info.value.field == "cursor" and "order" in str(info.value)
+    with pytest.raises(InvalidArgument):
+        await store.list(cursor=newest.next_cursor)
+
+
+async def test_invalid_order(store: TaskStore) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        await store.list(order="desc")  # type: ignore[arg-type]
+    assert info.value.field == "order"

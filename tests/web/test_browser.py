@@ -297,3 +297,59 @@ def test_pages_update_live_without_a_reload(page: Any, served: Served) -> None:
     _on_store(served.db_url, claim)
     playwright_api.expect(page.locator('[data-worker="live-worker"]')).to_be_visible()
     assert page.evaluate("window.__marker") == "same page"
+
+
+def test_tasks_are_newest_first_and_failed_ones_say_why(page: Any, served: Served) -> None:
+    async def fail_one(store: TaskStore) -> tuple[str, str]:
+        await store.submit("fragile", queue="browser-fail", max_attempts=1)
+        [task] = await store.claim("browser-fail", worker_id="w")
+        await store.fail(task.id, worker_id="w", error=OSError("disk full on /var"))
+        oldest = (await store.list(limit=1)).items[0]
+        return task.id, oldest.id
+
+    failed, oldest = _on_store(served.db_url, fail_one)
+    page.goto(served.url + "/tasks")
+    rows = page.locator("table.tasks tbody tr")
+    playwright_api.expect(rows.first).to_have_attribute("data-task", failed)  # the newest
+    playwright_api.expect(page.locator("p.order")).to_contain_text("Newest first")
+    error = rows.first.locator("td.error")
+    playwright_api.expect(error).to_contain_text("OSError")
+    playwright_api.expect(error).to_contain_text("disk full on /var")
+    page.locator("a.flip").click()
+    page.wait_for_url(re.compile(r"order=oldest"))
+    playwright_api.expect(rows.first).to_have_attribute("data-task", oldest)
+    playwright_api.expect(page.locator("p.order")).to_contain_text("Oldest first")
+    # The filter form keeps the order chosen.
+    page.locator("select[name=status]").select_option("succeeded")
+    page.locator("form.controls button", has_text="Filter").click()
+    page.wait_for_url(re.compile(r"status=succeeded"))
+    assert "order=oldest" in page.url
+
+
+def test_an_idle_worker_is_shown_live_until_it_stops(page: Any, served: Served) -> None:
+    app = conveyor.App(served.db_url)
+    worker = app.worker(
+        "browser-idle", concurrency=4, worker_id="idle-worker", maintain_interval=None
+    )
+
+    async def serve() -> None:
+        try:
+            await worker.run()
+        finally:
+            await app.close()
+
+    page.goto(served.url + "/workers")
+    shown = page.locator('[data-worker="idle-worker"]')
+    assert shown.count() == 0
+    thread = threading.Thread(target=asyncio.run, args=(serve(),))
+    thread.start()
+    try:
+        # It appears without a reload, idle, with what it consumes.
+        playwright_api.expect(shown).to_contain_text("idle")
+        playwright_api.expect(shown).to_contain_text("browser-idle")
+        playwright_api.expect(shown).to_contain_text("runs 4 at once")
+        playwright_api.expect(shown).to_have_attribute("data-held", "0")
+    finally:
+        worker.stop()
+        thread.join(30)
+    playwright_api.expect(shown).to_have_count(0)  # stopped: it leaves the list

@@ -115,6 +115,43 @@ async def test_search_by_id_or_key_and_keyset_pages(seeded: tuple[TaskStore, See
         assert 'rel="prev"' not in html
 
 
+async def test_tasks_newest_first_with_errors_and_an_oldest_first_switch(
+    seeded: tuple[TaskStore, Seeded],
+) -> None:
+    store, ids = seeded
+    made = await store.submit_many([{"name": "bulk", "queue": "bulk"} for _ in range(60)])
+    in_order = [t.id for t in made]
+
+    def rows(html: str) -> list[str]:
+        return re.findall(r'data-task="([^"]+)"', html)
+
+    def link(html: str, pattern: str) -> str:
+        found = re.search(pattern, html)
+        assert found is not None, pattern
+        return found.group(1).replace("&amp;", "&")
+
+    async with client(dashboard(store)) as http:
+        first = (await http.get("/tasks?queue=bulk")).text
+        assert rows(first) == in_order[:9:-1] and "Newest first" in first
+        second = (await http.get(link(first, r'rel="next" href="([^"]+)"'))).text
+        assert rows(second) == in_order[9::-1]
+        oldest = (await http.get(link(first, r'class="flip" href="([^"]+)"'))).text
+        assert rows(oldest) == in_order[:50] and "Oldest first" in oldest
+        after = (await http.get(link(oldest, r'rel="next" href="([^"]+)"'))).text
+        assert rows(after) == in_order[50:]  # the next page keeps the order
+        back = link(oldest, r'class="flip" href="([^"]+)"')
+        assert "order=" not in back and rows((await http.get(back)).text) == in_order[:9:-1]
+
+        # A failed task says why in its row; nothing else fills the column.
+        everything = (await http.get("/tasks?queue=emails")).text
+        assert "<th>error</th>" in everything
+        failed_row = everything.split(f'data-task="{ids.failed}"', 1)[1].split("</tr>", 1)[0]
+        assert "ConnectionError" in failed_row and "refused the connection" in failed_row
+        queued_row = everything.split(f'data-task="{ids.queued}"', 1)[1].split("</tr>", 1)[0]
+        assert 'class="error"></td>' in queued_row
+        assert "<th>error</th>" not in first  # no failed task on the page
+
+
 async def test_actions_change_the_store_only_when_allowed(
     seeded: tuple[TaskStore, Seeded],
 ) -> None:

@@ -471,6 +471,35 @@ async def test_group_worker_consumes_as_its_group(app: conveyor.App) -> None:
     assert queue_mode is not None and queue_mode.status is Status.QUEUED
 
 
+async def test_a_running_worker_is_listed_busy_or_idle_until_it_stops(
+    app: conveyor.App,
+) -> None:
+    release = asyncio.Event()
+
+    @app.task(name="hold", queue="seen")
+    async def hold(ctx: Context) -> None:
+        await release.wait()
+
+    worker = app.worker(["seen", "also"], concurrency=3, worker_id="shown-worker")
+    async with running(worker):
+        for _ in range(50):  # announced before its first claim
+            live = {w.worker_id: w for w in await app.store.workers()}
+            if "shown-worker" in live:
+                break
+            await asyncio.sleep(0.05)
+        idle = live["shown-worker"]
+        assert (idle.tasks, idle.queues, idle.concurrency) == ([], ["seen", "also"], 3)
+        task = await hold.submit()
+        for _ in range(100):
+            busy = {w.worker_id: w for w in await app.store.workers()}["shown-worker"]
+            if busy.tasks:
+                break
+            await asyncio.sleep(0.05)
+        assert [t.id for t in busy.tasks] == [task.id] and busy.queues == ["seen", "also"]
+        release.set()
+    assert await app.store.workers() == []  # stopped: gone
+
+
 async def test_release_costs_no_attempt(store: conveyor.TaskStore) -> None:
     task = await store.submit("x", queue="q")
     [claimed] = await store.claim("q", worker_id="w1")

@@ -10,6 +10,7 @@ Commands::
     conveyor cancel ID                    cancel a task
     conveyor retry ID                     queue a failed, cancelled or evicted task again
     conveyor stats                        counts, oldest claimable age, group lag per queue
+    conveyor workers                      the live workers, busy or idle, and what they hold
     conveyor schedules                    periodic tasks with their last and next run
     conveyor demo                         a self-contained tour on a throwaway SQLite file
     conveyor dashboard                    the web dashboard (extra ``web``)
@@ -25,7 +26,9 @@ Exit codes:
     1  not found (no such task, for queue mode or the group); also any other
        failure, such as the demo's ordering check or an unexpected error
     2  bad input or usage (malformed JSON, invalid argument, unknown option)
-    3  conflict: a task with this idempotency key exists (``submit --conflict reject``)
+    3  conflict: a task with this idempotency key exists (``submit --conflict reject``),
+       or the task's state leaves it unchanged (``retry`` of a task that has not
+       failed, ``cancel`` of a finished one)
     4  database unavailable, or a configuration error (bad URL, missing driver,
        a role or database the server does not have)
     5  protocol mismatch: the database was written by an incompatible conveyor
@@ -47,6 +50,7 @@ from conveyor.cli import queues as _queues  # noqa: F401
 from conveyor.cli import schedules as _schedules  # noqa: F401
 from conveyor.cli import tasks as _tasks  # noqa: F401
 from conveyor.cli import worker as _worker  # noqa: F401
+from conveyor.cli import workers as _workers  # noqa: F401
 from conveyor.cli._common import CliError, cli
 from conveyor.cli.main import main, run
 

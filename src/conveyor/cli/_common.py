@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -18,8 +18,11 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 import conveyor
-from conveyor.connect import DEFAULT_URL, SyncStore, choose_url, display_url, resolve_url
+from conveyor.connect import DEFAULT_URL, choose_url, display_url, resolve_url
 from conveyor.models import Status, Task
+
+if TYPE_CHECKING:
+    from conveyor.sync_store import SyncStore
 
 EXIT_OK = 0
 EXIT_NOT_FOUND = 1
@@ -34,9 +37,9 @@ CONNECT_TIMEOUT = 10  # seconds a command waits for a PostgreSQL server to answe
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 ok · 1 not found (or another failure) · 2 bad input or usage · "
-    "3 conflict (idempotency key exists) · 4 database unavailable or configuration "
-    "error · 5 protocol mismatch · 6 no conveyor schema, or an older one (run conveyor "
-    "migrate) · 130 interrupted."
+    "3 conflict (the idempotency key exists, or the task's state leaves it unchanged) · "
+    "4 database unavailable or configuration error · 5 protocol mismatch · 6 no conveyor "
+    "schema, or an older one (run conveyor migrate) · 130 interrupted."
 )
 
 _STATUS_STYLE = {
@@ -74,6 +77,7 @@ COMMAND_ORDER = (
     "cancel",
     "retry",
     "stats",
+    "workers",
     "queue",
     "maintain",
     "migrate",
@@ -139,6 +143,14 @@ def print_json(data: Any) -> None:
     sys.stdout.flush()
 
 
+def is_database_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is one of SQLAlchemy's errors. Asked without importing
+    SQLAlchemy (a command that never opened a database must not pay for it): one
+    of its errors exists only once it is imported."""
+    errors = sys.modules.get("sqlalchemy.exc")
+    return errors is not None and isinstance(exc, errors.SQLAlchemyError)
+
+
 def shown_url(url: str | None, app_url: str | None = None) -> str:
     """The database a command uses (``--url``, else ``$CONVEYOR_URL``, else the
     App's URL, else the default), its password masked."""
@@ -185,7 +197,7 @@ def _check_sqlite_file(
         raise CliError(
             EXIT_UNAVAILABLE,
             f"the SQLite database {path} does not exist (from {origin})",
-            f"this command only reads; {where}, or create the database with "
+            f"this command does not create a database; {where}, or create it with "
             "`conveyor migrate` or a first `conveyor submit`",
         )
     if create and not path.parent.is_dir():
@@ -291,6 +303,15 @@ def compact(value: Any) -> str:
     return escape(json.dumps(value, ensure_ascii=False))
 
 
+def error_summary(task: Task) -> str:
+    """``Type: message`` of the task's error, on one line, as markup."""
+    if not task.error:
+        return ""
+    kind = str(task.error.get("type") or "error")
+    message = " ".join(str(task.error.get("message") or "").split())
+    return f"[red]{escape(kind)}[/]: {escape(message)}"
+
+
 def task_table(task: Task) -> Table:
     table = Table(show_header=False, box=None, pad_edge=False, padding=(0, 2, 0, 0))
     table.add_column("field", style="bold", no_wrap=True)
@@ -336,7 +357,9 @@ def task_table(task: Task) -> Table:
     if task.error is not None:
         envelope = task.error
         kind, message = escape(str(envelope.get("type"))), escape(str(envelope.get("message")))
-        rows.append(("error", f"[red]{kind}[/]: {message}"))
+        # A task that did not fail for good shows the error of an earlier attempt.
+        label = "error" if task.status is Status.FAILED else "last error"
+        rows.append((label, f"[red]{kind}[/]: {message}"))
         if envelope.get("traceback"):
             rows.append(("traceback", escape(str(envelope["traceback"]).rstrip())))
     if task.parent_id is not None:

@@ -11,7 +11,6 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.markup import escape
-from sqlalchemy.exc import SQLAlchemyError
 
 import conveyor
 from conveyor.cli._common import (
@@ -26,6 +25,7 @@ from conveyor.cli._common import (
     CliError,
     cli,
     err,
+    is_database_error,
     shown_url,
     url_origin,
 )
@@ -107,7 +107,7 @@ def _classify(exc: BaseException, command: str, url: str | None) -> tuple[int, s
         if "pip install" in message or "conveyor migrate" in message:
             return EXIT_UNAVAILABLE, message, None  # the message names what to do
         return EXIT_UNAVAILABLE, message, f"fix the database URL (from {origin})"
-    if isinstance(exc, StoreUnavailable | SQLAlchemyError):
+    if isinstance(exc, StoreUnavailable) or is_database_error(exc):
         # SQLAlchemy's pointer to its error catalogue is noise on a one-line report.
         message = re.sub(r"\s*\(Background on this error at: [^)]*\)", "", message)
         if _is_sqlite(url):
@@ -162,7 +162,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         usage = _usage_problem(exc)
         if usage is not None:
             return usage
-        expected = isinstance(exc, CliError | ConveyorError | SQLAlchemyError)
+        expected = isinstance(exc, CliError | ConveyorError) or is_database_error(exc)
         if not expected and os.environ.get("CONVEYOR_DEBUG"):
             raise
         args = sys.argv[1:] if argv is None else list(argv)

@@ -10,7 +10,6 @@ import typer
 from rich import box
 from rich.markup import escape
 from rich.table import Table
-from sqlalchemy.exc import SQLAlchemyError
 
 from conveyor.cli._common import (
     CONNECT_TIMEOUT,
@@ -91,6 +90,7 @@ def _current_revisions(url: str | None) -> list[str]:
     from alembic.runtime.migration import MigrationContext
     from sqlalchemy import create_engine
     from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import SQLAlchemyError
 
     from conveyor.migrations import VERSION_TABLE
 

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from conveyor.app import App
 from conveyor.cli._common import (
+    EXIT_CONFLICT,
     EXIT_USAGE,
     CliError,
     GroupOption,
@@ -18,6 +18,7 @@ from conveyor.cli._common import (
     UrlOption,
     cli,
     err,
+    error_summary,
     missing,
     open_store,
     out,
@@ -28,10 +29,13 @@ from conveyor.cli._common import (
     when,
 )
 from conveyor.cli.worker import load_user_app
-from conveyor.connect import SyncStore
 from conveyor.errors import ConveyorError
-from conveyor.models import Status
-from conveyor.task_functions import TaskFunction
+from conveyor.models import Status, Task
+
+if TYPE_CHECKING:
+    from conveyor.app import App
+    from conveyor.sync_store import SyncStore
+    from conveyor.task_functions import TaskFunction
 
 
 @cli.command()
@@ -172,10 +176,15 @@ def list_tasks(
     cursor: Annotated[
         str | None, typer.Option("--cursor", help="Continue after a previous page.")
     ] = None,
+    oldest_first: Annotated[
+        bool,
+        typer.Option("--oldest-first", help="Start from the first task submitted."),
+    ] = False,
     url: UrlOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """List tasks in submit order, one page at a time."""
+    """List tasks, newest first (--oldest-first: in submit order), a page at a time."""
+    order: Literal["oldest", "newest"] = "oldest" if oldest_first else "newest"
     with open_store(url, create=False) as store:
         page = store.list(
             queue=queue,
@@ -185,14 +194,36 @@ def list_tasks(
             group=group,
             limit=limit,
             cursor=cursor,
+            order=order,
         )
+        unknown_group = group is not None and not page.items and not _group_exists(store, group)
     if as_json:
         print_json({"items": [t.as_dict() for t in page.items], "next_cursor": page.next_cursor})
         return
     console = out()
     if not page.items:
-        console.print("[dim]no tasks match[/]")
+        if unknown_group:
+            console.print(
+                f"[dim]no tasks match: no queue has a consumer group {escape(str(group))!r} "
+                "(`conveyor stats` lists the groups)[/]"
+            )
+        else:
+            console.print("[dim]no tasks match[/]")
         return
+    console.print(task_list_table(page.items))
+    flag = " --oldest-first" if oldest_first else ""
+    more = f"  next page: --cursor {page.next_cursor}{flag}" if page.next_cursor else ""
+    first = "oldest" if oldest_first else "newest"
+    console.print(f"[dim]{len(page.items)} task(s), {first} first{more}[/]")
+
+
+#: The widest an error message is shown in a list; ``conveyor get ID`` shows all.
+ERROR_WIDTH = 60
+
+
+def task_list_table(tasks: list[Task]) -> Table:
+    """The table of ``conveyor list``: a row per task; failed tasks say why in an
+    error column (there when the page has one)."""
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
     table.add_column("id", no_wrap=True)
     table.add_column("name", min_width=8, overflow="fold")
@@ -201,8 +232,11 @@ def list_tasks(
     table.add_column("status", no_wrap=True)
     table.add_column("try", justify="right", no_wrap=True)
     table.add_column("created (UTC)", no_wrap=True)
-    for t in page.items:
-        table.add_row(
+    errors = any(t.status is Status.FAILED and t.error for t in tasks)
+    if errors:
+        table.add_column("error", no_wrap=True, overflow="ellipsis", max_width=ERROR_WIDTH)
+    for t in tasks:
+        row = [
             t.id,
             escape(t.name),
             escape(t.queue),
@@ -210,10 +244,19 @@ def list_tasks(
             status_markup(t.status),
             f"{t.attempt}/{t.max_attempts}",
             when(t.created_at)[:19],
-        )
-    console.print(table)
-    more = f"  next page: --cursor {page.next_cursor}" if page.next_cursor else ""
-    console.print(f"[dim]{len(page.items)} task(s){more}[/]")
+        ]
+        if errors:
+            row.append(error_summary(t) if t.status is Status.FAILED else "")
+        table.add_row(*row)
+    return table
+
+
+def _group_exists(store: SyncStore, group: str) -> bool:
+    """Whether some queue has the consumer group ``group``."""
+    try:
+        return any(group in report.groups for report in store.stats())
+    except ConveyorError:
+        return True  # say nothing rather than something wrong
 
 
 @cli.command()
@@ -222,7 +265,8 @@ def cancel(
     url: UrlOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Cancel a task, for queue mode and every group."""
+    """Cancel a task, for queue mode and every group. A task that has already
+    finished stays as it is (exit 3; 0 if it was cancelled already)."""
     with open_store(url, create=False) as store:
         before = store.get(task_id)
         if before is None:
@@ -230,10 +274,11 @@ def cancel(
         task = store.cancel(task_id)
     if task is None:
         raise missing(task_id, None)
-    note = (
-        f"[dim]the task {_state(before.status)}: unchanged[/]" if before.status.terminal else None
-    )
-    show_task(task, as_json, note)
+    show_task(task, as_json)
+    if before.status.terminal:
+        _unchanged(f"the task {_state(before.status)}: unchanged")
+        if before.status is not Status.CANCELLED:
+            raise typer.Exit(EXIT_CONFLICT)
 
 
 @cli.command()
@@ -246,7 +291,8 @@ def retry(
     url: UrlOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Queue a failed, cancelled or evicted task again."""
+    """Queue a failed, cancelled or evicted task again. Any other task stays as it
+    is (exit 3)."""
     with open_store(url, create=False) as store:
         before = store.get(task_id, group=group)
         if before is None:
@@ -254,13 +300,18 @@ def retry(
         task = store.retry(task_id, reset_attempts=reset_attempts, group=group)
     if task is None:
         raise missing(task_id, group)
-    note = None
+    show_task(task, as_json)
     if before.status not in (Status.FAILED, Status.CANCELLED, Status.EVICTED):
-        note = (
-            f"[dim]the task {_state(before.status)}: unchanged (only failed, cancelled "
-            "or evicted tasks are retried)[/]"
+        _unchanged(
+            f"the task {_state(before.status)}: unchanged (only failed, cancelled "
+            "or evicted tasks are retried)"
         )
-    show_task(task, as_json, note)
+        raise typer.Exit(EXIT_CONFLICT)
+
+
+def _unchanged(note: str) -> None:
+    """Say on stderr that a command left the task as it was."""
+    err().print(f"[yellow]note:[/] {escape(note)}")
 
 
 _STATES = {

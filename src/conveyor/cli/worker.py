@@ -8,11 +8,10 @@ import sys
 import traceback
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from conveyor.app import App, load_app
 from conveyor.cli._common import (
     EXIT_USAGE,
     CliError,
@@ -21,9 +20,13 @@ from conveyor.cli._common import (
 )
 from conveyor.errors import ConveyorError, NotFound
 from conveyor.worker.logs import FORMATS, LEVELS, setup_logging
-from conveyor.worker.startup import Start
+from conveyor.worker.signals import PROCESS
 from conveyor.worker.supervisor import Supervisor, watch_parent
 from conveyor.worker.unknown import POLICIES, policy
+
+if TYPE_CHECKING:
+    from conveyor.app import App
+    from conveyor.worker.startup import Start
 
 
 @cli.command()
@@ -141,6 +144,9 @@ def worker(
     supervised_by: Annotated[int | None, typer.Option("--supervised-by", hidden=True)] = None,
 ) -> None:
     """Run a worker for an App until SIGINT/SIGTERM, then exit 0."""
+    # From here on a signal is a stop request, even while the application is
+    # still being imported: the worker (or supervisor) gets it once it exists.
+    signals = PROCESS.install()
     for option, value, allowed in (
         ("--unknown", unknown, POLICIES),
         ("--log-level", log_level, LEVELS),
@@ -187,7 +193,9 @@ def worker(
                 argv += ["--metrics-port", metrics_address(metrics_port, index)]
             return argv
 
-        raise typer.Exit(Supervisor(child_command, processes).run())
+        supervisor = Supervisor(child_command, processes)
+        signals.forward(supervisor.stop)
+        raise typer.Exit(supervisor.run())
     if supervised_by is not None:
         watch_parent(supervised_by)
     if metrics_port is not None:
@@ -268,6 +276,8 @@ def serve_metrics(address: str, url: str | None) -> None:
 def load_user_app(app_path: str) -> App:
     """The App at ``MODULE:APP``, imported from the current directory too; a
     :class:`CliError` with the user's own traceback when their module fails."""
+    from conveyor.app import load_app
+
     if ":" not in app_path:
         raise CliError(
             EXIT_USAGE,

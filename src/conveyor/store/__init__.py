@@ -5,6 +5,7 @@ How to read it (five minutes)::
     base.py          TaskStore: the public API (producer, bus, settings, upkeep)
     api_leases.py    its consumer half: claim, heartbeat, succeed, fail, acks
     api_reads.py     its reads for dashboards and metrics
+    api_workers.py   its live-worker records: announce_worker, retire_worker
     api_internal.py  store.internal: what conveyor's worker, scheduler and CLI
                      need beyond the public API (not covered by semver)
         │  validates arguments, then calls one protocol function per operation
@@ -33,6 +34,7 @@ How to read it (five minutes)::
       stats            stats(): one statement, one snapshot
       observed         the throughput and totals roll-ups
       schedules        the periodic tasks' schedule rows
+      presence         the live workers' rows
       codec            rows to tasks, cursors
       wake             in-process wake-ups
         │  runs named statements and calls the seam

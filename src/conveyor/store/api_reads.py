@@ -42,6 +42,7 @@ from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.protocol.codec import row_to_task as _task
 from conveyor.store.protocol.observed import MINUTE_US, THROUGHPUT_KEEP_MINUTES
+from conveyor.store.protocol.presence import live_workers
 from conveyor.store.seam import Seam
 
 MAX_MINUTES = THROUGHPUT_KEEP_MINUTES
@@ -58,12 +59,15 @@ class InspectReads(Seam):
 
     # ------------------------------------------------------------- reads
     async def workers(self, *, limit: int = MAX_INSPECT) -> builtins.list[WorkerLeases]:
-        """The workers holding leases now, each with the tasks it holds (queue mode
-        and groups) and when it last claimed or heartbeated; most recently seen
-        first. Reads only leased rows; at most ``limit`` tasks in all."""
+        """The live workers: those whose announcement has not expired (see
+        :meth:`announce_worker`; every Worker announces itself, busy or idle) and
+        those holding leases, each with the tasks it holds (queue mode and groups)
+        and when it was last seen (announcement, claim or heartbeat); most
+        recently seen first. Reads only leased rows and the live workers' rows;
+        at most ``limit`` tasks in all."""
         limit = v.positive_int("limit", limit)
 
-        async def work(conn: AsyncConnection) -> builtins.list[Any]:
+        async def work(conn: AsyncConnection) -> tuple[builtins.list[Any], builtins.list[Any]]:
             stmt = (
                 select(*q.view_columns(), d.c.lease)
                 .select_from(t.join(d, d.c.task_seq == t.c.seq))
@@ -71,9 +75,9 @@ class InspectReads(Seam):
                 .order_by(d.c.worker_id, d.c.task_seq)
                 .limit(limit)
             )
-            return builtins.list(await conn.execute(stmt))
+            return builtins.list(await conn.execute(stmt)), await live_workers(self, conn)
 
-        rows = await tx.run(self, work, write=False)
+        rows, announced = await tx.run(self, work, write=False)
         by_worker: dict[str, builtins.list[Task]] = {}
         seen: dict[str, int] = {}
         for row in rows:
@@ -84,12 +88,24 @@ class InspectReads(Seam):
             if m["lease_expires_at"] is not None:
                 beat = int(m["lease_expires_at"]) - round(float(m["lease"] or 0.0) * v.US)
                 seen[wid] = max(seen.get(wid, beat), beat)
-        out = [
-            WorkerLeases(worker_id=wid, tasks=tasks, last_seen=v.from_us(seen.get(wid, 0)))
+        out = {
+            wid: WorkerLeases(worker_id=wid, tasks=tasks, last_seen=v.from_us(seen.get(wid, 0)))
             for wid, tasks in by_worker.items()
-        ]
-        out.sort(key=lambda w: (w.last_seen, w.worker_id), reverse=True)
-        return out
+        }
+        for a in announced:
+            held = out.get(a.worker_id)
+            out[a.worker_id] = WorkerLeases(
+                worker_id=a.worker_id,
+                tasks=[] if held is None else held.tasks,
+                last_seen=a.seen_at if held is None else max(a.seen_at, held.last_seen),
+                queues=a.queues,
+                group=a.group,
+                concurrency=a.concurrency,
+                host=a.host,
+                pid=a.pid,
+                started_at=a.started_at,
+            )
+        return sorted(out.values(), key=lambda w: (w.last_seen, w.worker_id), reverse=True)
 
     async def deliveries(self, task_id: str) -> builtins.list[Task]:
         """Every view of one task: queue mode first, then each consumer group that

@@ -49,6 +49,7 @@ from conveyor.schema import keys as k
 from conveyor.store.api_internal import Internal
 from conveyor.store.api_leases import MAX_LIMIT, LeaseOps
 from conveyor.store.api_reads import InspectReads
+from conveyor.store.api_workers import WorkerOps
 from conveyor.store.protocol import (
     caller_tx,
     codec,
@@ -74,7 +75,7 @@ WAITER_TTL = 3600.0  # seconds a wait() without timeout stays registered unrenew
 WAITER_SLACK = 60.0  # a wait() with a timeout stays registered that much longer
 
 
-class TaskStore(LeaseOps, InspectReads):
+class TaskStore(LeaseOps, InspectReads, WorkerOps):
     """A durable task queue and message bus on one database.
 
     Use :func:`conveyor.connect` to make one; ``async with store:`` opens it
@@ -308,16 +309,22 @@ class TaskStore(LeaseOps, InspectReads):
         group: str | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        order: Literal["oldest", "newest"] = "oldest",
     ) -> Page:
         """A page of tasks in submit order, filtered; keyset-paginated by ``cursor``.
 
-        Pages stay stable while tasks are inserted, and a deep page costs what the
-        first one does.
+        ``order="oldest"`` starts from the first task submitted, ``"newest"`` from
+        the last one and goes back in time; a cursor continues in the order of the
+        page that returned it (passing it with the other order is refused). Pages
+        stay stable while tasks are inserted, and a deep page costs what the first
+        one does.
         """
         grp = codec.group_key(group)
         limit = v.positive_int("limit", limit)
         if limit > MAX_LIMIT:
             raise InvalidArgument("limit", f"must be at most {MAX_LIMIT}, got {limit}")
+        if order not in ("oldest", "newest"):
+            raise InvalidArgument("order", f"must be 'oldest' or 'newest', got {order!r}")
         filters = {
             "queue": queue,
             "name": name,
@@ -325,7 +332,7 @@ class TaskStore(LeaseOps, InspectReads):
             "root_id": root_id,
             "correlation_id": correlation_id,
         }
-        stmt = codec.list_statement(grp, status, filters, cursor, limit + 1)
+        stmt = codec.list_statement(grp, status, filters, cursor, limit + 1, order=order)
 
         async def work(conn: AsyncConnection) -> list[Any]:
             return builtins.list(await conn.execute(stmt))
@@ -334,7 +341,8 @@ class TaskStore(LeaseOps, InspectReads):
         more = len(rows) > limit
         rows = rows[:limit]
         items = [codec.row_to_task(row) for row in rows]
-        return Page(items=items, next_cursor=codec.encode_cursor(rows[-1].seq) if more else None)
+        after = codec.encode_cursor(rows[-1].seq, order=order) if more else None
+        return Page(items=items, next_cursor=after)
 
     async def cancel(self, task_id: str) -> Task | None:
         """Withdraw a task for queue mode and every group.

@@ -18,7 +18,7 @@ import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import parse_qs, urlencode
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
@@ -199,12 +199,19 @@ class Dashboard:
             key: params.get(key) or None
             for key in ("queue", "status", "name", "partition", "group")
         }
+        # Newest first unless asked (order=oldest): what a person looks for is
+        # what just happened.
+        order: Literal["oldest", "newest"] = (
+            "oldest" if params.get("order") == "oldest" else "newest"
+        )
         cursor = params.get("cursor") or None
         # The cursors of the pages before this one ("-": the first page), so
         # "previous" is a keyset jump back rather than an offset.
         trail = [c for c in (params.get("trail") or "").split(",") if c][-MAX_TRAIL:]
-        page = await self.store.list(limit=PAGE_SIZE, cursor=cursor, **filters)
+        page = await self.store.list(limit=PAGE_SIZE, cursor=cursor, order=order, **filters)
         kept = {k: v for k, v in filters.items() if v}
+        if order == "oldest":
+            kept["order"] = "oldest"
 
         def link(**extra: str | None) -> str:
             query = {**kept, **{k: v for k, v in extra.items() if v}}
@@ -220,12 +227,18 @@ class Dashboard:
                 cursor=None if back == "-" else back, trail=",".join(trail[:-1]) or None
             )
         queues = sorted(s.queue for s in await self.store.stats())
+        flipped = {k: v for k, v in kept.items() if k != "order"}
+        if order == "newest":
+            flipped["order"] = "oldest"
         return self.render(
             request,
             "tasks.html",
             page="tasks",
             items=page.items,
             groups_only=await self._groups_only() if filters["group"] is None else set(),
+            order=order,
+            flip_link=f"{base}/tasks" + (f"?{urlencode(flipped)}" if flipped else ""),
+            errors=any(t.status is Status.FAILED and t.error for t in page.items),
             filters=filters,
             queues=queues,
             search=search,

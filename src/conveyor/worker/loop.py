@@ -74,6 +74,7 @@ from conveyor.worker.feed import Feed
 from conveyor.worker.group_commit import Acks
 from conveyor.worker.heartbeats import Heartbeats
 from conveyor.worker.instrument import Instruments
+from conveyor.worker.liveness import Announcer
 from conveyor.worker.recording import Held, Recorder, Run
 from conveyor.worker.startup import join_group, open_when_ready, subscribe_start
 from conveyor.worker.unknown import Policy, UnknownNames, policy, release_delay
@@ -158,6 +159,14 @@ class Worker:
         self._record = Recorder(
             self.store, self.worker_id, self.group, self._acks, self._heartbeats, self._let_go
         )
+        #: Keeps this worker among the store's live workers while it runs.
+        self._announcer = Announcer(
+            self.store,
+            worker_id=self.worker_id,
+            queues=self.queues,
+            group=self.group,
+            concurrency=self.concurrency,
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._forced: asyncio.Event | None = None
@@ -177,6 +186,9 @@ class Worker:
         self.stop_when_idle = False
         #: Whether this worker also submits the ticks of the app's periodic schedules.
         self.run_schedules = True
+        #: Whether :meth:`run` closes the store when it ends, before it logs that it
+        #: stopped (``App.run_worker``: the store belongs to the loop that ends).
+        self.close_store = False
         #: Seconds :meth:`run` keeps trying to reach a database that does not answer
         #: before it gives up (``App.run_worker`` and the CLI wait a minute).
         self.wait_for_db = 0.0
@@ -231,6 +243,7 @@ class Worker:
         self._slot_freed, self._stream_freed = asyncio.Event(), asyncio.Event()
         for _ in range(self._stop_calls):  # stop() called before run()
             self._request_stop()
+        farewell: str | None = None  # said once everything is closed
         try:
             if not await open_when_ready(self.store, self.wait_for_db, self._stopping):
                 return
@@ -238,10 +251,17 @@ class Worker:
                 self.store, self.queues, self.group, self.subscribe, self._stopping
             ):
                 return
+            if self._stopping.is_set():  # asked to stop before it began: claim nothing
+                farewell = "worker %s stopped before its first claim"
+                return
             await self._heartbeats.refresh()
+            await self._announcer.announce()
             if self.gc_freeze:
                 settle_collector()
-            background = [asyncio.create_task(self._heartbeats.run(), name="conveyor-heartbeat")]
+            background = [
+                asyncio.create_task(self._heartbeats.run(), name="conveyor-heartbeat"),
+                asyncio.create_task(self._announcer.run(), name="conveyor-announce"),
+            ]
             if self.maintain_interval is not None:
                 background.append(
                     asyncio.create_task(self._maintain_loop(), name="conveyor-maintain")
@@ -267,12 +287,17 @@ class Worker:
                 for job in jobs:
                     job.cancel()
                 await asyncio.gather(*jobs, return_exceptions=True)
-            log.info("worker %s stopped", self.worker_id)
+                await self._announcer.retire()
+            farewell = "worker %s stopped"
             if self._fatal is not None:
                 raise self._fatal
         finally:
+            if self.close_store:
+                await self.store.close()
             self._running = False
-
+            # Last, so that "stopped" means it: nothing of the worker's runs after it.
+            if farewell is not None:
+                log.info(farewell, self.worker_id)
 
     # ------------------------------------------------------------ claiming
     async def _claim_loop(self) -> None:

@@ -21,11 +21,13 @@ import logging
 import time
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from conveyor import _values as v
 from conveyor.errors import ConveyorError, InvalidArgument, NotFound, StoreUnavailable
-from conveyor.store.base import TaskStore
+
+if TYPE_CHECKING:
+    from conveyor.store.base import TaskStore
 
 #: Where a group a worker subscribes starts (see :meth:`TaskStore.subscribe`).
 Start = Literal["all", "new"] | datetime

@@ -186,21 +186,28 @@ def group_key(group: str | None) -> str:
     return checked or q.QUEUE_MODE
 
 
-def encode_cursor(seq: int) -> str:
-    """An opaque list() cursor for the position after ``seq``."""
-    return base64.urlsafe_b64encode(json.dumps({"s": seq}).encode()).decode().rstrip("=")
+def encode_cursor(seq: int, order: str = "oldest") -> str:
+    """An opaque list() cursor for the position after ``seq`` in ``order``
+    (a newest-first cursor says so; an oldest-first one is as it always was)."""
+    data: dict[str, Any] = {"s": seq} if order == "oldest" else {"s": seq, "o": order}
+    return base64.urlsafe_b64encode(json.dumps(data).encode()).decode().rstrip("=")
 
 
-def decode_cursor(cursor: str) -> int:
-    """The sequence number in a list() cursor, or InvalidArgument."""
+def decode_cursor(cursor: str, order: str = "oldest") -> int:
+    """The sequence number in a list() cursor made for ``order``, or InvalidArgument."""
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        seq = json.loads(raw)["s"]
+        data = json.loads(raw)
+        seq, made_for = data["s"], data.get("o", "oldest")
         if not isinstance(seq, int):
             raise TypeError
-        return seq
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         raise InvalidArgument("cursor", "is not a cursor returned by list()") from None
+    if made_for != order:
+        raise InvalidArgument(
+            "cursor", f"was returned by list(order={made_for!r}): pass the same order with it"
+        )
+    return seq
 
 
 def list_statement(
@@ -209,9 +216,12 @@ def list_statement(
     filters: dict[str, str | None],
     cursor: str | None,
     limit: int,
+    *,
+    order: str = "oldest",
 ) -> Select[Any]:
     """list()'s query: ``grp``'s view, filtered by status and the given task columns
-    (validated here), after ``cursor``, in submit order, ``limit`` rows."""
+    (validated here), after ``cursor``, in submit order (``order="newest"``: the
+    reverse), ``limit`` rows."""
     stmt = q.task_view(grp)
     if status is not None:
         try:
@@ -231,23 +241,25 @@ def list_statement(
                 stmt = stmt.where(t.c[field] == v.name(field, value))
     if filters.get("queue") is not None:
         stmt = stmt.where(d.c.queue == filters["queue"])  # lets the status index serve it
+    newest = order == "newest"
     if cursor is not None:
-        stmt = stmt.where(t.c.seq > decode_cursor(cursor))
+        position = decode_cursor(cursor, order)
+        stmt = stmt.where(t.c.seq < position if newest else t.c.seq > position)
     if root is None:
-        return stmt.order_by(t.c.seq).limit(limit)
+        return stmt.order_by(t.c.seq.desc() if newest else t.c.seq).limit(limit)
     # A workflow: its descendants from the root index (which holds only tasks with a
     # parent, see schema.py), the first ``limit`` of them in submit order, so a
     # page reads a page whatever the planner thinks of the table; and its root, by
     # id. The two merged in submit order.
     below = (
         stmt.where(t.c.root_id == root, t.c.parent_id.is_not(None))
-        .order_by(t.c.seq)
+        .order_by(t.c.seq.desc() if newest else t.c.seq)
         .limit(limit)
         .subquery()
     )
     itself = stmt.where(t.c.id == root, t.c.root_id == root, t.c.parent_id.is_(None))
     both = union_all(select(below), itself).subquery()
-    return select(both).order_by(both.c.seq).limit(limit)
+    return select(both).order_by(both.c.seq.desc() if newest else both.c.seq).limit(limit)
 
 
 async def fetch_tasks(
