@@ -5,6 +5,7 @@ How to read it (five minutes)::
     base.py          TaskStore: the public API (producer, bus, settings, upkeep)
     api_leases.py    its consumer half: claim, heartbeat, succeed, fail, acks
     api_reads.py     its reads for dashboards and metrics
+    api_admin.py     bus mode, queue settings and upkeep
     api_workers.py   its live-worker records: announce_worker, retire_worker
     api_internal.py  store.internal: what conveyor's worker, scheduler and CLI
                      need beyond the public API (not covered by semver)

@@ -44,8 +44,9 @@ from conveyor import _values as v
 from conveyor import tracing
 from conveyor.collector import settle_collector
 from conveyor.errors import ConveyorError, InvalidArgument, NotFound
-from conveyor.models import Backoff, ConsumerGroup, Page, QueueStats, Status, Task
+from conveyor.models import Backoff, Page, Status, Task
 from conveyor.schema import keys as k
+from conveyor.store.api_admin import AdminOps
 from conveyor.store.api_internal import Internal
 from conveyor.store.api_leases import MAX_LIMIT, LeaseOps
 from conveyor.store.api_reads import InspectReads
@@ -53,20 +54,17 @@ from conveyor.store.api_workers import WorkerOps
 from conveyor.store.protocol import (
     caller_tx,
     codec,
-    groups,
     producer,
     streams,
     submit_runs,
     submit_together,
     texts,
-    upkeep,
     wake,
     withdraw,
 )
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.protocol.requests import Preparing, Request
-from conveyor.store.protocol.stats import stats_tx
 
 T = TypeVar("T")
 
@@ -75,7 +73,7 @@ WAITER_TTL = 3600.0  # seconds a wait() without timeout stays registered unrenew
 WAITER_SLACK = 60.0  # a wait() with a timeout stays registered that much longer
 
 
-class TaskStore(LeaseOps, InspectReads, WorkerOps):
+class TaskStore(LeaseOps, InspectReads, WorkerOps, AdminOps):
     """A durable task queue and message bus on one database.
 
     Use :func:`conveyor.connect` to make one; ``async with store:`` opens it
@@ -439,121 +437,6 @@ class TaskStore(LeaseOps, InspectReads, WorkerOps):
             # one that expires, never a wrong answer.
             with contextlib.suppress(ConveyorError):
                 await self._drop_waiter(task_id, token)
-
-    # ------------------------------------------------------------ bus mode
-    async def subscribe(
-        self,
-        queue: str,
-        group: str,
-        *,
-        start: Literal["all", "new"] | datetime = "all",
-        _if_missing: bool = False,
-    ) -> ConsumerGroup:
-        """Register ``group`` on ``queue``: it receives every task from ``start`` on
-        (``"all"``: the retained history; ``"new"``: tasks submitted after this call
-        returns; a datetime: tasks created since then). Subscribing an active group
-        again changes nothing and returns it; subscribing an unsubscribed one starts
-        it over from ``start``. A claim as a group never subscribed raises
-        :class:`NotFound` unless it is given ``subscribe=`` (see :meth:`claim`)."""
-        queue = v.name("queue", queue)
-        group = v.name("group", group)
-        new, start_at = groups.parse_start("start", start)
-        return await groups.subscribe(
-            self, queue, group, new=new, start_at=start_at, if_missing=_if_missing
-        )
-
-    async def unsubscribe(self, queue: str, group: str) -> bool:
-        """Deactivate ``group`` on ``queue`` and drop its delivery state.
-
-        Returns whether the group was subscribed."""
-        queue = v.name("queue", queue)
-        group = v.name("group", group)
-        self._known_groups.discard((queue, group))
-        return await self._run(lambda conn: groups.unsubscribe_tx(self, conn, queue, group))
-
-    async def groups(self, queue: str | None = None) -> builtins.list[ConsumerGroup]:
-        """Registered consumer groups (active and not), optionally of one queue."""
-        name = None if queue is None else v.name("queue", queue)
-        return await self._run(lambda conn: groups.list_tx(conn, name), write=False)
-
-    async def stats(self, queue: str | None = None) -> builtins.list[QueueStats]:
-        """Per queue: counts by status (queue mode), age in seconds of the oldest
-        claimable task, and per group its counts, lag (tasks not yet terminal for
-        it) and oldest claimable age — one consistent snapshot, so each view's
-        counts add up to its tasks even while others claim and finish them. A
-        queue consumed by groups only leaves queue mode out (see
-        :class:`~conveyor.models.QueueStats`)."""
-        if queue is not None:
-            queue = v.name("queue", queue)
-        return await self._run(lambda conn: stats_tx(self, conn, queue), write=False)
-
-    # ---------------------------------------------------- settings, upkeep
-    async def configure_queue(
-        self,
-        queue: str,
-        *,
-        lease: v.Duration | None = None,
-        max_attempts: int | None = None,
-        backoff: Backoff | dict[str, float] | v.Duration | None = None,
-        retention: v.Duration | None = None,
-        max_wait: v.Duration | None = None,
-        queue_mode: bool | None = None,
-    ) -> dict[str, Any]:
-        """Store defaults for ``queue``; arguments left ``None`` keep their value.
-
-        ``lease`` applies when a task is claimed; ``max_attempts`` and ``backoff``
-        when it is submitted; ``max_wait`` evicts tasks never claimed that long
-        after their run_at; ``retention`` deletes tasks that finished (for queue
-        mode and every active group) that long ago — off unless set.
-        ``queue_mode=False`` declares a queue consumed by groups only: its
-        queue-mode state then never holds retention back.
-        """
-        queue = v.name("queue", queue)
-        values = upkeep.queue_settings(
-            lease=lease,
-            max_attempts=max_attempts,
-            backoff=backoff,
-            retention=retention,
-            max_wait=max_wait,
-            queue_mode=queue_mode,
-        )
-        await self._run(lambda conn: upkeep.configure_tx(self, conn, queue, values))
-        return await self.get_queue(queue)
-
-    async def get_queue(self, queue: str) -> dict[str, Any]:
-        """The stored settings of ``queue`` (``None`` where the default applies)."""
-        queue = v.name("queue", queue)
-
-        return await self._run(lambda conn: upkeep.get_queue_tx(conn, queue), write=False)
-
-    async def recover(self) -> tuple[int, int]:
-        """Recover every expired lease now: ``(requeued, failed)`` counts."""
-        return await self._run(lambda conn: upkeep.recover_tx(self, conn, None, None))
-
-    async def maintain(self) -> dict[str, int]:
-        """One pass of upkeep: lease recovery, eviction (``max_wait``) and retention.
-
-        Returns the counts ``{"recovered", "expired", "evicted", "deleted",
-        "skipped"}`` and records them in the maintenance history. Safe to call
-        from many workers at once: on Postgres one runs while the others skip
-        (``skipped`` = 1); on SQLite the write lock serialises the passes.
-        Retention deletes in bounded batches, each its own short transaction.
-        """
-        if self._engine is None:
-            await self.open()
-        return await upkeep.maintain(self)
-
-    async def maintenance_history(self, limit: int = 20) -> builtins.list[dict[str, Any]]:
-        """The most recent :meth:`maintain` passes, newest first.
-
-        Each pass's counts are exact: every step adds what it did to its pass's
-        row in the step's own transaction. A pass cut short (its worker stopped,
-        the database went away) keeps the counts of the steps that committed and
-        a ``duration`` of 0.
-        """
-        limit = v.positive_int("limit", limit)
-
-        return await self._run(lambda conn: upkeep.history_tx(conn, limit), write=False)
 
     # --------------------------------------------------------------- waking
     def _wake(
