@@ -64,7 +64,7 @@ class Seam(abc.ABC):
     #: Whether the backend has row locks whose order matters (Postgres). Without
     #: them (SQLite: one writer holds the whole database) the protocol skips the
     #: reads that only find rows to lock ahead of time (the streams of a replace's
-    #: holders, of expired leases, of a fenced write; see
+    #: holders and of a fenced write; see
     #: :mod:`conveyor.store.protocol.streams`); the catalogue's lock statements
     #: (``share_groups``, ``lock_streams``) run on both.
     row_locks: ClassVar[bool]

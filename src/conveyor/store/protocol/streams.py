@@ -39,8 +39,8 @@ serialise on its queue-mode stream row (:func:`serialize_producers`) before
 inserting, so within a stream the sequence order is the commit order.
 On SQLite one writer holds the whole database and the order is moot: its
 ``share_groups`` and ``lock_streams`` lock nothing (the second creates the rows
-missing), and the lock-only reads of existing rows are skipped (``row_locks`` is
-False).
+missing), and the reads that only find the streams of a replace's holders or of
+a fenced write to lock ahead are skipped (``row_locks`` is False).
 """
 
 from __future__ import annotations

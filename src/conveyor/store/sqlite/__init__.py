@@ -1,5 +1,6 @@
-"""The SQLite dialect: the seam (:mod:`.store`), its statements (:mod:`.texts`) and
-the connection thread that runs whole transactions (:mod:`.thread`)."""
+"""The SQLite dialect: the seam (:mod:`.store`), its statements (``sql/*.sql``, some
+of them scripts), its claim hook (:mod:`.claim`) and the connection thread that
+runs whole transactions (:mod:`.thread`)."""
 
 from conveyor.store.sqlite.store import SQLiteStore
 

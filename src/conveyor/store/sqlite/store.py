@@ -410,11 +410,11 @@ class SQLiteStore(TaskStore):
 
     def _statement_texts(self) -> Mapping[str, str]:
         # No data-modifying CTEs, arrays, LATERAL or UPDATE … FROM a set-returning
-        # function: plain submit and ack run step by step
-        # (conveyor.store.protocol.steps), on the one connection that holds the write lock,
-        # so it costs no extra round trips to a server. The steps that take a list
-        # take it as JSON text read by json_each (an IN list would be rebuilt per
-        # size); why each differs is in the comments of sql/*.sql.
+        # function: a statement Postgres writes as one may be a script here, its
+        # statements run on the one connection that holds the write lock, so they
+        # cost no extra round trips to a server. Lists are JSON text read by
+        # json_each (an IN list would be rebuilt per size); why each differs is in
+        # the comments of sql/*.sql.
         return texts.load("conveyor.store.sqlite")
 
     def _direct_runner(self) -> DirectRunner | None:
