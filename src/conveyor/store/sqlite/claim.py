@@ -57,10 +57,8 @@ async def claim(
     return await tx.run(st, work)
 
 
-def _step(built: texts.Texts, name: str) -> texts.Text:
-    text = built.get(name)
-    assert text is not None, f"the SQLite SQL files hold {name}"
-    return text
+#: The hook's statements, in the order :func:`claim_tx` unpacks them.
+_STEPS = ("claim.candidates", "claim.lease", "claim.view", "claim.hold")
 
 
 async def claim_tx(
@@ -85,7 +83,8 @@ async def claim_tx(
         "streams": claim_order.streams_wanted(limit, partition, per_stream),
         "per_stream": claim_order.run_cap(limit, per_stream),
     }
-    candidates = _step(built, "claim.candidates")
+    candidates, lease_step, view_step, hold = (built.get(name) for name in _STEPS)
+    assert candidates and lease_step and view_step and hold, "the SQLite SQL files hold them"
     rows = list(await texts.execute(conn, st, candidates, params))
     for queue in queues[1:]:
         # Each queue read by its own index range: the union of every queue's first
@@ -96,30 +95,27 @@ async def claim_tx(
     picked = claim_order.choose(_units(rows), limit, claim_order.mixes(partition, per_stream))
     if not picked:
         return []
-    lease_step = _step(built, "claim.lease")
     base = {"grp": grp, "w_id": worker_id, "lease": lease}
+    seqs = json.dumps(picked)
     if len(queues) == 1:
-        await texts.execute(
-            conn, st, lease_step, {**base, "queue": queues[0], "seqs": json.dumps(picked)}
-        )
+        await texts.execute(conn, st, lease_step, {**base, "queue": queues[0], "seqs": seqs})
     else:
         chosen = set(picked)
         of_queue: dict[str, list[int]] = {}
         for row in rows:
             if row.task_seq in chosen:
                 of_queue.setdefault(row.queue, []).append(row.task_seq)
-        for queue, seqs in of_queue.items():
+        for queue, mine in of_queue.items():
             await texts.execute(
-                conn, st, lease_step, {**base, "queue": queue, "seqs": json.dumps(seqs)}
+                conn, st, lease_step, {**base, "queue": queue, "seqs": json.dumps(mine)}
             )
-    view = {"grp": grp, "seqs": json.dumps(picked), "w_id": worker_id}
-    read = await texts.execute(conn, st, _step(built, "claim.view"), view)
+    view = {"grp": grp, "seqs": seqs, "w_id": worker_id}
+    read = await texts.execute(conn, st, view_step, view)
     taken = {row.seq: row for row in read}
     held: dict[str, set[str]] = {}
     for row in taken.values():
         if row.partition is not None:
             held.setdefault(row.queue, set()).add(row.partition)
-    hold = _step(built, "claim.hold")
     for queue, partitions in held.items():
         streams = {"grp": grp, "queue": queue, "partitions": json.dumps(sorted(partitions))}
         await texts.execute(conn, st, hold, streams)
