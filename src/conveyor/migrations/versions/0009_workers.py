@@ -1,4 +1,4 @@
-"""Live workers: each running worker's row, written at start and every few seconds.
+"""Live workers: a row per worker, written at its start and every few seconds.
 
 Revision ID: 0009
 Revises: 0008
