@@ -357,3 +357,46 @@ async def test_a_partitioned_batch_in_a_transaction_of_either_postgres_driver(
         for p in range(3):
             assert [n for n in seen if n != 9 and n % 3 == p] == [p, p + 3, p + 6]
         assert sorted(seen) == list(range(10))
+
+
+async def test_every_kind_of_submit_runs_in_a_transaction_of_asyncpg(
+    store: TaskStore, store_url: str, backend: str
+) -> None:
+    """The store's statements, rebuilt once in asyncpg's ``$n`` style, serve each
+    kind of submit on the caller's asyncpg connection: plain, children, keys
+    (reused, refused, replaced), partitions with parents; all committed by the
+    caller at once."""
+    if backend != "postgres":
+        pytest.skip("Postgres drivers")
+    pytest.importorskip("asyncpg")
+    root = await store.submit("t", queue="q", key="held")
+    eng = create_async_engine(make_url(store_url).set(drivername="postgresql+asyncpg"))
+    try:
+        async with eng.connect() as conn:
+            one = await store.submit("t", queue="q", payload=1, connection=conn)
+            many = await store.submit_many(
+                [{"name": "t", "queue": "q", "payload": i} for i in range(3)], connection=conn
+            )
+            child = await store.submit("t", queue="q", parent=root.id, connection=conn)
+            reused = await store.submit("t", queue="q", key="held", connection=conn)
+            with pytest.raises(conveyor.AlreadyExists):
+                await store.submit("t", queue="q", key="held", conflict="reject", connection=conn)
+            swapped = await store.submit(
+                "t", queue="q", key="held", conflict="replace", partition="p", connection=conn
+            )
+            kids = await store.submit_many(
+                [{"name": "t", "queue": "q", "parent": root.id, "partition": "p"}] * 2,
+                connection=conn,
+            )
+            assert await store.get(one.id) is None  # not committed yet
+            await conn.commit()
+    finally:
+        await eng.dispose()
+    assert reused.id == root.id and swapped.id != root.id
+    assert child.root_id == root.id and [k.root_id for k in kids] == [root.id] * 2
+    gone = await store.get(root.id)
+    assert gone is not None and gone.status is conveyor.Status.CANCELLED
+    for task in (one, *many, child, swapped, *kids):
+        assert await store.get(task.id) == task
+    got = await store.claim("q", worker_id="w", limit=10, per_stream=3)
+    assert [t.id for t in got if t.partition == "p"] == [swapped.id, *(k.id for k in kids)]

@@ -180,9 +180,9 @@ async def test_a_partitioned_submit_writes_its_streams_in_a_fixed_number_of_stat
     """A partitioned submit writes stream rows in the protocol's statements, the
     same number however many streams it joins: the queue-mode streams created
     before the insert (``lock_streams``: with one writer there is nothing to lock),
-    then every stream the rows joined created and recomputed (``lock_streams``,
-    ``refresh_streams``). The streams come out right: each partition's tasks
-    claimed in submit order."""
+    then the partitions' streams of queue mode and every group created and
+    recomputed (``lock_group_streams``, ``refresh_group_streams``), as on Postgres.
+    The streams come out right: each partition's tasks claimed in submit order."""
     async with conveyor.connect(f"sqlite:///{tmp_path / 's.db'}") as store:
         await store.submit("t", queue="q")
         seen = _count_statements(store, monkeypatch)
@@ -194,8 +194,8 @@ async def test_a_partitioned_submit_writes_its_streams_in_a_fixed_number_of_stat
         )
         two = [s for s in seen if "conveyor_streams" in s and "INSERT" in s.upper()]
         assert store._texts is not None
-        lock, refresh = store._texts["lock_streams"].sql, store._texts["refresh_streams"].sql
-        assert one == two == [lock, lock, refresh]
+        names = ("lock_streams", "lock_group_streams", "refresh_group_streams")
+        assert one == two == [store._texts[name].sql for name in names]
         got = await store.claim("q", worker_id="w", limit=10, per_stream=3)
         by_stream = (
             [t.id for t in got if t.partition == "new"],

@@ -127,7 +127,7 @@ async def test_keyed_tasks_are_written_by_the_built_statements(tmp_path: Path) -
 async def test_keys_are_claimed_and_read_by_the_built_statements(tmp_path: Path) -> None:
     """Keyed submits (new keys, held ones, a key twice in a batch, a replace) claim
     and read their keys with the built statements: no statement through
-    SQLAlchemy names the keys table but the replace's hand-over (before: an
+    SQLAlchemy names the keys table, the replace's hand-over included (before: an
     upsert compiled anew on every call, about 40 % of a keyed submit's time).
     One task per key, a held key answering with its holder."""
     async with conveyor.connect(f"sqlite:///{tmp_path / 's.db'}") as store:
@@ -144,7 +144,7 @@ async def test_keys_are_claimed_and_read_by_the_built_statements(tmp_path: Path)
         )
         swapped = await store.submit("t", queue="q", key="one", conflict="replace")
         keyed = [s for s in seen if "conveyor_keys" in s]
-        assert len(keyed) == 1 and keyed[0].startswith("UPDATE conveyor_keys")
+        assert keyed == []
         assert again == one and batch[0].id == held.id and batch[1] == batch[2]
         assert await store.get_by_key("new") == batch[1]
         assert await store.get_by_key("one") == swapped != one

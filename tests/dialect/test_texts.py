@@ -414,3 +414,31 @@ async def test_the_batch_runner_runs_a_scripts_statements_in_order(
     count = "SELECT count(*) AS n FROM conveyor_waiters WHERE task_id = 's'"
     rows = await store._batch_runner()([add, count], iter([{"token": "a"}, {"token": "b"}]))
     assert [row.n for row in rows or []] == [1, 2]
+
+
+def test_a_statement_is_rebuilt_in_a_positional_drivers_style() -> None:
+    """asyncpg's ``$n`` (a name read twice is one number) and ``%s`` (one per use,
+    literal ``%`` doubled), each with the names in the order they are read; a
+    ``:word`` in a comment is no parameter; a script's statements each their own."""
+    sql = "-- see :nothing here\nSELECT :a, :b, :a, '5%' WHERE x = :c;\nSELECT :b"
+    dollar = texts.made("s", sql, "numeric_dollar")
+    assert dollar.before == ("\nSELECT $1, $2, $1, '5%' WHERE x = $3",)
+    assert dollar.sql == "SELECT $1"
+    assert dollar.orders == (("a", "b", "c"), ("b",))
+    fmt = texts.made("s", sql, "format")
+    assert fmt.before == ("\nSELECT %s, %s, %s, '5%%' WHERE x = %s",)
+    assert fmt.orders == (("a", "b", "a", "c"), ("b",))
+    named = texts.made("s", sql, "pyformat")
+    assert named.orders == () and "%(a)s" in named.before[0]
+
+
+def test_a_list_parameter_not_given_is_null() -> None:
+    """A JSON list the statement reads and the caller leaves out is bound as NULL
+    (no list): one statement of a dialect may serve kinds that give fewer lists."""
+    text = texts.made("s", "SELECT value FROM json_each(:keys), json_each(:ids)", "named")
+    bound = text.bind(_Clockless(), {"ids": ["a"]})
+    assert bound == {"ids": '["a"]', "keys": None}
+
+
+class _Clockless:
+    clock_offset = 0.0

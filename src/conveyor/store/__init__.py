@@ -60,9 +60,10 @@ The rules that keep it one protocol:
 * Each dialect's SQL lives in its ``sql/*.sql`` files, one ``-- name:`` block
   per statement, read once per process and built once per store at ``open()``.
   No SQL is made by editing other SQL: a variant is a statement of its own.
-* Both dialects implement every statement of :mod:`.catalogue`; the statements
-  one dialect does not have yet are listed in ``catalogue.ONLY_ON`` (what is
-  left to merge), and ``tests/dialect/test_catalogue.py`` holds the files to it.
+* Both dialects implement every statement of :mod:`.catalogue`, and
+  ``tests/dialect/test_catalogue.py`` holds the files to it. A statement runs on
+  the caller's connection too (``submit(..., connection=...)``), rebuilt once in
+  the style of the caller's driver (``texts.on``).
 * Where the algorithm must differ, not only the SQL, the seam has one
   operation-level hook (``catalogue.HOOKS``), with a contract both dialects are
   tested against.

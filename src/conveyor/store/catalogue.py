@@ -23,12 +23,8 @@ Two kinds of entry:
   differ and not only their SQL (:meth:`conveyor.store.seam.Seam._claim`): a
   dialect's statements named ``<hook>.<part>`` serve only its own hook.
 
-:data:`ONLY_ON` names the statements that one dialect does not yet implement: the
-protocol reaches each of them only where a shared statement does not serve yet
-(see CONTRIBUTING: "A new statement"). The catalogue test
-(``tests/dialect/test_catalogue.py``) fails when a dialect lacks a statement
-not listed there, has one the catalogue does not name, or when a listed one is
-in fact on both.
+The catalogue test (``tests/dialect/test_catalogue.py``) fails when a dialect
+lacks a statement or has one the catalogue does not name.
 """
 
 from __future__ import annotations
@@ -362,25 +358,6 @@ HOOKS: dict[str, str] = {
         ``claim.hold``).""".split()
     ),
 }
-
-#: Catalogue statements one dialect does not implement yet, and that dialect's name.
-ONLY_ON: dict[str, str] = {
-    **{
-        name: "postgres"
-        for name in (
-            "key_holder key_answers replace_share replace_lock replace_cancel "
-            "replace_refresh replace_key submit_partitioned "
-            "submit_partitioned_children submit_keyed submit_keyed_child "
-            "submit_keyed_partitioned submit_keyed_many submit_key_owned "
-            "lock_streams_if_parents lock_group_streams "
-            "lock_group_streams_if_parents refresh_group_streams"
-        ).split()
-    },
-}
-
-
-ONLY_ON.update({f"{name}_in": ONLY_ON[name] for name in list(ONLY_ON) if name + "_in" in _NAMES})
-
 
 def names() -> list[str]:
     """Every catalogue statement's name, sorted."""

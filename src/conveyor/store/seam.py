@@ -184,13 +184,6 @@ class Seam(abc.ABC):
         change (Postgres: ``FOR UPDATE``; SQLite: the write lock)."""
 
     @abc.abstractmethod
-    def _share_rows(self, stmt: Select[Any]) -> Select[Any]:
-        """Make a read take a shared lock on the rows it returns until commit: many
-        transactions may share it, and a :meth:`_lock_rows` of the same row waits
-        for them (producers share the group rows they fan out to; unsubscribe
-        locks the row). Postgres: ``FOR KEY SHARE``; SQLite: the write lock."""
-
-    @abc.abstractmethod
     async def _lock_for_backfill(self, conn: AsyncConnection) -> None:
         """The producer barrier, taken first in a subscribe's transaction: wait out
         producers in flight, and hold new ones back until ``conn``'s transaction

@@ -42,7 +42,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import psycopg
-from sqlalchemy import TextClause, text
 
 log = logging.getLogger("conveyor.listen")
 
@@ -64,17 +63,6 @@ KEEPALIVES: Mapping[str, Any] = {
     "keepalives_interval": 5,
     "keepalives_count": 3,
 }
-
-# A completion (the done channel) is announced only when a wait() is registered for
-# it (conveyor_waiters), or, for "some tasks finished" (an empty payload), when any
-# wait() is: nobody else listens for it.
-NOTIFY: TextClause = text(
-    "SELECT pg_notify(n.channel, n.payload) "
-    "FROM unnest(CAST(:channels AS text[]), CAST(:payloads AS text[])) AS n(channel, payload) "
-    f"WHERE n.channel <> '{DONE_CHANNEL}' "
-    "OR EXISTS (SELECT 1 FROM conveyor_waiters AS w WHERE w.task_id = n.payload) "
-    "OR (n.payload = '' AND EXISTS (SELECT 1 FROM conveyor_waiters))"
-)
 
 #: The advisory lock a listener holds shared while it listens, in its database
 #: (postgres.py's MIGRATION_LOCK + 2).

@@ -220,11 +220,6 @@ class PostgresStore(TaskStore):
     def _lock_rows(self, stmt: Select[Any]) -> Select[Any]:
         return stmt.with_for_update()
 
-    def _share_rows(self, stmt: Select[Any]) -> Select[Any]:
-        # FOR KEY SHARE: the lightest row lock; many producers hold it at once, and
-        # unsubscribe's FOR UPDATE of the group row still waits for them.
-        return stmt.with_for_update(read=True, key_share=True)
-
     async def _lock_for_backfill(self, conn: AsyncConnection) -> None:
         # Producers take the stream rows (partitioned submits) and then insert tasks.
         # SHARE ROW EXCLUSIVE on both, in that order, waits for every producer in
@@ -412,8 +407,5 @@ class PostgresStore(TaskStore):
         params = pg_listen.notify_params(queues, done, task_ids)
         if params is None:
             return
-        built = texts.usable(self, conn, "wake.notify")
-        if built is not None:
-            await texts.execute(conn, self, built, params)  # built once (sql/wake.sql)
-        else:
-            await conn.execute(pg_listen.NOTIFY, params)
+        # Built once (sql/wake.sql), in the style of the connection's driver.
+        await texts.execute(conn, self, texts.on(self, conn)["wake.notify"], params)

@@ -3,12 +3,13 @@ caller's connection, checked (:mod:`conveyor.store.protocol.caller_conn`), runs 
 store's own transaction would, with no commit of ours; this process's workers
 are woken after the caller commits.
 
-Plain tasks and children go as the dialect's one-statement submit; the kinds
-sent together outside a transaction (:mod:`conveyor.store.protocol.submit_together`) run the
+Plain tasks and children go as the one-statement submit; the kinds sent
+together outside a transaction (:mod:`conveyor.store.protocol.submit_together`) run the
 same statements one after another on the caller's connection, in a savepoint;
 the rest go step by step (:func:`conveyor.store.protocol.producer.submit_tx`), in a
-savepoint too. Where the dialect has a statement's variant for a caller's
-transaction (:meth:`conveyor.store.protocol.texts.Texts.in_callers`), that one runs.
+savepoint too. Each statement runs in its variant for a caller's transaction
+(:meth:`conveyor.store.protocol.texts.Texts.in_callers`), written in the style of
+the caller's driver (:func:`conveyor.store.protocol.texts.on`).
 """
 
 from __future__ import annotations
@@ -56,10 +57,11 @@ def _one_statement(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> text
     """The dialect's one-statement submit of ``reqs`` for a caller's transaction,
     if they are plain, or children without keys or partitions."""
     single = len(reqs) == 1
+    built = texts.on(st, conn)
     if producer.is_plain(reqs):
-        return texts.usable(st, conn, "submit_one_in" if single else "submit_plain_in")
+        return built["submit_one_in" if single else "submit_plain_in"]
     if producer.only_parents(reqs):
-        return texts.usable(st, conn, "submit_child_in" if single else "submit_children_in")
+        return built["submit_child_in" if single else "submit_children_in"]
     return None
 
 

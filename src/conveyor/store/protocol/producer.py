@@ -10,15 +10,12 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
 from conveyor.errors import AlreadyExists, InvalidArgument
 from conveyor.models import Task
-from conveyor.schema import deliveries as d
-from conveyor.schema import groups as g
-from conveyor.schema import keys as k
 from conveyor.schema import tasks as t
 from conveyor.store.protocol import codec, streams, texts, withdraw
 from conveyor.store.protocol import queries as q
@@ -221,35 +218,15 @@ async def submit_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> lis
         won: set[str] = set()
         existing: dict[str, str] = {}
         pending = sorted(first)
-        claim, hold = texts.usable(st, conn, "claim_keys"), texts.usable(st, conn, "lock_keys")
+        built = texts.on(st, conn)
         while pending:
-            if claim is not None:
-                bound = {
-                    "keys": json.dumps(pending),
-                    "ids": json.dumps([first[key].id for key in pending]),
-                }
-                claimed = await texts.execute(conn, st, claim, bound)
-                won |= {row.key for row in claimed}
-            else:
-                ins = (
-                    st._upsert(k)
-                    .values([{"key": key, "task_id": first[key].id} for key in pending])
-                    .on_conflict_do_nothing(index_elements=["key"])
-                    .returning(k.c.key)
-                )
-                won |= set((await conn.execute(ins)).scalars())
+            bound = {"keys": pending, "ids": [first[key].id for key in pending]}
+            claimed = await texts.execute(conn, st, built["claim_keys"], bound)
+            won |= {row.key for row in claimed}
             lost = [key for key in pending if key not in won]
             if not lost:
                 break
-            if hold is not None:
-                rows = await texts.execute(conn, st, hold, {"keys": json.dumps(lost)})
-            else:
-                holders = (
-                    select(k.c.key, k.c.task_id)
-                    .where(k.c.key.in_(lost))
-                    .order_by(q.by_code_point(k.c.key))
-                )
-                rows = await conn.execute(st._lock_rows(holders))
+            rows = await texts.execute(conn, st, built["lock_keys"], {"keys": lost})
             existing.update({row.key: row.task_id for row in rows})
             pending = [key for key in lost if key not in existing]
         for key, r in first.items():
@@ -262,7 +239,7 @@ async def submit_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> lis
             else:
                 replaced.append(existing[key])
                 chosen[key] = r.id
-                await conn.execute(update(k).where(k.c.key == key).values(task_id=r.id))
+                await texts.execute(conn, st, built["replace_key"], {"key": key, "id": r.id})
     for r in reqs:
         if r.key is None or (chosen[r.key] == r.id):
             new.append(r)
@@ -310,17 +287,7 @@ async def share_groups(st: Seam, conn: AsyncConnection, queues: list[str]) -> No
     (``share_groups``)."""
     if not queues:
         return
-    share = texts.usable(st, conn, "share_groups")
-    if share is not None:
-        await texts.execute(conn, st, share, {"queues": json.dumps(queues)})
-        return
-    await conn.execute(
-        st._share_rows(
-            select(g.c.queue, g.c.name)
-            .where(g.c.queue.in_(queues), g.c.active.is_(True))
-            .order_by(g.c.queue, g.c.name)
-        )
-    )
+    await texts.execute(conn, st, texts.on(st, conn)["share_groups"], {"queues": queues})
 
 
 async def lock_replacing(
@@ -332,10 +299,8 @@ async def lock_replacing(
     group's) and the queue-mode streams of the new tasks' partitions. Locked in
     the passes that follow one by one (the holders', then the new tasks'), a new
     task's stream that sorts before a holder's was taken out of order, and a batch
-    locking both in order deadlocked with it. Nothing on a dialect without row
-    locks; the passes that follow then only lock again what is held."""
-    if not st.row_locks:
-        return
+    locking both in order deadlocked with it. (Where one writer holds the whole
+    database, SQLite, the statements lock nothing and create the rows missing.)"""
     rows = await conn.execute(
         select(t.c.queue, t.c.partition).where(
             t.c.id.in_(sorted(set(holders))), t.c.partition.is_not(None)
@@ -356,12 +321,9 @@ async def insert_tasks(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> 
     """Insert the task rows and their delivery rows; the new tasks by id."""
     parents: dict[str, str] = {}
     parent_ids = sorted({r.parent_id for r in reqs if r.parent_id is not None})
+    built = texts.on(st, conn)
     if parent_ids:
-        roots = texts.usable(st, conn, "parent_roots")
-        if roots is not None:
-            rows = await texts.execute(conn, st, roots, {"ids": parent_ids})
-        else:
-            rows = await conn.execute(select(t.c.id, t.c.root_id).where(t.c.id.in_(parent_ids)))
+        rows = await texts.execute(conn, st, built["parent_roots"], {"ids": parent_ids})
         parents = {row.id: row.root_id for row in rows}
         missing = [p for p in parent_ids if p not in parents and p not in {r.id for r in reqs}]
         if missing:
@@ -377,11 +339,7 @@ async def insert_tasks(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> 
     await share_groups(st, conn, queues)
     stream_keys = {(r.queue, p) for r in reqs if (p := r.partition) is not None}
     await streams.serialize_producers(st, conn, stream_keys)
-    built_context = texts.usable(st, conn, "submit_context")
-    if built_context is not None:
-        context = list(await texts.execute(conn, st, built_context, {"queues": queues}))
-    else:
-        context = list(await conn.execute(q.submit_context(queues, tx.now(st))))
+    context = list(await texts.execute(conn, st, built["submit_context"], {"queues": queues}))
     now = int(context[0].now)
     settings = {row.queue: row for row in context if row.queue is not None}
     params = [
@@ -397,27 +355,10 @@ async def insert_tasks(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> 
         r.id: codec.new_task(row, payload=json.loads(r.payload), metadata=json.loads(r.metadata))
         for r, row in zip(reqs, params, strict=True)
     }
-    built = texts.usable(st, conn, "insert_rows")
-    if built is not None:
-        # The task rows and their delivery rows in one statement of the dialect's
-        # (see ``insert_rows`` in Seam._statement_texts); it returns the streams the
-        # new rows joined.
-        encoded = json.dumps([[row[c] for c in _ROW_COLUMNS] for row in params])
-        touched = list(await texts.execute(conn, st, built, {"rows": encoded}))
-    else:
-        # One multi-row INSERT of plain values, then the delivery rows.
-        result = await conn.execute(t.insert().returning(t.c.seq), params)
-        seqs = list(result.scalars())
-        await conn.execute(q.fan_out(), {"seqs": seqs})
-        touched = []
-        if stream_keys:
-            touched = list(
-                await conn.execute(
-                    select(d.c.queue, d.c.grp, d.c.partition)
-                    .where(d.c.task_seq.in_(seqs), d.c.partition.is_not(None))
-                    .distinct()
-                )
-            )
+    # The task rows and their delivery rows in one statement, which returns the
+    # streams the new rows joined (``insert_rows``).
+    encoded = json.dumps([[row[c] for c in _ROW_COLUMNS] for row in params])
+    touched = list(await texts.execute(conn, st, built["insert_rows"], {"rows": encoded}))
     if touched:
         await streams.refresh(st, conn, [tuple(row) for row in touched])
     return out

@@ -39,8 +39,8 @@ serialise on its queue-mode stream row (:func:`serialize_producers`) before
 inserting, so within a stream the sequence order is the commit order.
 On SQLite one writer holds the whole database and the order is moot: its
 ``share_groups`` and ``lock_streams`` lock nothing (the second creates the rows
-missing), and the reads that only find the streams of a replace's holders or of
-a fenced write to lock ahead are skipped (``row_locks`` is False).
+missing), and the read that only finds the streams of a fenced write to lock
+ahead is skipped (``row_locks`` is False).
 """
 
 from __future__ import annotations
@@ -49,14 +49,12 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import false, select, update
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from conveyor.schema import streams as s
 from conveyor.schema import tasks as t
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import texts
-from conveyor.store.protocol import transactions as tx
 from conveyor.store.seam import Seam
 
 
@@ -70,23 +68,10 @@ async def serialize_producers(
     stream_keys = sorted(set(keys))
     if not stream_keys:
         return
-    built = texts.usable(st, conn, "lock_streams")
-    if built is not None:
-        # The same lock as below, built once: queue mode's grp sorts first, so
-        # (queue, partition) order is the lock order of these rows.
-        keys_json = json.dumps([[qn, q.QUEUE_MODE, p] for qn, p in stream_keys])
-        await texts.execute(conn, st, built, {"keys": keys_json})
-        return
-    lock = st._upsert(s).values(
-        [{"queue": qn, "grp": q.QUEUE_MODE, "partition": p} for qn, p in stream_keys]
-    )
-    # Updates nothing, but Postgres still locks the conflicting row.
-    lock = lock.on_conflict_do_update(
-        index_elements=["queue", "grp", "partition"],
-        set_={"head_seq": lock.excluded.head_seq},
-        where=false(),
-    )
-    await conn.execute(lock)
+    # Queue mode's grp sorts first, so (queue, partition) order is the lock order
+    # of these rows.
+    keys_list = [[qn, q.QUEUE_MODE, p] for qn, p in stream_keys]
+    await texts.execute(conn, st, texts.on(st, conn)["lock_streams"], {"keys": keys_list})
 
 
 async def lock_or_create(
@@ -94,17 +79,12 @@ async def lock_or_create(
 ) -> None:
     """Lock the (queue, grp, partition) stream rows ``keys`` in the lock order,
     creating those that do not exist, in one statement (``lock_streams``); held
-    until commit. On a caller's connection the statement cannot run on, the rows
-    that exist are locked (the missing ones are created later, as producers create
-    them)."""
+    until commit."""
     ordered = sorted(set(keys), key=lock_order)
     if not ordered:
         return
-    built = texts.usable(st, conn, "lock_streams")
-    if built is not None:
-        await texts.execute(conn, st, built, {"keys": json.dumps([list(k) for k in ordered])})
-    else:
-        await lock_streams(st, conn, ordered)
+    built = texts.on(st, conn)["lock_streams"]
+    await texts.execute(conn, st, built, {"keys": [list(k) for k in ordered]})
 
 
 def lock_order(key: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -148,52 +128,15 @@ async def refresh(st: Seam, conn: AsyncConnection, keys: Iterable[tuple[Any, ...
 
     Every stream is recomputed by one statement (``refresh_streams``), after
     another has locked their rows in the lock order, creating the missing ones
-    (``lock_streams``): two statements however many streams. The steps below,
-    three or four per stream, serve a caller's connection the statements cannot
-    run on.
+    (``lock_streams``): two statements however many streams.
     """
-    built = texts.usable(st, conn, "refresh_streams")
-    lock = texts.usable(st, conn, "lock_streams")
-    if built is not None and lock is not None:
-        ordered = sorted(set(keys), key=lock_order)
-        if ordered:
-            params = {"keys": json.dumps([list(key) for key in ordered])}
-            # Its own statement: the refresh's snapshot then has every change
-            # committed to these streams before their locks were granted.
-            await texts.execute(conn, st, lock, params)
-            rows = await texts.execute(conn, st, built, params)
-            return any(row.available_at is not None for row in rows)
+    ordered = sorted(set(keys), key=lock_order)
+    if not ordered:
         return False
-    freed = False
-    for queue, grp, partition in sorted(set(keys), key=lock_order):
-        # Lock the stream row before reading its head: a transition committed by
-        # another transaction while we wait is then visible to the reads below,
-        # so nobody writes back a head computed from a stale view.
-        locked = st._lock_rows(q.stream_state(queue, grp, partition))
-        state = (await conn.execute(locked)).first()
-        if state is None:
-            await conn.execute(
-                st._upsert(s)
-                .values(queue=queue, grp=grp, partition=partition)
-                .on_conflict_do_nothing(index_elements=["queue", "grp", "partition"])
-            )
-            state = (await conn.execute(locked)).first()
-        head = (await conn.execute(q.stream_head(queue, grp, partition, tx.now(st)))).first()
-        available: int | None = None
-        head_seq = None if head is None else head.task_seq
-        priority = None if head is None else head.priority
-        if head is not None and head.status == q.QUEUED:
-            held = (await conn.execute(q.stream_running(queue, grp, partition))).scalar()
-            if not held:
-                if state is not None and state.head_seq == head_seq and state.available_at:
-                    available = max(state.available_at, head.run_at)
-                else:
-                    available = max(head.now, head.run_at)
-        if state is None or (state.head_seq, state.available_at) != (head_seq, available):
-            freed = freed or available is not None
-            await conn.execute(
-                update(s)
-                .where(s.c.queue == queue, s.c.grp == grp, s.c.partition == partition)
-                .values(head_seq=head_seq, priority=priority, available_at=available)
-            )
-    return freed
+    built = texts.on(st, conn)
+    params = {"keys": json.dumps([list(key) for key in ordered])}
+    # Its own statement: the refresh's snapshot then has every change committed to
+    # these streams before their locks were granted.
+    await texts.execute(conn, st, built["lock_streams"], params)
+    rows = await texts.execute(conn, st, built["refresh_streams"], params)
+    return any(row.available_at is not None for row in rows)

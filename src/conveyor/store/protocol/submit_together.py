@@ -1,13 +1,13 @@
 """Submits whose statements are sent to the server together.
 
 A submit with keys or partitions (or parents with either) is a transaction of
-several statements (:func:`conveyor.store.protocol.producer.submit_tx`), one round trip
-each; children alone are one statement (:func:`conveyor.store.protocol.producer.submit`).
-Most kinds need no answer from one statement to build the next, so where the
-dialect has their texts (Postgres; see
-:meth:`~conveyor.store.seam.Seam._statement_texts`) they go together, pipelined in
-one transaction (:func:`conveyor.store.protocol.texts.together`), with the same statements
-in the same lock order (keys, then groups, then streams):
+several statements; plain tasks and children alone are one statement
+(:func:`conveyor.store.protocol.producer.submit`). The kinds below need no answer
+from one statement to build the next, so they go together, in one transaction
+(:func:`conveyor.store.protocol.texts.together`: one round trip where the dialect
+pipelines, Postgres; one hop to the connection thread on SQLite), with the
+statements of :func:`~conveyor.store.protocol.producer.submit_tx` in its lock
+order (keys, then groups, then streams):
 
 * partitioned tasks without keys or parents (:func:`submit_partitioned`), or
   with parents (:func:`submit_partitioned_children`);
@@ -18,7 +18,9 @@ in the same lock order (keys, then groups, then streams):
 * a batch with keys, every one conflict ``"reuse"``, and no parent
   (:func:`submit_reusing`).
 
-:func:`submit` picks one or answers ``None`` (the producer's usual way then).
+:func:`submit` picks one or answers ``None``: the other kinds (a batch with
+keys refused or replaced, a key with both a partition and a parent) go step by
+step (:func:`~conveyor.store.protocol.producer.submit_tx`), on every dialect.
 """
 
 from __future__ import annotations
@@ -40,19 +42,15 @@ async def submit(
     st: Seam, reqs: list[Request], conn: AsyncConnection | None = None
 ) -> list[Task] | None:
     """The answering tasks of ``reqs`` submitted as statements sent together, or
-    ``None`` when they are not of a kind that goes so on this dialect. On ``conn``
-    (a caller's, in its transaction) the same statements run one after another
-    there, each in its variant for a caller's transaction where it has one."""
+    ``None`` when they are not of a kind that goes so. On ``conn`` (a caller's, in
+    its transaction) the same statements run one after another there, each in its
+    variant for a caller's transaction."""
     built = st._texts or await texts.of(st)
     if conn is not None:
-        if not texts.runs_on(conn, st):
-            return None
-        built = built.in_callers()
-    if len(reqs) == 1 and keyed_alone(reqs[0]) and built.get("submit_keyed") is not None:
+        built = texts.on(st, conn).in_callers()
+    if len(reqs) == 1 and keyed_alone(reqs[0]):
         keyed = await submit_keyed(st, built, reqs[0], conn)
-        if keyed is not None:
-            return [keyed]
-        return None
+        return None if keyed is None else [keyed]
     if len(reqs) == 1 and keyed_with_one(reqs[0]):
         keyed = await submit_keyed_with(st, built, reqs[0], conn)
         return None if keyed is None else [keyed]
@@ -60,7 +58,7 @@ async def submit(
         keyed = await submit_replacing(st, built, reqs[0], conn)
         return None if keyed is None else [keyed]
     partitioned = any(r.partition is not None for r in reqs)
-    if partitioned and no_key_or_parent(reqs) and built.get("submit_partitioned") is not None:
+    if partitioned and no_key_or_parent(reqs):
         return await submit_partitioned(st, built, reqs, conn)
     if partitioned and not any(r.key is not None for r in reqs):
         return await submit_partitioned_children(st, built, reqs, conn)
@@ -79,7 +77,7 @@ def reusing(reqs: list[Request]) -> bool:
 
 async def submit_reusing(
     st: Seam, built: texts.Texts, reqs: list[Request], conn: AsyncConnection | None = None
-) -> list[Task] | None:
+) -> list[Task]:
     """A batch with keys, every conflict "reuse" and no parent, as statements sent
     together, in :func:`~conveyor.store.protocol.producer.submit_tx`'s lock order: the keys
     claimed (``claim_keys``: each for the first request that has it) and locked
@@ -89,14 +87,11 @@ async def submit_reusing(
     answers (``key_answers``): each request without a key its own task, each with
     one the task holding it. A key found without a holder at the end (retention
     took it between its claim and its lock: its request was not written) has its
-    requests submitted again the usual way. ``None`` when the dialect lacks a text."""
+    requests submitted again the usual way."""
     partitioned = any(r.partition is not None for r in reqs)
-    names = ("claim_keys", "lock_keys", "key_answers")
-    found = built.every(*names, "submit_keyed_partitioned" if partitioned else "submit_keyed_many")
+    claim, lock_key, answer = built["claim_keys"], built["lock_keys"], built["key_answers"]
+    submit = built["submit_keyed_partitioned" if partitioned else "submit_keyed_many"]
     stream_steps = _stream_steps(built, reqs) if partitioned else ([], [])
-    if found is None or stream_steps is None:
-        return None
-    claim, lock_key, answer, submit = found
     first: dict[str, str] = {}
     for r in reqs:
         if r.key is not None:
@@ -113,7 +108,7 @@ async def submit_reusing(
         *after,
         (answer, {"ids": [r.id for r in reqs if r.key is None], "keys": keys}),
     ]
-    rows = await texts.together(st, steps, conn=conn)
+    rows = await texts.together(st, steps, conn=conn, inline=_short(reqs))
     by_id: dict[str, Task] = {}
     by_key: dict[str, Task] = {}
     for row in rows:
@@ -157,9 +152,9 @@ async def submit_keyed_with(
 ) -> Task | None:
     """One request with a key (conflict "reuse" or "reject") and a parent or a
     partition, as statements sent together, ending with ``key_holder``: the task
-    holding the key, this request's if its claim won. ``None`` when the dialect has
-    no such texts, or when no task holds the key at the end (its holder went
-    meanwhile, or the parent is not a task): the step-by-step submit then decides.
+    holding the key, this request's if its claim won. ``None`` when no task holds
+    the key at the end (its holder went meanwhile, or the parent is not a task):
+    the step-by-step submit then decides.
 
     With a parent, two statements: ``submit_keyed_child`` claims the key, if the
     parent is a task, and writes the child if the claim won. With a partition,
@@ -169,19 +164,13 @@ async def submit_keyed_with(
     (``submit_keyed_partitioned``)."""
     key = str(r.key)
     steps: _Steps
+    holder = built["key_holder"]
     if r.parent_id is not None:
-        found = built.every("submit_keyed_child", "key_holder")
-        if found is None:
-            return None
-        child, holder = found
-        steps = [(child, {**producer.one_params(r), "parent_id": r.parent_id, "key": key})]
+        steps = [(built["submit_keyed_child"], keyed_params(r))]
     else:
-        found = built.every("claim_keys", "lock_keys", "submit_keyed_partitioned", "key_holder")
-        stream_steps = _stream_steps(built, [r])
-        if found is None or stream_steps is None:
-            return None
-        claim, lock_key, submit, holder = found
-        before, after = stream_steps
+        claim, lock_key = built["claim_keys"], built["lock_keys"]
+        submit = built["submit_keyed_partitioned"]
+        before, after = _stream_steps(built, [r])
         params = {**producer.many_params([r]), "partitions": [r.partition], "keys": [key]}
         steps = [
             *_key_steps(claim, lock_key, {key: r.id}),
@@ -189,7 +178,7 @@ async def submit_keyed_with(
             (submit, params),
             *after,
         ]
-    rows = await texts.together(st, [*steps, (holder, {"key": key})], conn=conn)
+    rows = await texts.together(st, [*steps, (holder, {"key": key})], conn=conn, inline=True)
     if not rows:
         return None
     task = codec.row_to_task(rows[0])
@@ -217,14 +206,15 @@ async def submit_replacing(
     streams recomputed) and the key handed over (``replace_key``); then the task
     written, only if the key names it by then (``submit_key_owned``, or
     ``submit_keyed_partitioned`` and its streams recomputed); last ``key_holder``,
-    the answer. ``None`` when the dialect lacks a text or no task holds the key at
-    the end (retention took the key between its claim and its lock): the
-    step-by-step submit then decides."""
-    names = ("claim_keys", "lock_keys", "replace_share", "replace_lock", "replace_cancel")
-    found = built.every(*names, "replace_refresh", "replace_key", "key_holder")
-    if found is None:
-        return None
-    claim, lock_key, share, lock_streams, cancel, refresh, hand_over, holder = found
+    the answer. ``None`` when no task holds the key at the end (retention took the
+    key between its claim and its lock): the step-by-step submit then decides."""
+    claim, lock_key, holder = built["claim_keys"], built["lock_keys"], built["key_holder"]
+    share, lock_streams = built["replace_share"], built["replace_lock"]
+    cancel, refresh, hand_over = (
+        built["replace_cancel"],
+        built["replace_refresh"],
+        built["replace_key"],
+    )
     key = str(r.key)
     ids = {"key": key, "id": r.id}
     pairs = [] if r.partition is None else [[r.queue, r.partition]]
@@ -238,21 +228,15 @@ async def submit_replacing(
         (hand_over, ids),
     ]
     if r.partition is None:
-        owned = built.get("submit_key_owned")
-        if owned is None:
-            return None
-        steps.append((owned, {**producer.one_params(r), "key": key}))
+        steps.append((built["submit_key_owned"], keyed_params(r)))
     else:
-        submit = built.get("submit_keyed_partitioned")
-        stream_steps = _stream_steps(built, [r])
-        if submit is None or stream_steps is None:
-            return None
+        submit = built["submit_keyed_partitioned"]
         # Its groups and streams are held already: only the writes after it, whose
         # locks are those of the first pass.
-        _, after = stream_steps
+        _, after = _stream_steps(built, [r])
         params = {**producer.many_params([r]), "partitions": [r.partition], "keys": [key]}
         steps += [(submit, params), *after]
-    rows = await texts.together(st, [*steps, (holder, {"key": key})], conn=conn)
+    rows = await texts.together(st, [*steps, (holder, {"key": key})], conn=conn, inline=True)
     return codec.row_to_task(rows[0]) if rows else None
 
 
@@ -266,10 +250,9 @@ async def submit_keyed(
     task that has the key: returned (reuse) or refused (reject, nothing written).
     ``None`` when no task holds the key any more (retention deleted it between the
     two statements): :func:`.producer.submit_tx` then tries again step by step."""
-    submit, holder = built.get("submit_keyed"), built.get("key_holder")
-    assert submit is not None and holder is not None
-    params = {**producer.one_params(r), "key": r.key}
-    rows = await texts.together(st, [(submit, params), (holder, {"key": r.key})], conn=conn)
+    submit, holder = built["submit_keyed"], built["key_holder"]
+    steps: _Steps = [(submit, keyed_params(r)), (holder, {"key": r.key})]
+    rows = await texts.together(st, steps, conn=conn, inline=True)
     if not rows:
         return None
     task = codec.row_to_task(rows[0])
@@ -294,41 +277,49 @@ async def submit_partitioned(
     their commit order); the tasks and their delivery rows; the partitions' streams
     of queue mode and every active group locked; and recomputed.
     One round trip where the dialect pipelines, instead of one per statement."""
-    submit = built.get("submit_partitioned")
-    stream_steps = _stream_steps(built, reqs)
-    assert submit is not None and stream_steps is not None
-    before, after = stream_steps
+    submit = built["submit_partitioned"]
+    before, after = _stream_steps(built, reqs)
     params = {**producer.many_params(reqs), "partitions": [r.partition for r in reqs]}
     steps = [*before, (submit, params), *after]
-    rows = await texts.together(st, steps, rows_of=len(before), conn=conn)
+    rows = await texts.together(st, steps, rows_of=len(before), conn=conn, inline=_short(reqs))
     return producer.answers(reqs, rows)
 
 
 async def submit_partitioned_children(
     st: Seam, built: texts.Texts, reqs: list[Request], conn: AsyncConnection | None = None
-) -> list[Task] | None:
+) -> list[Task]:
     """Requests with partitions and parents (no key) as :func:`submit_partitioned`
     sends partitioned ones, the tasks written by ``submit_partitioned_children``
     (each child's root its parent's), the streams locked only if every parent is a
-    task: a parent that is not writes nothing, no stream row either, and raises.
-    ``None`` when the dialect lacks a text."""
-    submit = built.get("submit_partitioned_children")
+    task: a parent that is not writes nothing, no stream row either, and raises."""
+    submit = built["submit_partitioned_children"]
     parents = [r.parent_id for r in reqs]
-    stream_steps = _stream_steps(built, reqs, parents)
-    if submit is None or stream_steps is None:
-        return None
-    before, after = stream_steps
+    before, after = _stream_steps(built, reqs, parents)
     params = {
         **producer.many_params(reqs),
         "partitions": [r.partition for r in reqs],
         "parent_ids": parents,
     }
     steps = [*before, (submit, params), *after]
-    rows = await texts.together(st, steps, rows_of=len(before), conn=conn)
+    rows = await texts.together(st, steps, rows_of=len(before), conn=conn, inline=_short(reqs))
     return producer.family_answers(reqs, rows)
 
 
 _Steps = list[tuple[texts.Text, Mapping[str, object]]]
+
+
+def _short(reqs: list[Request]) -> bool:
+    """Whether the submit of ``reqs`` is short enough to run on the caller's thread
+    where the dialect's connection runner allows (:data:`.producer.INLINE_MAX`)."""
+    return len(reqs) <= producer.INLINE_MAX
+
+
+def keyed_params(r: Request) -> dict[str, object]:
+    """The parameters of the one-task keyed submits (``submit_keyed``,
+    ``submit_keyed_child``, ``submit_key_owned``): ``submit_one``'s, ``key`` and
+    ``parent_id`` (``None`` for none), one set for the three, whose SQL a dialect
+    may share."""
+    return {**producer.one_params(r), "key": r.key, "parent_id": r.parent_id}
 
 
 def _key_steps(claim: texts.Text, lock: texts.Text, first: dict[str, str]) -> _Steps:
@@ -344,23 +335,16 @@ def _key_steps(claim: texts.Text, lock: texts.Text, first: dict[str, str]) -> _S
 
 def _stream_steps(
     built: texts.Texts, reqs: list[Request], parents: list[str | None] | None = None
-) -> tuple[_Steps, _Steps] | None:
+) -> tuple[_Steps, _Steps]:
     """The statements a write of partitioned ``reqs`` goes between: before it, the
     queues' active groups shared and the partitions' queue-mode streams locked
     (created as needed); after it, the partitions' streams of queue mode and every
     active group locked and recomputed. With ``parents`` (the requests' parent
     ids), the locks are taken, and the rows created, only if every parent is a
-    task. ``None`` when the dialect lacks a text."""
+    task."""
     guard = "_if_parents" if parents is not None else ""
-    found = built.every(
-        "share_groups",
-        f"lock_streams{guard}",
-        f"lock_group_streams{guard}",
-        "refresh_group_streams",
-    )
-    if found is None:
-        return None
-    share, lock, lock_all, refresh = found
+    share, refresh = built["share_groups"], built["refresh_group_streams"]
+    lock, lock_all = built[f"lock_streams{guard}"], built[f"lock_group_streams{guard}"]
     pairs = sorted({(r.queue, r.partition) for r in reqs if r.partition is not None})
     keyed = {"pairs": json.dumps([list(pair) for pair in pairs])}
     guarded: dict[str, object] = {} if parents is None else {"parent_ids": parents}

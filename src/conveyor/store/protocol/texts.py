@@ -87,8 +87,15 @@ class Text:
     #: A script's statements before the last (``sql``), in order: run first, in the
     #: same transaction and with the same parameters, their rows dropped.
     before: tuple[str, ...] = ()
-    #: The parameters the text reads as JSON text: a list given for one is encoded.
+    #: The parameters the text reads as JSON text: a list given for one is encoded,
+    #: and one not given is NULL (no list).
     lists: tuple[str, ...] = ()
+    #: The block as the SQL file has it (``:name`` parameters): rebuilt from it in
+    #: another driver's style (:meth:`Texts.in_style`).
+    source: str = ""
+    #: Where the driver's style is positional: each statement's parameter names in
+    #: the order it reads them (the statements' order); empty where it is named.
+    orders: tuple[tuple[str, ...], ...] = ()
 
     @property
     def statements(self) -> tuple[str, ...]:
@@ -102,6 +109,8 @@ class Text:
             value = out.get(name)
             if value.__class__ is list:
                 out[name] = json.dumps(value)
+            elif name not in out:
+                out[name] = None
         if self.clock:
             out[OFFSET] = round(st.clock_offset * v.US)
         if self.now:
@@ -112,9 +121,23 @@ class Text:
 class Texts:
     """The built-once statements of one store."""
 
-    def __init__(self, items: Iterable[Text]) -> None:
+    def __init__(self, items: Iterable[Text], paramstyle: str = "named") -> None:
         self._items = {item.name: item for item in items}
         self._in_callers: Texts | None = None
+        #: The driver parameter style the statements are written in.
+        self.paramstyle = paramstyle
+        self._styles: dict[str, Texts] = {paramstyle: self}
+
+    def in_style(self, paramstyle: str) -> Texts:
+        """These statements in another driver's parameter style (a caller's
+        connection through another driver: asyncpg's ``$1``, say), built once."""
+        found = self._styles.get(paramstyle)
+        if found is None:
+            found = self._styles[paramstyle] = Texts(
+                (made(item.name, item.source, paramstyle) for item in self._items.values()),
+                paramstyle,
+            )
+        return found
 
     def in_callers(self) -> Texts:
         """These statements as a submit in a caller's transaction runs them: each
@@ -122,9 +145,12 @@ class Texts:
         the dialect has one."""
         if self._in_callers is None:
             self._in_callers = Texts(
-                replace(self._items.get(name + IN_CALLERS, text), name=name)
-                for name, text in self._items.items()
-                if not name.endswith(IN_CALLERS)
+                (
+                    replace(self._items.get(name + IN_CALLERS, text), name=name)
+                    for name, text in self._items.items()
+                    if not name.endswith(IN_CALLERS)
+                ),
+                self.paramstyle,
             )
         return self._in_callers
 
@@ -139,12 +165,6 @@ class Texts:
             raise KeyError(f"the dialect has no statement {name!r} (see conveyor.store.catalogue)")
         return found
 
-    def every(self, *names: str) -> list[Text] | None:
-        """The statements ``names``, in that order, or ``None`` where the backend
-        lacks any of them."""
-        found = [self._items.get(name) for name in names]
-        return None if None in found else [text for text in found if text is not None]
-
     def __contains__(self, name: object) -> bool:
         return name in self._items
 
@@ -157,21 +177,38 @@ def build(st: Seam, dialect: Dialect, own: Mapping[str, str] | None = None) -> T
     """Build every statement for ``st`` (once, at open()): the dialect's SQL
     (:meth:`~conveyor.store.seam.Seam._statement_texts`, or ``own``) in its
     driver's parameter style."""
-    pyformat = dialect.paramstyle == "pyformat"
-    items = []
-    for name, sql in sorted((st._statement_texts() if own is None else own).items()):
-        driver = [to_pyformat(part) if pyformat else part for part in split(sql)]
-        items.append(
-            Text(
-                name,
-                driver[-1],
-                clock=f":{OFFSET}" in sql,
-                now=f":{CLOCK}" in sql,
-                before=tuple(driver[:-1]),
-                lists=json_params(sql),
-            )
-        )
-    return Texts(items)
+    style = dialect.paramstyle
+    statements = st._statement_texts() if own is None else own
+    return Texts((made(name, sql, style) for name, sql in sorted(statements.items())), style)
+
+
+def made(name: str, sql: str, paramstyle: str) -> Text:
+    """The statement ``name`` of SQL ``sql`` (``:name`` parameters) in the driver
+    parameter style ``paramstyle``: psycopg's ``%(name)s`` (``pyformat``), a
+    positional ``%s`` (``format``) or ``$1`` (``numeric_dollar``, asyncpg's), else
+    as written (``named``; SQLite's driver reads ``:name`` whatever it declares)."""
+    parts = split(sql)
+    orders: list[tuple[str, ...]] = []
+    driver: list[str] = []
+    for part in parts:
+        if paramstyle == "pyformat":
+            driver.append(to_pyformat(part))
+        elif paramstyle in ("format", "numeric_dollar"):
+            text, order = to_positional(part, paramstyle)
+            driver.append(text)
+            orders.append(order)
+        else:
+            driver.append(part)
+    return Text(
+        name,
+        driver[-1],
+        clock=f":{OFFSET}" in sql,
+        now=f":{CLOCK}" in sql,
+        before=tuple(driver[:-1]),
+        lists=json_params(sql),
+        source=sql,
+        orders=tuple(orders),
+    )
 
 
 #: A bind parameter in a statement file: ``:name``, not a ``::type`` cast.
@@ -207,6 +244,29 @@ def split(sql: str) -> list[str]:
         if all(not ln.strip() or ln.lstrip().startswith("--") for ln in part.splitlines()):
             raise ValueError(f"a statement of the script is only comments: {part!r}")
     return parts
+
+
+def to_positional(sql: str, paramstyle: str) -> tuple[str, tuple[str, ...]]:
+    """``sql`` (one statement) with positional parameters, and the names they read,
+    in order: ``$1``, ``$2``… (``numeric_dollar``: a name read twice is one number)
+    or ``%s`` (``format``: one per use, literal ``%`` doubled). Comments go first:
+    a ``:word`` in one is no parameter."""
+    code = _COMMENT.sub("", sql)
+    if paramstyle == "numeric_dollar":
+        names: list[str] = []
+
+        def number(match: re.Match[str]) -> str:
+            if match.group(1) not in names:
+                names.append(match.group(1))
+            return f"${names.index(match.group(1)) + 1}"
+
+        return _PARAM.sub(number, code), tuple(names)
+    uses = tuple(_PARAM.findall(code))
+    return _PARAM.sub("%s", code.replace("%", "%%")), uses
+
+
+#: A comment to the end of its line (the SQL files keep ``--`` out of literals).
+_COMMENT = re.compile(r"--[^\n]*")
 
 
 def to_pyformat(sql: str) -> str:
@@ -279,21 +339,17 @@ async def get(st: Seam, name: str) -> Text | None:
     return (await of(st)).get(name)
 
 
-def runs_on(conn: AsyncConnection, st: Seam) -> bool:
-    """Whether the built texts can run on ``conn``: always on the store's own
-    connections; on a caller's (``submit(..., connection=...)``) only through a driver
-    with the store's parameter style (a text is written in it: ``%(name)s`` on
-    Postgres, which psycopg and psycopg2 read and asyncpg does not)."""
-    if getattr(conn, "run_text", None) is not None or st._engine is None:
-        return True
-    return bool(conn.dialect.paramstyle == st._engine.dialect.paramstyle)
-
-
-def usable(st: Seam, conn: AsyncConnection, name: str) -> Text | None:
-    """The store's built statement ``name``, if it has one and it runs on ``conn``
-    (:func:`runs_on`); ``None`` sends the caller its SQLAlchemy way."""
-    built = st._texts.get(name) if st._texts is not None else None
-    return built if built is not None and runs_on(conn, st) else None
+def on(st: Seam, conn: AsyncConnection) -> Texts:
+    """The store's statements as they run on ``conn``: the store's own (its own
+    connections, or a caller's through the same driver), else the same statements
+    in the parameter style of the caller's driver (``submit(..., connection=...)``
+    through asyncpg, say: :meth:`Texts.in_style`)."""
+    built = st._texts
+    assert built is not None, "the store is not open"
+    if getattr(conn, "run_text", None) is not None:
+        return built
+    style = conn.dialect.paramstyle
+    return built if style == built.paramstyle else built.in_style(style)
 
 
 async def execute(conn: AsyncConnection, st: Seam, text: Text, params: Mapping[str, Any]) -> Any:
@@ -313,6 +369,11 @@ async def execute_bound(conn: AsyncConnection, text: Text, bound: Mapping[str, A
         for sql in text.before:
             direct(sql, bound)
         return direct(text.sql, bound)
+    if text.orders:  # a positional driver: the values in each statement's order
+        *firsts, last = (tuple(bound[n] for n in order) for order in text.orders)
+        for sql, values in zip(text.before, firsts, strict=True):
+            await conn.exec_driver_sql(sql, values)
+        return await conn.exec_driver_sql(text.sql, last)
     for sql in text.before:
         await conn.exec_driver_sql(sql, bound)
     return await conn.exec_driver_sql(text.sql, bound)
@@ -331,6 +392,10 @@ async def execute_many(
     if direct is not None:
         direct(text.sql, bound)
         return
+    if text.orders:
+        (order,) = text.orders
+        await conn.exec_driver_sql(text.sql, [tuple(one[n] for n in order) for one in bound])
+        return
     await conn.exec_driver_sql(text.sql, bound)
 
 
@@ -341,13 +406,15 @@ async def together(
     write: bool = True,
     rows_of: int = -1,
     conn: AsyncConnection | None = None,
+    inline: bool = False,
 ) -> list[Any]:
     """Run ``steps`` in order in one transaction, with the store's retries; the rows
     of the one at index ``rows_of`` (the last by default). Where the dialect has a
     :meth:`~conveyor.store.seam.Seam._steps_runner` they go to the server together
     (one round trip); else, or when it has no connection free, as an ordinary
     transaction. On ``conn`` (a caller's, in its transaction), one after another
-    there, with no transaction or retry of ours."""
+    there, with no transaction or retry of ours. ``inline``: a short write the
+    dialect's connection runner may run on the caller's thread (see :func:`alone`)."""
     chosen = range(len(steps))[rows_of]
     bound = [text.bind(st, params) for text, params in steps]
     runner = st._steps_runner()
@@ -363,7 +430,7 @@ async def together(
     if conn is not None:
         return await work(conn)
     if runner is None:
-        return await tx.run(st, work, write=write)
+        return await tx.run(st, work, write=write, inline=inline)
     # Each script's statements as steps of their own; the rows asked for are those
     # of the chosen step's last statement.
     flat: list[tuple[str, Mapping[str, Any]]] = []
@@ -372,7 +439,7 @@ async def together(
         flat += [(sql, params) for sql in text.statements]
         if n == chosen:
             at = len(flat) - 1
-    return await tx.run(st, work, write=write, together=lambda: runner(flat, at))
+    return await tx.run(st, work, write=write, inline=inline, together=lambda: runner(flat, at))
 
 
 async def alone(

@@ -333,10 +333,6 @@ class SQLiteStore(TaskStore):
         # Writes run under BEGIN IMMEDIATE: nothing else can change the rows meanwhile.
         return stmt
 
-    def _share_rows(self, stmt: Select[Any]) -> Select[Any]:
-        # Writes run under BEGIN IMMEDIATE: nothing else can change the rows meanwhile.
-        return stmt
-
     async def _lock_for_backfill(self, conn: AsyncConnection) -> None:
         # One writer at a time: no producer can be in flight beside this transaction.
         return None

@@ -57,3 +57,89 @@ RETURNING available_at
 -- write lock, and a submit's fan-out reads the group rows in the statement that
 -- writes, under that lock (in a caller's deferred transaction too).
 SELECT 1 WHERE 0
+
+-- name: lock_streams_if_parents
+-- lock_streams, only if every parent given is a task: a child of an unknown
+-- parent writes nothing, no stream row either.
+INSERT INTO conveyor_streams (queue, grp, "partition")
+SELECT json_extract(j.value, '$[0]'), json_extract(j.value, '$[1]'),
+    json_extract(j.value, '$[2]')
+FROM json_each(:keys) AS j
+WHERE NOT EXISTS (
+    SELECT 1 FROM json_each(:parent_ids) AS m
+    WHERE m.value IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM conveyor_tasks AS t WHERE t.id = m.value)
+)
+ON CONFLICT (queue, grp, "partition") DO NOTHING
+
+-- name: lock_group_streams
+-- The streams of the pairs in queue mode and every active group, created where
+-- missing (the write lock is the lock).
+INSERT INTO conveyor_streams (queue, grp, "partition")
+SELECT * FROM (
+    SELECT json_extract(p.value, '$[0]'), '', json_extract(p.value, '$[1]')
+    FROM json_each(:pairs) AS p
+    UNION
+    SELECT json_extract(p.value, '$[0]'), g.name, json_extract(p.value, '$[1]')
+    FROM json_each(:pairs) AS p
+    JOIN conveyor_groups AS g ON g.queue = json_extract(p.value, '$[0]') AND g.active
+)
+WHERE NOT EXISTS (
+    SELECT 1 FROM json_each(:parent_ids) AS m
+    WHERE m.value IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM conveyor_tasks AS t WHERE t.id = m.value)
+)
+ON CONFLICT (queue, grp, "partition") DO NOTHING
+
+-- name: lock_group_streams_if_parents
+-- lock_group_streams reads parent_ids already (none given: no condition):
+-- as: lock_group_streams
+
+-- name: refresh_group_streams
+-- refresh_streams of the pairs' streams in queue mode and every active group: the
+-- same recompute, its keys made from the pairs.
+WITH k AS (
+    SELECT json_extract(p.value, '$[0]') AS queue, '' AS grp,
+           json_extract(p.value, '$[1]') AS part
+    FROM json_each(:pairs) AS p
+    UNION
+    SELECT json_extract(p.value, '$[0]'), g.name, json_extract(p.value, '$[1]')
+    FROM json_each(:pairs) AS p
+    JOIN conveyor_groups AS g ON g.queue = json_extract(p.value, '$[0]') AND g.active
+),
+h AS (
+    SELECT k.queue AS queue, k.grp AS grp, k.part AS part, (
+        SELECT y.task_seq FROM conveyor_deliveries AS y
+        WHERE y.grp = k.grp AND y.queue = k.queue AND y."partition" = k.part
+          AND y.status IN ('queued', 'running')
+        ORDER BY y.task_seq LIMIT 1
+    ) AS head
+    FROM k
+)
+INSERT INTO conveyor_streams (queue, grp, "partition", head_seq, priority, available_at)
+SELECT h.queue, h.grp, h.part, h.head, x.priority,
+       CASE WHEN x.status = 'queued' AND NOT EXISTS (
+           SELECT 1 FROM conveyor_deliveries AS r
+           WHERE r.grp = h.grp AND r.queue = h.queue AND r."partition" = h.part
+             AND r.status = 'running'
+       ) THEN max(:now_us, x.run_at) END
+FROM h LEFT JOIN conveyor_deliveries AS x ON x.task_seq = h.head AND x.grp = h.grp
+-- Only the streams that exist, as an UPDATE would (the locks before created
+-- them; a submit that wrote nothing, a child of an unknown parent, created none).
+WHERE EXISTS (
+    SELECT 1 FROM conveyor_streams AS e
+    WHERE e.queue = h.queue AND e.grp = h.grp AND e."partition" = h.part
+)
+ON CONFLICT (queue, grp, "partition") DO UPDATE SET
+    head_seq = excluded.head_seq,
+    priority = excluded.priority,
+    available_at = CASE
+        WHEN excluded.available_at IS NULL THEN NULL
+        WHEN conveyor_streams.head_seq = excluded.head_seq AND conveyor_streams.available_at
+        THEN max(conveyor_streams.available_at, (
+            SELECT y.run_at FROM conveyor_deliveries AS y
+            WHERE y.task_seq = excluded.head_seq AND y.grp = excluded.grp
+        ))
+        ELSE excluded.available_at
+    END
+RETURNING available_at

@@ -210,3 +210,159 @@ WHERE o.value IS NOT NULL
 -- name: submit_children_in
 -- SQLite announces nothing, in a caller's transaction or not:
 -- as: submit_children
+
+-- name: submit_keyed_partitioned
+-- The submit of every kind but the plain one and children alone: each list but
+-- ids may be NULL (no list: NULL for every task), so this one script serves
+-- partitions, keys and parents, alone or together (the statements of those kinds
+-- are this one: below). A keyed task is written only if its key's row names it; a
+-- parent that is not a task writes nothing and returns a row naming it. Some tasks
+-- may be left out, so the rows written are found by their ids, not by a first seq.
+WITH names AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:names)),
+queues AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:queues)),
+payloads AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:payloads)),
+metadatas AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:metadatas)),
+priorities AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:priorities)),
+attempts AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:max_attempts)),
+backoffs AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:backoffs)),
+delays AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:delays)),
+run_ats AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:run_ats)),
+correlations AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:correlation_ids)),
+partitions AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:partitions)),
+keys AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:keys)),
+parents AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:parent_ids))
+INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, priority,
+    max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id)
+SELECT i.value, n.v, q.v, pa.v, p.v, m.v, r.v,
+    coalesce(a.v, s.max_attempts, 3), coalesce(b.v, s.backoff), :now_us,
+    coalesce(ra.v, :now_us + coalesce(d.v, 0)), ky.v, f.v, coalesce(pt.root_id, i.value),
+    c.v
+FROM json_each(:ids) AS i
+JOIN names AS n ON n.k = i.key
+JOIN queues AS q ON q.k = i.key
+JOIN payloads AS p ON p.k = i.key
+JOIN metadatas AS m ON m.k = i.key
+JOIN priorities AS r ON r.k = i.key
+LEFT JOIN attempts AS a ON a.k = i.key
+LEFT JOIN backoffs AS b ON b.k = i.key
+LEFT JOIN delays AS d ON d.k = i.key
+LEFT JOIN run_ats AS ra ON ra.k = i.key
+LEFT JOIN correlations AS c ON c.k = i.key
+LEFT JOIN partitions AS pa ON pa.k = i.key
+LEFT JOIN keys AS ky ON ky.k = i.key
+LEFT JOIN parents AS f ON f.k = i.key
+LEFT JOIN conveyor_tasks AS pt ON pt.id = f.v
+LEFT JOIN conveyor_queues AS s ON s.queue = q.v
+WHERE (ky.v IS NULL OR EXISTS (
+        SELECT 1 FROM conveyor_keys AS kr WHERE kr.key = ky.v AND kr.task_id = i.value
+    ))
+  AND NOT EXISTS (
+    SELECT 1 FROM json_each(:parent_ids) AS o
+    WHERE o.value IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM conveyor_tasks AS x WHERE x.id = o.value)
+)
+ORDER BY i.key;
+INSERT INTO conveyor_deliveries (task_seq, grp, queue, "partition", priority, max_attempts,
+    status, attempt, run_at)
+SELECT t.seq, '', t.queue, t."partition", t.priority, t.max_attempts, 'queued', 0,
+    t.run_at
+FROM json_each(:ids) AS j CROSS JOIN conveyor_tasks AS t ON t.id = j.value
+UNION ALL
+SELECT t.seq, g.name, t.queue, t."partition", t.priority, t.max_attempts, 'queued', 0,
+    t.run_at
+FROM json_each(:ids) AS j CROSS JOIN conveyor_tasks AS t ON t.id = j.value
+JOIN conveyor_groups AS g ON g.queue = t.queue AND g.active
+    AND (g.start_at IS NULL OR g.start_at <= t.created_at);
+SELECT t.id, t.max_attempts, t.created_at, t.run_at, t.root_id, NULL AS orphan
+FROM json_each(:ids) AS j CROSS JOIN conveyor_tasks AS t ON t.id = j.value
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, o.value FROM json_each(:parent_ids) AS o
+WHERE o.value IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM conveyor_tasks AS x WHERE x.id = o.value)
+
+-- name: submit_keyed_partitioned_in
+-- SQLite announces nothing, in a caller's transaction or not:
+-- as: submit_keyed_partitioned
+
+-- name: submit_partitioned
+-- as: submit_keyed_partitioned
+
+-- name: submit_partitioned_in
+-- as: submit_keyed_partitioned
+
+-- name: submit_partitioned_children
+-- as: submit_keyed_partitioned
+
+-- name: submit_partitioned_children_in
+-- as: submit_keyed_partitioned
+
+-- name: submit_keyed_many
+-- as: submit_keyed_partitioned
+
+-- name: submit_keyed_many_in
+-- as: submit_keyed_partitioned
+
+-- name: submit_keyed_child
+-- One task with a key (and a parent, or none): the key claimed if the parent, if
+-- any, is a task; the task written if its claim won (submit_keyed is this one).
+INSERT INTO conveyor_keys (key, task_id)
+SELECT :key, :id
+WHERE :parent_id IS NULL OR EXISTS (SELECT 1 FROM conveyor_tasks WHERE id = :parent_id)
+ON CONFLICT (key) DO NOTHING;
+INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, priority,
+    max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id)
+SELECT :id, :name, :queue, NULL, :payload, :metadata, :priority,
+    coalesce(:max_attempts, s.max_attempts, 3), coalesce(:backoff, s.backoff), :now_us,
+    coalesce(:run_at, :now_us + coalesce(:delay, 0)), :key, :parent_id,
+    coalesce(p.root_id, :id), :correlation_id
+FROM (SELECT 1) AS one LEFT JOIN conveyor_queues AS s ON s.queue = :queue
+LEFT JOIN conveyor_tasks AS p ON p.id = :parent_id
+WHERE EXISTS (SELECT 1 FROM conveyor_keys WHERE key = :key AND task_id = :id);
+INSERT INTO conveyor_deliveries (task_seq, grp, queue, "partition", priority, max_attempts,
+    status, attempt, run_at)
+SELECT t.seq, '', t.queue, NULL, t.priority, t.max_attempts, 'queued', 0, t.run_at
+FROM conveyor_tasks AS t WHERE t.id = :id
+UNION ALL
+SELECT t.seq, g.name, t.queue, NULL, t.priority, t.max_attempts, 'queued', 0, t.run_at
+FROM conveyor_tasks AS t JOIN conveyor_groups AS g ON g.queue = t.queue AND g.active
+    AND (g.start_at IS NULL OR g.start_at <= t.created_at)
+WHERE t.id = :id;
+SELECT id, max_attempts, created_at, run_at, root_id, NULL AS orphan
+FROM conveyor_tasks WHERE id = :id
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, :parent_id
+WHERE :parent_id IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM conveyor_tasks WHERE id = :parent_id)
+
+-- name: submit_keyed_child_in
+-- as: submit_keyed_child
+
+-- name: submit_keyed
+-- as: submit_keyed_child
+
+-- name: submit_keyed_in
+-- as: submit_keyed_child
+
+-- name: submit_key_owned
+-- A replace's task: written only if the key's row names it (handed over by
+-- replace_key); no claim of its own.
+INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, priority,
+    max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id)
+SELECT :id, :name, :queue, NULL, :payload, :metadata, :priority,
+    coalesce(:max_attempts, s.max_attempts, 3), coalesce(:backoff, s.backoff), :now_us,
+    coalesce(:run_at, :now_us + coalesce(:delay, 0)), :key, NULL, :id, :correlation_id
+FROM (SELECT 1) AS one LEFT JOIN conveyor_queues AS s ON s.queue = :queue
+WHERE EXISTS (SELECT 1 FROM conveyor_keys WHERE key = :key AND task_id = :id);
+INSERT INTO conveyor_deliveries (task_seq, grp, queue, "partition", priority, max_attempts,
+    status, attempt, run_at)
+SELECT t.seq, '', t.queue, NULL, t.priority, t.max_attempts, 'queued', 0, t.run_at
+FROM conveyor_tasks AS t WHERE t.id = :id
+UNION ALL
+SELECT t.seq, g.name, t.queue, NULL, t.priority, t.max_attempts, 'queued', 0, t.run_at
+FROM conveyor_tasks AS t JOIN conveyor_groups AS g ON g.queue = t.queue AND g.active
+    AND (g.start_at IS NULL OR g.start_at <= t.created_at)
+WHERE t.id = :id;
+SELECT id, max_attempts, created_at, run_at FROM conveyor_tasks WHERE id = :id
+
+-- name: submit_key_owned_in
+-- as: submit_key_owned
