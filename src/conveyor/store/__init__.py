@@ -46,8 +46,10 @@ How to read it (five minutes)::
     catalogue.py     every named statement and its contract; the hooks
         ▲
         │  implemented by
-    sqlite/          SQLiteStore (store.py), its connection thread (thread.py),
-                     its claim hook (claim.py), its statements (sql/*.sql)
+    sqlite/          SQLiteStore (store.py), its connections' set-up: pragmas,
+                     BEGIN, the fair wait for the write lock (connection.py),
+                     its connection thread (thread.py), its claim hook
+                     (claim.py), its statements (sql/*.sql)
     postgres/        PostgresStore (store.py), kept driver connections
                      (direct.py), LISTEN/NOTIFY (listen.py), its claim hook
                      (claim.py), its statements (sql/*.sql)

@@ -1,8 +1,9 @@
 """The worker: claims tasks of an :class:`~conveyor.app.App`, runs their handlers and
-records the outcomes (:mod:`.loop`); its feed, heartbeats, group commit, recording,
-handler context, logging, start-up (the database, its group: :mod:`.startup`),
-tasks it has no handler for (:mod:`.unknown`) and the supervisor of worker
-processes.
+records the outcomes (:mod:`.loop`); one attempt of a task (:mod:`.attempt`), its
+feed and slots, heartbeats, group commit, recording, handler context, logging,
+start-up (the database, its group: :mod:`.startup`), stop and wind-down
+(:mod:`.stopping`), its share of maintenance, tasks it has no handler for
+(:mod:`.unknown`) and the supervisor of worker processes.
 
 ``Context`` and ``Worker`` are imported on first use (PEP 562): the CLI imports
 this package's logging and supervisor modules, and ``conveyor --help`` must not

@@ -51,33 +51,35 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import random
 import socket
 import time
 import uuid
-from collections import deque
-from collections.abc import Awaitable, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
 from conveyor import _values as v
 from conveyor.collector import settle_collector
 from conveyor.connect import display_url
-from conveyor.errors import ConveyorError, InvalidArgument, LostLease, NotFound, TaskCancelled
+from conveyor.errors import ConveyorError, InvalidArgument, NotFound
 from conveyor.models import Task
-from conveyor.outcomes import Snooze, TaskTimeout, UnknownTask, is_retryable
+from conveyor.outcomes import TaskTimeout, UnknownTask
 from conveyor.schedule import scheduler_for
 from conveyor.store.base import TaskStore
-from conveyor.task_functions import TaskHost, payload_arguments
-from conveyor.worker.context import Context, call_async, start_handler
+from conveyor.task_functions import TaskHost
+from conveyor.worker.attempt import Attempts
+from conveyor.worker.context import Context
 from conveyor.worker.feed import Feed
 from conveyor.worker.group_commit import Acks
 from conveyor.worker.heartbeats import Heartbeats
 from conveyor.worker.instrument import Instruments
 from conveyor.worker.liveness import Announcer
+from conveyor.worker.maintenance import maintain_every
 from conveyor.worker.recording import Held, Recorder, Run
+from conveyor.worker.slots import Slots
 from conveyor.worker.startup import join_group, open_when_ready, subscribe_start
-from conveyor.worker.unknown import Policy, UnknownNames, policy, release_delay
+from conveyor.worker.stopping import Stopping
+from conveyor.worker.unknown import Policy, UnknownNames, policy
 
 log = logging.getLogger("conveyor.worker")
 
@@ -143,7 +145,7 @@ class Worker:
         if not isinstance(gc_freeze, bool):
             raise InvalidArgument("gc_freeze", "must be True or False")
         self.gc_freeze = gc_freeze
-        self._unknown = UnknownNames(policy(unknown))
+        unknown_names = UnknownNames(policy(unknown))
         self._held: dict[str, Held] = {}
         self._feed: Feed[Held] = Feed(self.concurrency)
         self._acks = Acks(self.store, self.worker_id, self.group)
@@ -159,6 +161,15 @@ class Worker:
         self._record = Recorder(
             self.store, self.worker_id, self.group, self._acks, self._heartbeats, self._let_go
         )
+        self._attempts = Attempts(
+            self.app,
+            self.store,
+            self.worker_id,
+            self.group,
+            unknown_names,
+            self._record,
+            self._returned,
+        )
         #: Keeps this worker among the store's live workers while it runs.
         self._announcer = Announcer(
             self.store,
@@ -167,18 +178,11 @@ class Worker:
             group=self.group,
             concurrency=self.concurrency,
         )
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stopping: asyncio.Event | None = None
-        self._forced: asyncio.Event | None = None
-        # Set when a slot is freed (or back-pressure eases): room to claim into.
-        self._slot_freed: asyncio.Event | None = None
+        self._stop = Stopping(self._held)
+        self._slots = Slots(self._feed, self._stop, self._fill)
         # Set when what a claim finds may have changed here: a stream whose last held
         # task was let go (its next task is claimable), or a drain's last task.
-        self._stream_freed: asyncio.Event | None = None
-        # Stream runs waiting to take a slot back for their next task, first come
-        # first served, ahead of buffered units.
-        self._resume: deque[tuple[asyncio.Future[None], Run]] = deque()
-        self._stop_calls = 0
+        self._stream_freed = asyncio.Event()
         self._running = False
         self._fatal: NotFound | None = None  # raised by run() once wound down
         #: Drain mode (``conveyor.testing.run_tasks``): return once a claim finds
@@ -210,48 +214,24 @@ class Worker:
         The first call stops claiming and starts the grace period; a second one
         ends the grace period at once.
         """
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            self._stop_calls += 1
-            return
-        try:
-            here = asyncio.get_running_loop()
-        except RuntimeError:
-            here = None
-        if here is loop:
-            self._request_stop()
-        else:
-            loop.call_soon_threadsafe(self._request_stop)
-
-    def _request_stop(self) -> None:
-        self._stop_calls += 1
-        assert self._stopping is not None and self._forced is not None
-        if not self._stopping.is_set():
-            log.info("stopping: no more claims; %d task(s) in flight", len(self._held))
-            self._stopping.set()
-        elif not self._forced.is_set():
-            log.info("stopping now: the grace period is cut short")
-            self._forced.set()
+        self._stop.request()
 
     async def run(self) -> None:
         """Claim and run tasks until :meth:`stop`, then wind down and return."""
         if self._running:
             raise RuntimeError("this worker is already running")
         self._running = True
-        self._loop = asyncio.get_running_loop()
-        self._stopping, self._forced = asyncio.Event(), asyncio.Event()
-        self._slot_freed, self._stream_freed = asyncio.Event(), asyncio.Event()
-        for _ in range(self._stop_calls):  # stop() called before run()
-            self._request_stop()
+        self._stop.begin()  # stop() called before run() takes effect now
+        self._slots.freed, self._stream_freed = asyncio.Event(), asyncio.Event()
         farewell: str | None = None  # said once everything is closed
         try:
-            if not await open_when_ready(self.store, self.wait_for_db, self._stopping):
+            if not await open_when_ready(self.store, self.wait_for_db, self._stop.asked):
                 return
             if self.group is not None and not await join_group(
-                self.store, self.queues, self.group, self.subscribe, self._stopping
+                self.store, self.queues, self.group, self.subscribe, self._stop.asked
             ):
                 return
-            if self._stopping.is_set():  # asked to stop before it began: claim nothing
+            if self._stop.asked.is_set():  # asked to stop before it began: claim nothing
                 farewell = "worker %s stopped before its first claim"
                 return
             await self._heartbeats.refresh()
@@ -263,9 +243,8 @@ class Worker:
                 asyncio.create_task(self._announcer.run(), name="conveyor-announce"),
             ]
             if self.maintain_interval is not None:
-                background.append(
-                    asyncio.create_task(self._maintain_loop(), name="conveyor-maintain")
-                )
+                maintain = maintain_every(self.maintain_interval, self.store, self._heartbeats)
+                background.append(asyncio.create_task(maintain, name="conveyor-maintain"))
             scheduler = scheduler_for(self.app, self.store)  # periodic tasks, if the app has any
             if scheduler is not None and self.run_schedules:
                 background.append(asyncio.create_task(scheduler.run(), name="conveyor-scheduler"))
@@ -281,7 +260,7 @@ class Worker:
             )
             try:
                 await self._claim_loop()
-                await self._wind_down()
+                await self._stop.wind_down(self._runners, self.grace, self._record.release)
             finally:
                 jobs = [*background, *self._heartbeats.beats]
                 for job in jobs:
@@ -301,20 +280,19 @@ class Worker:
 
     # ------------------------------------------------------------ claiming
     async def _claim_loop(self) -> None:
-        assert self._stopping is not None
-        assert self._slot_freed is not None and self._stream_freed is not None
+        slot_freed = self._slots.freed
         failures = 0
-        while not self._stopping.is_set():
+        while not self._stop.asked.is_set():
             room = self._feed.room()
             if room <= 0:
-                self._slot_freed.clear()
-                await self._until(self._slot_freed.wait())
+                slot_freed.clear()
+                await self._stop.until(slot_freed.wait())
                 continue
             idle_before = not self._held  # drain mode: a claim made while idle decides
             # Cleared before claiming, not after: a stream let go while the claim is
             # in flight (its next task just became claimable) must still wake the
             # wait below.
-            self._slot_freed.clear()
+            slot_freed.clear()
             self._stream_freed.clear()
             try:
                 found, took_all = await self._claim_round(room)
@@ -323,13 +301,13 @@ class Worker:
                 # would fail the same way. Stop, hand back what is held, then raise.
                 log.error("%s; stopping", exc)
                 self._fatal = exc
-                self._request_stop()
+                self._stop.request()
                 break
             except (ConveyorError, OSError) as exc:
                 failures += 1
                 pause = min(CLAIM_RETRY_FIRST * 2 ** min(failures - 1, 6), CLAIM_RETRY_MAX)
                 log.warning("claim failed (%s); trying again in %.1f s", exc, pause)
-                await self._until(self.store.wait_for_work(self.queues, pause))
+                await self._stop.until(self.store.wait_for_work(self.queues, pause))
                 continue
             failures = 0
             if found:
@@ -347,7 +325,7 @@ class Worker:
             # streams is let go (its next task becomes claimable). A freed slot
             # alone changes nothing a claim finds: on one stream, waking for it
             # cost an empty claim per task.
-            await self._until(
+            await self._stop.until(
                 self.store.wait_for_work(self.queues, self.poll_interval),
                 self._stream_freed.wait(),
             )
@@ -358,10 +336,9 @@ class Worker:
         """Claim up to ``room`` units (several claims when streams are capped);
         start what slots allow and buffer the rest. How many tasks were found, and
         whether the last claim took fewer than it asked for (it saw them all)."""
-        assert self._stopping is not None
         found = 0
         took_all = False
-        while room > 0 and not self._stopping.is_set():
+        while room > 0 and not self._stop.asked.is_set():
             claim_started = time.monotonic()
             tasks = await self.store.claim(
                 self.queues,
@@ -388,17 +365,6 @@ class Worker:
         """How many streams this worker holds tasks of (claimed and not let go)."""
         return len({h.task.partition for h in self._held.values() if h.task.partition is not None})
 
-    async def _until(self, *waits: Awaitable[Any]) -> None:
-        """Wait for the first of ``waits`` or for stop, whichever comes first."""
-        assert self._stopping is not None
-        jobs = [asyncio.ensure_future(w) for w in (*waits, self._stopping.wait())]
-        try:
-            await asyncio.wait(jobs, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for job in jobs:
-                job.cancel()
-            await asyncio.gather(*jobs, return_exceptions=True)
-
     def _hold(self, task: Task) -> Held:
         # Every third of the lease this claim was granted (the queue's setting may
         # have changed since this worker last read it).
@@ -409,8 +375,7 @@ class Worker:
 
     def _fill(self) -> None:
         """Start buffered units while slots are free (none after stop())."""
-        assert self._stopping is not None
-        while not self._stopping.is_set() and (unit := self._feed.take()) is not None:
+        while not self._stop.asked.is_set() and (unit := self._feed.take()) is not None:
             first = unit[0]
             # A unit of one task, a stream's head included, runs alone in its slot
             # (its handler inline, its slot freed when the handler returns); only a
@@ -423,39 +388,6 @@ class Worker:
                 for held in unit:
                     held.run = run
                 self._start(self._run_stream(unit, run), f"{first.task.partition}:{first.task.id}")
-
-    def _free_slot(self, held: Held | None = None, run: Run | None = None) -> None:
-        """The slot of ``held`` (or of the stream ``run``) is free again: it goes to a
-        stream run waiting to go on, else to a buffered unit."""
-        if held is not None:
-            if not held.slot:
-                return
-            held.slot = False
-        if run is not None:
-            if not run.holding:
-                return
-            run.holding = False
-        self._feed.busy -= 1
-        assert self._slot_freed is not None
-        self._slot_freed.set()
-        while self._resume and self._feed.busy < self.concurrency:
-            waiter, waiting = self._resume.popleft()
-            if not waiter.done():
-                self._feed.busy += 1
-                waiting.holding = True
-                waiter.set_result(None)
-        self._fill()
-
-    async def _slot_back(self, run: Run) -> bool:
-        """Take a slot for the stream ``run``'s next task; False if stopped first."""
-        if self._feed.busy < self.concurrency and not self._resume:
-            self._feed.busy += 1
-            run.holding = True
-            return True
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._resume.append((waiter, run))
-        await self._until(waiter)  # cancels the waiter if stop() came first
-        return run.holding
 
     def _start(self, coro: Coroutine[Any, Any, None], label: str) -> None:
         runner = asyncio.create_task(coro, name=f"conveyor-run-{label}")
@@ -476,42 +408,40 @@ class Worker:
             # where it makes room that back-pressure held back. (An unpartitioned
             # task's slot was freed when its handler returned; a claim now would only
             # find nothing again.)
-            assert self._slot_freed is not None and self._stream_freed is not None
             if (held.task.partition is not None and (held.run is None or held.run.left == 0)) or (
                 self.stop_when_idle and not self._held
             ):
                 self._stream_freed.set()
             if held_back:
-                self._slot_freed.set()
+                self._slots.freed.set()
 
     # ------------------------------------------------------------- running
     async def _run_one(self, held: Held) -> None:
         try:
-            await self.instruments.attempt(held, self._execute(held))
+            await self.instruments.attempt(held, self._attempts.run(held))
         finally:
-            self._free_slot(held)
+            self._slots.free(held)
             self._let_go(held)
 
     async def _run_stream(self, helds: list[Held], run: Run) -> None:
         try:
             await self._run_in_order(helds, run)
         finally:
-            self._free_slot(run=run)
+            self._slots.free(run=run)
 
     async def _run_in_order(self, helds: list[Held], run: Run) -> None:
-        assert self._stopping is not None
         for i, held in enumerate(helds):
-            if not run.holding and not await self._slot_back(run):
+            if not run.holding and not await self._slots.back(run):
                 for later in helds[i:]:  # stopped while waiting for a slot
                     await self._record.release(later)
                     self._let_go(later)
                 return
             try:
-                settled = await self.instruments.attempt(held, self._execute(held))
+                settled = await self.instruments.attempt(held, self._attempts.run(held))
             finally:
                 self._let_go(held)
             rest = helds[i + 1 :]
-            if rest and (not settled or self._stopping.is_set()):
+            if rest and (not settled or self._stop.asked.is_set()):
                 # A later task must not overtake one that will run again, and after
                 # stop() nothing new starts: hand the rest back, in order.
                 for later in rest:
@@ -519,91 +449,9 @@ class Worker:
                     self._let_go(later)
                 return
 
-    async def _execute(self, held: Held) -> bool:
-        """Run one task and record its outcome. True when the task reached a
-        terminal status (so the next task of its stream may run)."""
-        task = held.task
-        fn = self.app.tasks.get(task.name)
-        if fn is None:
-            if self._unknown.policy == "fail":
-                held.log.error("no handler is registered under this name")
-                error = self._unknown.error(task, self.app.tasks)
-                return await self._record.fail(held, error, retryable=False)
-            delay = release_delay(task)
-            self._unknown.note_release(task, delay, self.app.tasks)
-            return await self._record.snooze(held, delay)
-        args, kwargs = payload_arguments(task.payload)
-        ctx = Context(
-            task,
-            host=self.app,
-            store=self.store,
-            worker_id=self.worker_id,
-            group=self.group,
-            loop=asyncio.get_running_loop(),
-        )
-        # An unpartitioned coroutine handler runs in this runner, which is its
-        # task's alone: a task of its own per run cost ~7 µs (about 6 % of a
-        # worker's client CPU per no-op task). A lost lease then cancels the
-        # runner itself (below, told apart from a stop's cancel). A stream run's
-        # tasks share one runner, so each handler gets a task (and a context) of
-        # its own, as does a thread's future.
-        inline = fn.is_async and held.run is None
-        handler: Awaitable[Any]
-        if inline:
-            handler = call_async(fn, ctx, args, kwargs)
-            held.handler = asyncio.current_task()
-        else:
-            handler = held.handler = start_handler(fn, ctx, args, kwargs)
-        if log.isEnabledFor(logging.DEBUG):
-            held.log.debug("running")
-        started = time.monotonic()
-        scope: asyncio.Timeout | None = None
-        try:
-            if fn.timeout is None:  # no timeout: spare the context manager (per task)
-                result = await handler
-            else:
-                async with asyncio.timeout(fn.timeout) as scope:
-                    result = await handler
-        except LostLease as exc:
-            held.log.info("dropped: %s", exc)
-            return isinstance(exc, TaskCancelled)
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            # The lease was lost and nothing else cancelled this runner: inline,
-            # the heartbeat's cancel was this runner's (withdrawn here, so only a
-            # stop's remains); otherwise it was the handler's own task's.
-            if held.lost and (
-                current is None or (current.uncancel() == 0 if inline else not current.cancelling())
-            ):
-                held.log.info("dropped: the lease was lost while running")
-                return held.cancelled
-            raise
-        except Snooze as snooze:
-            return await self._record.snooze(held, snooze.delay)
-        except Exception as exc:
-            if isinstance(exc, TimeoutError) and scope is not None and scope.expired():
-                if not fn.is_async:
-                    held.log.warning(
-                        "timed out; the handler's thread cannot be stopped and is left to "
-                        "finish in the background"
-                    )
-                exc = TaskTimeout(f"{task.name} ran past its timeout of {fn.timeout:g} s")
-            retryable = is_retryable(exc, retry_on=fn.retry_on, no_retry_on=fn.no_retry_on)
-            held.log.info("attempt failed%s: %r", "" if retryable else " for good", exc)
-            return await self._record.fail(held, exc, retryable=retryable)
-        finally:
-            held.handler = None
-        if inline and held.lost:
-            # The handler swallowed the lost lease's cancel and returned: withdraw
-            # that request, or it would stay counted against this runner.
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                current.uncancel()
-        if isinstance(result, Snooze):
-            return await self._record.snooze(held, result.delay)
-        took = time.monotonic() - started
-        if log.isEnabledFor(logging.INFO):
-            held.log.info("succeeded in %.3f s", took)
+    def _returned(self, held: Held, took: float) -> None:
+        """``held``'s handler returned after ``took`` seconds; its success is about
+        to be written."""
         self._feed.ran(took)
         if held.slot or (held.run is not None and held.run.holding):
             # The slot goes to other work now; the success is written meanwhile (the
@@ -612,68 +460,9 @@ class Worker:
             held.acking = True
             self._feed.acking += 1
             if held.slot:
-                self._free_slot(held)
+                self._slots.free(held)
             else:
-                self._free_slot(run=held.run)
-        return await self._record.succeed(held, result)
-
-    # ---------------------------------------------------------- background
-    async def _maintain_loop(self) -> None:
-        assert self.maintain_interval is not None
-        # A pass at start, beside the first claims: a queue filled before its
-        # workers started gets its table statistics now (on Postgres, where
-        # autovacuum has not analysed the new rows yet or is off, the batch
-        # acknowledgement costs about twice the server time without them), and
-        # expired leases (a crashed worker's) are recovered at once. The
-        # store lets one caller at a time do the work: in a fleet started together
-        # the first worker does it and the others skip. Retention and the roll-up
-        # of finished rows wait for the next pass: beside a backlog they ran
-        # inside the drain (0.34 s of server time in a 20,000-task drain).
-        await self._maintain_once(start=True)
-        # Then spread the fleet's passes over the interval.
-        await asyncio.sleep(random.uniform(0.0, self.maintain_interval))
-        while True:
-            await self._maintain_once()
-            await asyncio.sleep(self.maintain_interval)
-
-    async def _maintain_once(self, start: bool = False) -> None:
-        try:
-            maintain = self.store.internal.maintain_at_start if start else self.store.maintain
-            counts = await maintain()
-            if any(counts.get(k) for k in ("recovered", "expired", "evicted", "deleted")):
-                log.info("maintenance: %s", counts)
-        except (ConveyorError, OSError) as exc:
-            log.warning("maintenance failed: %s", exc)
-        await self._heartbeats.refresh()
-
-    # ------------------------------------------------------------ stopping
-    async def _wind_down(self) -> None:
-        """Let running tasks finish within the grace period, then hand back the rest."""
-        assert self._forced is not None
-        deadline = time.monotonic() + self.grace
-        if self._runners:
-            log.info("waiting up to %g s for %d task(s)", self.grace, len(self._held))
-        forced = asyncio.ensure_future(self._forced.wait())
-        try:
-            while not forced.done():
-                left = [r for r in self._runners if not r.done()]
-                remaining = deadline - time.monotonic()
-                if not left or remaining <= 0:
-                    break
-                await asyncio.wait(
-                    [*left, forced], timeout=remaining, return_when=asyncio.FIRST_COMPLETED
-                )
-        finally:
-            forced.cancel()
-        # Snapshot before cancelling: a cancelled runner lets go of its task.
-        leftovers = list(self._held.values())
-        pending = [r for r in self._runners if not r.done()]
-        for runner in pending:
-            runner.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        if leftovers:
-            log.info("handing back %d task(s)", len(leftovers))
-            await asyncio.gather(*(self._record.release(h) for h in leftovers))
+                self._slots.free(run=held.run)
 
 
 __all__ = ["Context", "TaskTimeout", "UnknownTask", "Worker"]

@@ -50,7 +50,6 @@ QUEUED = "queued"
 RUNNING = "running"
 ACTIVE = (QUEUED, RUNNING)
 DEFAULT_LEASE = 30.0
-DEFAULT_MAX_ATTEMPTS = 3
 QUEUE_MODE = ""  # the delivery ``grp`` of queue mode; group names are never empty
 
 Now = ColumnElement[int]
@@ -110,11 +109,6 @@ def seconds_to_us(seconds: ColumnElement[Any] | float) -> ColumnElement[int]:
     return cast(func.round(literal(1_000_000.0) * seconds), BigInteger)
 
 
-def greatest(a: ColumnElement[Any], b: ColumnElement[Any]) -> ColumnElement[Any]:
-    """The larger of two values (GREATEST and SQLite's max() differ; CASE does not)."""
-    return case((a > b, a), else_=b)
-
-
 def view_columns() -> list[ColumnElement[Any]]:
     """Every column a :class:`Task` needs."""
     return [
@@ -160,11 +154,6 @@ def task_view(grp: str) -> Select[Any]:
 def task_seq_of(task_id: str) -> ColumnElement[Any]:
     """The internal sequence number of a public task id, as a scalar subquery."""
     return select(t.c.seq).where(t.c.id == task_id).scalar_subquery()
-
-
-def queue_settings(names: Sequence[str]) -> Select[Any]:
-    """Stored settings of the given queues."""
-    return select(qs).where(qs.c.queue.in_(names))
 
 
 def submit_context(queues: Sequence[str], now: Now) -> Select[Any]:
@@ -300,64 +289,6 @@ def claim_probe(grp: str, queues: Sequence[str], now: Now, partition: str | None
     return select(*checks)
 
 
-def lease_until(now: Now, lease: float | None) -> ColumnElement[Any]:
-    """``now + lease``; with no lease given, the queue's setting or 30 s."""
-    if lease is not None:
-        return now + seconds_to_us(lease)
-    return now + seconds_to_us(lease_seconds(None))
-
-
-def lease_seconds(lease: float | ColumnElement[Any] | None) -> ColumnElement[Any]:
-    """The lease length: the given one (a value, or SQL such as a bind parameter of
-    a statement built once), else the queue's stored default, else 30 s."""
-    if isinstance(lease, ColumnElement):
-        return lease
-    if lease is not None:
-        return literal(lease)
-    setting = select(qs.c.lease).where(qs.c.queue == d.c.queue).scalar_subquery()
-    return func.coalesce(setting, literal(DEFAULT_LEASE))
-
-
-def take(
-    grp: str,
-    seqs: ColumnElement[Any] | Sequence[int],
-    now: Now,
-    *,
-    worker_id: str,
-    lease: float | ColumnElement[Any] | None,
-    queues: Sequence[str],
-) -> Update:
-    """Lease the given rows to ``worker_id``: running, attempt + 1, lease set. (The
-    dialect adds the RETURNING of the task view.)
-
-    ``queues`` (the claimed queues) is redundant for the result but not for the plan:
-    without it SQLite (no ANALYZE statistics) serves ``grp = ? AND status = ?`` from
-    the status index by ``grp`` alone, reading every row the group ever had; with it,
-    each row is one probe of (grp, queue, status, task_seq).
-    """
-    length = lease_seconds(lease)
-    stmt = (
-        update(d)
-        .where(
-            d.c.grp == grp,
-            d.c.queue.in_(queues),
-            d.c.task_seq.in_(seqs),
-            is_status(QUEUED),
-        )
-        .values(
-            status=RUNNING,
-            attempt=d.c.attempt + 1,
-            worker_id=worker_id,
-            lease=length,
-            lease_expires_at=now + seconds_to_us(length),
-            started_at=func.coalesce(d.c.started_at, now),
-            progress=None,
-            progress_message=None,
-        )
-    )
-    return stmt
-
-
 def expired(now: Now, grp: str | None, queues: Sequence[str] | None) -> list[ColumnElement[bool]]:
     """Running rows whose lease has run out (served by the ``leased`` index)."""
     cond: list[ColumnElement[bool]] = [is_status(RUNNING), d.c.lease_expires_at < now]
@@ -444,21 +375,6 @@ def stream_running(queue: str, grp: str, partition: str) -> Select[Any]:
             d.c.partition == partition,
             is_status(RUNNING),
         )
-    )
-
-
-def stream_rows(queue: str, grp: str, partition: str, limit: int, now: Now) -> Select[Any]:
-    """The first active rows of a stream in submit order, each with whether it is due."""
-    return (
-        select(d.c.task_seq, d.c.status, case((d.c.run_at <= now, 1), else_=0).label("due"))
-        .where(
-            d.c.grp == grp,
-            d.c.queue == queue,
-            d.c.partition == partition,
-            active(),
-        )
-        .order_by(d.c.task_seq)
-        .limit(limit)
     )
 
 

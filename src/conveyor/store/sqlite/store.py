@@ -47,7 +47,6 @@ import asyncio
 import functools
 import os
 import sqlite3
-import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
@@ -64,7 +63,7 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.engine import Connection, Engine, create_engine, make_url
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
@@ -79,70 +78,14 @@ from conveyor.store.protocol import texts
 from conveyor.store.protocol.transactions import InlineConnection
 from conveyor.store.seam import BatchRunner, ConnectionRunner, DirectRunner, StepsRunner
 from conveyor.store.sqlite import claim as sqlite_claim
+from conveyor.store.sqlite.connection import SYNCHRONOUS, blocking_engine, configure, is_memory
 from conveyor.store.sqlite.thread import CHECKPOINT_EVERY, ConnectionThread
 
-SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 #: Seconds between two looks at ``PRAGMA data_version`` while the store is idle:
 #: how soon a commit in another process wakes this one's idle workers.
 WAKE_POLL = 0.002
 #: The same while nobody in this process waits to be woken.
 WAKE_IDLE_POLL = 0.1
-#: Seconds between a write transaction's first two asks for the write lock while
-#: another connection holds it; the pause doubles up to LAST_PAUSE.
-FIRST_PAUSE = 0.0001
-LAST_PAUSE = 0.001
-#: Pool settings that mean nothing to the one blocking connection.
-_POOL_OPTIONS = (
-    "poolclass",
-    "pool_size",
-    "max_overflow",
-    "pool_timeout",
-    "pool_recycle",
-    "pool_pre_ping",
-    "pool_reset_on_return",
-    "pool_use_lifo",
-)
-
-
-def is_memory(url: str) -> bool:
-    """Whether ``url`` names a private in-memory database rather than a file."""
-    parsed = make_url(url)
-    database = parsed.database or ""
-    return (
-        database in ("", ":memory:")
-        or database.startswith("file::memory:")
-        or parsed.query.get("mode") == "memory"
-    )
-
-
-def _begin_fairly(conn: Connection, sql: str, timeout: float) -> None:
-    """Run ``sql`` (a BEGIN that takes the write lock), asking again while another
-    connection holds the lock — after 0.1 ms, then twice as long each time up to a
-    millisecond — for up to ``timeout`` seconds.
-
-    A waiter that asks this often finds the lock in the short gaps between another
-    process's transactions, so two busy processes on one file take turns. The first
-    pauses are short because most transactions are: several processes writing one
-    file (a worker per consumer group) hand the lock over within a fraction of a
-    millisecond instead of leaving it free for up to one (SQLite's busy handler
-    sleeps in whole milliseconds, so the connection asks with none, see
-    ``SQLiteStore._configure``).
-    """
-    raw: Any = conn.connection.driver_connection
-    deadline = time.monotonic() + timeout
-    pause = FIRST_PAUSE
-    while time.monotonic() < deadline:
-        try:
-            raw.execute(sql)
-            return
-        except sqlite3.OperationalError as exc:
-            message = str(exc).lower()
-            if "locked" not in message and "busy" not in message:
-                break  # reported below, the way SQLAlchemy reports it
-        time.sleep(pause)
-        pause = min(pause * 2, LAST_PAUSE)
-    # Last try through SQLAlchemy, which raises its own error if it fails too.
-    conn.exec_driver_sql(sql)
 
 
 class SQLiteStore(TaskStore):
@@ -180,22 +123,15 @@ class SQLiteStore(TaskStore):
         # the async engine stays the store's handle (opened, disposed) and connects
         # only if asked to (a private in-memory database: to one of its own).
         engine = create_async_engine(self.url, poolclass=StaticPool if self.in_memory else None)
-        blocking_options = {k: val for k, val in options.items() if k not in _POOL_OPTIONS}
-        # The connection is the thread's, but a short write may run on the event
-        # loop's thread instead while the thread is idle (the inline fast path of
-        # ConnectionThread.call); its lock makes one user at a time, so the driver's
-        # same-thread check has nothing left to guard.
-        blocking_options["connect_args"] = {
-            "check_same_thread": False,
-            **blocking_options.get("connect_args", {}),
-        }
-        blocking = create_engine(
-            make_url(self.url).set(drivername="sqlite+pysqlite"),
-            poolclass=StaticPool,
-            **blocking_options,
+        blocking = blocking_engine(self.url, options)
+        configure(engine.sync_engine, busy_timeout=self.busy_timeout, synchronous=self.synchronous)
+        configure(
+            blocking,
+            busy_timeout=self.busy_timeout,
+            synchronous=self.synchronous,
+            fair=not self.in_memory,
+            begun=self._inline_begun,
         )
-        self._configure(engine.sync_engine)
-        self._configure(blocking, fair=not self.in_memory, inline=True)
         self._thread = ConnectionThread(
             blocking,
             # Not with synchronous FULL or EXTRA: each commit then waits for the disk,
@@ -217,58 +153,9 @@ class SQLiteStore(TaskStore):
 
         return engine
 
-    def _configure(self, engine: Engine, *, fair: bool = False, inline: bool = False) -> None:
-        """Attach the connection set-up and the choice of BEGIN to ``engine``.
-
-        ``fair``: wait for the write lock by asking again after short pauses (see
-        :func:`_begin_fairly`) instead of in SQLite's busy handler. ``inline``: the
-        engine of the store's connection thread, whose inline fast path sends its
-        own ``BEGIN IMMEDIATE`` (asked once) before the transaction begins.
-        """
-        busy_timeout = self.busy_timeout
-        # SQLite's own busy handler backs off to 100 ms sleeps, so a process waiting
-        # in it almost never finds the lock free between the transactions of a
-        # process that writes back to back, and starves. The fair engine has no
-        # handler: a busy BEGIN fails at once and is asked again after a pause
-        # (0.1 ms, doubling to 1 ms) until busy_timeout; anything else that meets a
-        # busy lock fails the transaction, which the store retries as transient.
-        busy_ms = int(busy_timeout * 1000)
-        synchronous = self.synchronous
-
-        @event.listens_for(engine, "connect")
-        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-            # Take transaction control from the driver so BEGIN is ours to choose.
-            dbapi_conn.isolation_level = None
-            cur = dbapi_conn.cursor()
-            cur.execute(f"PRAGMA busy_timeout = {busy_ms}")
-            cur.execute("PRAGMA journal_mode = WAL")
-            cur.execute(f"PRAGMA synchronous = {synchronous}")
-            cur.execute("PRAGMA foreign_keys = ON")
-            # The ephemeral tables a statement builds (an UPDATE … FROM's rows, a
-            # DISTINCT, a materialized CTE: a batch's worth) in memory: backed by a
-            # temporary file instead, each such statement of an acknowledgement
-            # cost as much again as its writes.
-            cur.execute("PRAGMA temp_store = MEMORY")
-            if fair:
-                # The store's own connection checkpoints on a timer instead of in
-                # whichever commit finds the WAL long (see sqlite_thread._checkpoint).
-                cur.execute("PRAGMA wal_autocheckpoint = 0")
-                # After the set-up, which may wait long (journal_mode on a new file).
-                cur.execute("PRAGMA busy_timeout = 0")
-            cur.close()
-
-        store = self
-
-        @event.listens_for(engine, "begin")
-        def _on_begin(conn: Connection) -> None:
-            if inline and store._thread is not None and store._thread.begun:
-                return  # begun already, by the inline path (ConnectionThread.call)
-            write = conn.get_execution_options().get("conveyor_write", True)
-            sql = "BEGIN IMMEDIATE" if write else "BEGIN"
-            if fair and write:
-                _begin_fairly(conn, sql, busy_timeout)
-            else:
-                conn.exec_driver_sql(sql)
+    def _inline_begun(self) -> bool:
+        # The inline fast path (ConnectionThread.call) sends its own BEGIN IMMEDIATE.
+        return self._thread is not None and self._thread.begun
 
     def _connection_runner(self) -> ConnectionRunner | None:
         # In-process, a transaction's statements cost microseconds each and a hop

@@ -1,5 +1,31 @@
+-- The claim hook's statement (conveyor.store.postgres.claim): the whole choice
+-- of conveyor.store.protocol.claim_order in one data-modifying CTE, so a claim
+-- is one round trip (SQLite, which has no such CTEs, runs a few statements
+-- instead). claim.one is for one queue, claim.any for a list of them; each
+-- _durable variant is the same statement with a commit that waits for the WAL.
+--
+-- The clock, (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint
+-- + offset_us), is the statement's moment in microseconds: the server's clock, so
+-- that hosts need not agree on the time, moved by the store's clock_offset. The
+-- offset is a bind parameter so that the text never changes and stays prepared.
+--
+-- The lock order (conveyor.store.protocol.streams) holds: stream rows are locked
+-- before any delivery row of theirs, and every lock taken while others are held
+-- is either SKIP LOCKED (never waits) or a delivery row of a stream this
+-- statement holds, which by the same order nobody else can be holding.
+
 -- name: claim.any
 WITH flags AS (
+    -- quick: this transaction's commit does not wait for the WAL flush (this
+    -- transaction alone: submits, acks and every other write keep the server's
+    -- setting). A lease need not survive a crash of the server: a claim lost with
+    -- the last fraction of a second of WAL leaves its rows queued, to be claimed
+    -- again (at-least-once, as when a worker dies), and any durable commit after
+    -- it (an ack, a submit) flushes the WAL up to its own record, the claim's
+    -- included. It saves about half of a commit's server time.
+    -- busy: a lease of these queues has expired. Then nothing is leased (every CTE
+    -- below is empty) and the caller recovers the expired leases step by step
+    -- before it claims again, so a crashed worker's tasks are not passed over.
     SELECT set_config('synchronous_commit', 'off', true) AS quick, EXISTS (
         SELECT 1 FROM conveyor_deliveries
         WHERE status = 'running' AND grp = :grp AND queue = ANY(:queues::text[])
@@ -7,6 +33,12 @@ WITH flags AS (
     ) AS busy
 ),
 free AS MATERIALIZED (
+    -- The free streams, fairest first (priority, then the head that waited
+    -- longest; queue and partition only make the order total), as many as the
+    -- claim may take. Locked FOR UPDATE SKIP LOCKED: a stream that another claim
+    -- is taking is passed over, never waited for, so concurrent claimers spread
+    -- over the streams instead of queueing behind each other on the fairest one.
+    -- Stream rows first: the lock order.
     SELECT s.queue, s.partition, s.priority, s.available_at, s.head_seq
     FROM conveyor_streams AS s
     WHERE s.grp = :grp AND s.queue = ANY(:queues::text[])
@@ -18,6 +50,16 @@ free AS MATERIALIZED (
     FOR UPDATE OF s SKIP LOCKED
 ),
 srows AS MATERIALIZED (
+    -- Per stream, its first per_stream active rows from the head that the locked
+    -- stream row names. This statement's snapshot may predate the lock, but a
+    -- locked row is read in its latest version, and every change of a stream's
+    -- rows rewrites that row, so head_seq is current. A run goes on while its rows
+    -- are queued and due (bool_and up to each row), and a stream is taken only if
+    -- its first active row is that head: where the snapshot does not see the head
+    -- as active yet (a change committed after the statement began), the stream is
+    -- left for the next claim rather than lease a later row ahead of its head.
+    -- Its delivery rows need no lock of their own here: every change of a
+    -- partitioned row locks its stream first, and this statement holds it.
     SELECT f.queue, f.partition, f.priority AS pri, f.available_at AS at, r.task_seq, r.n
     FROM free AS f CROSS JOIN LATERAL (
         SELECT x.task_seq,
@@ -37,6 +79,10 @@ srows AS MATERIALIZED (
     WHERE r.ok AND r.first = f.head_seq
 ),
 plain AS MATERIALIZED (
+    -- Ready unpartitioned rows in claim order from the ready index (its partial
+    -- WHERE matched by the literal status), none when a partition is asked for.
+    -- SKIP LOCKED: the rows another claim is taking are passed over; waiting for
+    -- them would queue every claimer behind the first, and find them leased.
     SELECT p.task_seq, p.queue, p.priority, p.run_at
     FROM conveyor_deliveries AS p
     WHERE p.grp = :grp AND p.queue = ANY(:queues::text[]) AND p.status = 'queued' AND p.partition IS NULL
@@ -59,6 +105,10 @@ units AS (
     SELECT 0, p.queue, NULL, p.priority, p.run_at, p.task_seq, 1, NULL FROM plain AS p
 ),
 ordered AS (
+    -- Streams and plain rows compete in one claim order: priority, then who waited
+    -- longest (a row since its run_at, a stream since its available_at), plain
+    -- rows first on a tie (kind 0), the rest only to make the order total. lead:
+    -- the kind of the first unit.
     SELECT u.*, row_number() OVER o AS rank, first_value(u.kind) OVER o AS lead
     FROM units AS u
     WINDOW o AS (
@@ -67,13 +117,22 @@ ordered AS (
     )
 ),
 chosen AS (
+    -- Without mix (no per_stream, or a partition), a claim takes one kind of work:
+    -- the first unit alone when it is a stream, else plain rows only (the streams
+    -- passed over). With mix, every unit in order. upto: the tasks up to and
+    -- including each unit, for the cut at limit below.
     SELECT e.*, sum(e.size) OVER (ORDER BY e.rank) AS upto
     FROM ordered AS e
     WHERE :mix OR CASE WHEN e.lead = 1 THEN e.rank = 1 ELSE e.kind = 0 END
 ),
 picked AS MATERIALIZED (
+    -- The rows to lease, each with its unit's rank and its lease length: the
+    -- lease asked for, else the queue's configured one, else 30 s. Taken in order
+    -- until limit tasks: a stream's run cut to what is left, a plain row whole.
+    -- grp and status ride along as columns for the join in taken (see there).
     SELECT k.task_seq, k.rank, k.queue, :grp::text AS grp, 'queued'::text AS status, coalesce(
         :lease::float8,
+        -- Several queues: each row's own queue's setting.
         (SELECT c.lease FROM conveyor_queues AS c WHERE c.queue = k.queue),
         30.0
     ) AS length
@@ -94,6 +153,9 @@ picked AS MATERIALIZED (
     ) AS k
 ),
 taken AS (
+    -- The lease: running, one attempt more, the lease's end from this statement's
+    -- clock. The rows locked here are plain rows already locked by plain, or rows
+    -- of a stream this statement holds: nothing to wait for.
     UPDATE conveyor_deliveries AS d SET
         status = 'running',
         attempt = d.attempt + 1,
@@ -120,6 +182,9 @@ taken AS (
     RETURNING d.*, k.rank
 ),
 held AS (
+    -- Each stream taken from is held now (available_at NULL): its head is leased,
+    -- which is what recomputing the stream would write, without a second
+    -- statement to do it.
     -- The streams of the rows taken, each found by its whole primary key: nothing
     -- but the join names a column of ``s``, so the taken streams drive the loop.
     -- With ``s.grp = :grp`` on its own, the generic plan read every stream of the
@@ -134,11 +199,18 @@ held AS (
     WHERE s.queue = h.queue AND s.grp = h.grp AND s.partition = h.partition
     RETURNING 1
 )
+-- One row even when nothing was leased (flags drives the join, its other columns
+-- NULL), so the caller always reads busy. rank: the unit's place in claim order.
 SELECT flags.busy, x.rank, t.seq, t.id, t.name, t.queue, t.partition, t.payload, t.metadata, t.priority, x.max_attempts, t.created_at, t.key, t.parent_id, t.root_id, t.correlation_id, x.grp, x.status, x.attempt, x.run_at, x.started_at, x.finished_at, x.lease_expires_at, x.worker_id, x.progress, x.progress_message, x.result, x.error, x.lease
 FROM flags LEFT JOIN (taken AS x JOIN conveyor_tasks AS t ON t.seq = x.task_seq) ON true
 
 -- name: claim.any_durable
 WITH flags AS (
+    -- durable_claims: the commit waits for the WAL flush, as the server's setting
+    -- says (the plain variant turns synchronous_commit off for its transaction).
+    -- busy: a lease of these queues has expired. Then nothing is leased (every CTE
+    -- below is empty) and the caller recovers the expired leases step by step
+    -- before it claims again, so a crashed worker's tasks are not passed over.
     SELECT NULL AS quick, EXISTS (
         SELECT 1 FROM conveyor_deliveries
         WHERE status = 'running' AND grp = :grp AND queue = ANY(:queues::text[])
@@ -146,6 +218,12 @@ WITH flags AS (
     ) AS busy
 ),
 free AS MATERIALIZED (
+    -- The free streams, fairest first (priority, then the head that waited
+    -- longest; queue and partition only make the order total), as many as the
+    -- claim may take. Locked FOR UPDATE SKIP LOCKED: a stream that another claim
+    -- is taking is passed over, never waited for, so concurrent claimers spread
+    -- over the streams instead of queueing behind each other on the fairest one.
+    -- Stream rows first: the lock order.
     SELECT s.queue, s.partition, s.priority, s.available_at, s.head_seq
     FROM conveyor_streams AS s
     WHERE s.grp = :grp AND s.queue = ANY(:queues::text[])
@@ -157,6 +235,16 @@ free AS MATERIALIZED (
     FOR UPDATE OF s SKIP LOCKED
 ),
 srows AS MATERIALIZED (
+    -- Per stream, its first per_stream active rows from the head that the locked
+    -- stream row names. This statement's snapshot may predate the lock, but a
+    -- locked row is read in its latest version, and every change of a stream's
+    -- rows rewrites that row, so head_seq is current. A run goes on while its rows
+    -- are queued and due (bool_and up to each row), and a stream is taken only if
+    -- its first active row is that head: where the snapshot does not see the head
+    -- as active yet (a change committed after the statement began), the stream is
+    -- left for the next claim rather than lease a later row ahead of its head.
+    -- Its delivery rows need no lock of their own here: every change of a
+    -- partitioned row locks its stream first, and this statement holds it.
     SELECT f.queue, f.partition, f.priority AS pri, f.available_at AS at, r.task_seq, r.n
     FROM free AS f CROSS JOIN LATERAL (
         SELECT x.task_seq,
@@ -176,6 +264,10 @@ srows AS MATERIALIZED (
     WHERE r.ok AND r.first = f.head_seq
 ),
 plain AS MATERIALIZED (
+    -- Ready unpartitioned rows in claim order from the ready index (its partial
+    -- WHERE matched by the literal status), none when a partition is asked for.
+    -- SKIP LOCKED: the rows another claim is taking are passed over; waiting for
+    -- them would queue every claimer behind the first, and find them leased.
     SELECT p.task_seq, p.queue, p.priority, p.run_at
     FROM conveyor_deliveries AS p
     WHERE p.grp = :grp AND p.queue = ANY(:queues::text[]) AND p.status = 'queued' AND p.partition IS NULL
@@ -198,6 +290,10 @@ units AS (
     SELECT 0, p.queue, NULL, p.priority, p.run_at, p.task_seq, 1, NULL FROM plain AS p
 ),
 ordered AS (
+    -- Streams and plain rows compete in one claim order: priority, then who waited
+    -- longest (a row since its run_at, a stream since its available_at), plain
+    -- rows first on a tie (kind 0), the rest only to make the order total. lead:
+    -- the kind of the first unit.
     SELECT u.*, row_number() OVER o AS rank, first_value(u.kind) OVER o AS lead
     FROM units AS u
     WINDOW o AS (
@@ -206,13 +302,22 @@ ordered AS (
     )
 ),
 chosen AS (
+    -- Without mix (no per_stream, or a partition), a claim takes one kind of work:
+    -- the first unit alone when it is a stream, else plain rows only (the streams
+    -- passed over). With mix, every unit in order. upto: the tasks up to and
+    -- including each unit, for the cut at limit below.
     SELECT e.*, sum(e.size) OVER (ORDER BY e.rank) AS upto
     FROM ordered AS e
     WHERE :mix OR CASE WHEN e.lead = 1 THEN e.rank = 1 ELSE e.kind = 0 END
 ),
 picked AS MATERIALIZED (
+    -- The rows to lease, each with its unit's rank and its lease length: the
+    -- lease asked for, else the queue's configured one, else 30 s. Taken in order
+    -- until limit tasks: a stream's run cut to what is left, a plain row whole.
+    -- grp and status ride along as columns for the join in taken (see there).
     SELECT k.task_seq, k.rank, k.queue, :grp::text AS grp, 'queued'::text AS status, coalesce(
         :lease::float8,
+        -- Several queues: each row's own queue's setting.
         (SELECT c.lease FROM conveyor_queues AS c WHERE c.queue = k.queue),
         30.0
     ) AS length
@@ -233,6 +338,9 @@ picked AS MATERIALIZED (
     ) AS k
 ),
 taken AS (
+    -- The lease: running, one attempt more, the lease's end from this statement's
+    -- clock. The rows locked here are plain rows already locked by plain, or rows
+    -- of a stream this statement holds: nothing to wait for.
     UPDATE conveyor_deliveries AS d SET
         status = 'running',
         attempt = d.attempt + 1,
@@ -259,6 +367,9 @@ taken AS (
     RETURNING d.*, k.rank
 ),
 held AS (
+    -- Each stream taken from is held now (available_at NULL): its head is leased,
+    -- which is what recomputing the stream would write, without a second
+    -- statement to do it.
     -- The streams of the rows taken, each found by its whole primary key: nothing
     -- but the join names a column of ``s``, so the taken streams drive the loop.
     -- With ``s.grp = :grp`` on its own, the generic plan read every stream of the
@@ -273,11 +384,23 @@ held AS (
     WHERE s.queue = h.queue AND s.grp = h.grp AND s.partition = h.partition
     RETURNING 1
 )
+-- One row even when nothing was leased (flags drives the join, its other columns
+-- NULL), so the caller always reads busy. rank: the unit's place in claim order.
 SELECT flags.busy, x.rank, t.seq, t.id, t.name, t.queue, t.partition, t.payload, t.metadata, t.priority, x.max_attempts, t.created_at, t.key, t.parent_id, t.root_id, t.correlation_id, x.grp, x.status, x.attempt, x.run_at, x.started_at, x.finished_at, x.lease_expires_at, x.worker_id, x.progress, x.progress_message, x.result, x.error, x.lease
 FROM flags LEFT JOIN (taken AS x JOIN conveyor_tasks AS t ON t.seq = x.task_seq) ON true
 
 -- name: claim.one
 WITH flags AS (
+    -- quick: this transaction's commit does not wait for the WAL flush (this
+    -- transaction alone: submits, acks and every other write keep the server's
+    -- setting). A lease need not survive a crash of the server: a claim lost with
+    -- the last fraction of a second of WAL leaves its rows queued, to be claimed
+    -- again (at-least-once, as when a worker dies), and any durable commit after
+    -- it (an ack, a submit) flushes the WAL up to its own record, the claim's
+    -- included. It saves about half of a commit's server time.
+    -- busy: a lease of these queues has expired. Then nothing is leased (every CTE
+    -- below is empty) and the caller recovers the expired leases step by step
+    -- before it claims again, so a crashed worker's tasks are not passed over.
     SELECT set_config('synchronous_commit', 'off', true) AS quick, EXISTS (
         SELECT 1 FROM conveyor_deliveries
         WHERE status = 'running' AND grp = :grp AND queue = :queue
@@ -285,6 +408,12 @@ WITH flags AS (
     ) AS busy
 ),
 free AS MATERIALIZED (
+    -- The free streams, fairest first (priority, then the head that waited
+    -- longest; queue and partition only make the order total), as many as the
+    -- claim may take. Locked FOR UPDATE SKIP LOCKED: a stream that another claim
+    -- is taking is passed over, never waited for, so concurrent claimers spread
+    -- over the streams instead of queueing behind each other on the fairest one.
+    -- Stream rows first: the lock order.
     SELECT s.queue, s.partition, s.priority, s.available_at, s.head_seq
     FROM conveyor_streams AS s
     WHERE s.grp = :grp AND s.queue = :queue
@@ -296,6 +425,16 @@ free AS MATERIALIZED (
     FOR UPDATE OF s SKIP LOCKED
 ),
 srows AS MATERIALIZED (
+    -- Per stream, its first per_stream active rows from the head that the locked
+    -- stream row names. This statement's snapshot may predate the lock, but a
+    -- locked row is read in its latest version, and every change of a stream's
+    -- rows rewrites that row, so head_seq is current. A run goes on while its rows
+    -- are queued and due (bool_and up to each row), and a stream is taken only if
+    -- its first active row is that head: where the snapshot does not see the head
+    -- as active yet (a change committed after the statement began), the stream is
+    -- left for the next claim rather than lease a later row ahead of its head.
+    -- Its delivery rows need no lock of their own here: every change of a
+    -- partitioned row locks its stream first, and this statement holds it.
     SELECT f.queue, f.partition, f.priority AS pri, f.available_at AS at, r.task_seq, r.n
     FROM free AS f CROSS JOIN LATERAL (
         SELECT x.task_seq,
@@ -315,6 +454,10 @@ srows AS MATERIALIZED (
     WHERE r.ok AND r.first = f.head_seq
 ),
 plain AS MATERIALIZED (
+    -- Ready unpartitioned rows in claim order from the ready index (its partial
+    -- WHERE matched by the literal status), none when a partition is asked for.
+    -- SKIP LOCKED: the rows another claim is taking are passed over; waiting for
+    -- them would queue every claimer behind the first, and find them leased.
     SELECT p.task_seq, p.queue, p.priority, p.run_at
     FROM conveyor_deliveries AS p
     WHERE p.grp = :grp AND p.queue = :queue AND p.status = 'queued' AND p.partition IS NULL
@@ -337,6 +480,10 @@ units AS (
     SELECT 0, p.queue, NULL, p.priority, p.run_at, p.task_seq, 1, NULL FROM plain AS p
 ),
 ordered AS (
+    -- Streams and plain rows compete in one claim order: priority, then who waited
+    -- longest (a row since its run_at, a stream since its available_at), plain
+    -- rows first on a tie (kind 0), the rest only to make the order total. lead:
+    -- the kind of the first unit.
     SELECT u.*, row_number() OVER o AS rank, first_value(u.kind) OVER o AS lead
     FROM units AS u
     WINDOW o AS (
@@ -345,13 +492,23 @@ ordered AS (
     )
 ),
 chosen AS (
+    -- Without mix (no per_stream, or a partition), a claim takes one kind of work:
+    -- the first unit alone when it is a stream, else plain rows only (the streams
+    -- passed over). With mix, every unit in order. upto: the tasks up to and
+    -- including each unit, for the cut at limit below.
     SELECT e.*, sum(e.size) OVER (ORDER BY e.rank) AS upto
     FROM ordered AS e
     WHERE :mix OR CASE WHEN e.lead = 1 THEN e.rank = 1 ELSE e.kind = 0 END
 ),
 picked AS MATERIALIZED (
+    -- The rows to lease, each with its unit's rank and its lease length: the
+    -- lease asked for, else the queue's configured one, else 30 s. Taken in order
+    -- until limit tasks: a stream's run cut to what is left, a plain row whole.
+    -- grp and status ride along as columns for the join in taken (see there).
     SELECT k.task_seq, k.rank, k.queue, :grp::text AS grp, 'queued'::text AS status, coalesce(
         :lease::float8,
+        -- One queue: its setting is looked up once per claim (an uncorrelated
+        -- subquery), not once per row leased.
         (SELECT c.lease FROM conveyor_queues AS c WHERE c.queue = :queue),
         30.0
     ) AS length
@@ -372,6 +529,9 @@ picked AS MATERIALIZED (
     ) AS k
 ),
 taken AS (
+    -- The lease: running, one attempt more, the lease's end from this statement's
+    -- clock. The rows locked here are plain rows already locked by plain, or rows
+    -- of a stream this statement holds: nothing to wait for.
     UPDATE conveyor_deliveries AS d SET
         status = 'running',
         attempt = d.attempt + 1,
@@ -398,6 +558,9 @@ taken AS (
     RETURNING d.*, k.rank
 ),
 held AS (
+    -- Each stream taken from is held now (available_at NULL): its head is leased,
+    -- which is what recomputing the stream would write, without a second
+    -- statement to do it.
     -- The streams of the rows taken, each found by its whole primary key: nothing
     -- but the join names a column of ``s``, so the taken streams drive the loop.
     -- With ``s.grp = :grp`` on its own, the generic plan read every stream of the
@@ -412,11 +575,18 @@ held AS (
     WHERE s.queue = h.queue AND s.grp = h.grp AND s.partition = h.partition
     RETURNING 1
 )
+-- One row even when nothing was leased (flags drives the join, its other columns
+-- NULL), so the caller always reads busy. rank: the unit's place in claim order.
 SELECT flags.busy, x.rank, t.seq, t.id, t.name, t.queue, t.partition, t.payload, t.metadata, t.priority, x.max_attempts, t.created_at, t.key, t.parent_id, t.root_id, t.correlation_id, x.grp, x.status, x.attempt, x.run_at, x.started_at, x.finished_at, x.lease_expires_at, x.worker_id, x.progress, x.progress_message, x.result, x.error, x.lease
 FROM flags LEFT JOIN (taken AS x JOIN conveyor_tasks AS t ON t.seq = x.task_seq) ON true
 
 -- name: claim.one_durable
 WITH flags AS (
+    -- durable_claims: the commit waits for the WAL flush, as the server's setting
+    -- says (the plain variant turns synchronous_commit off for its transaction).
+    -- busy: a lease of these queues has expired. Then nothing is leased (every CTE
+    -- below is empty) and the caller recovers the expired leases step by step
+    -- before it claims again, so a crashed worker's tasks are not passed over.
     SELECT NULL AS quick, EXISTS (
         SELECT 1 FROM conveyor_deliveries
         WHERE status = 'running' AND grp = :grp AND queue = :queue
@@ -424,6 +594,12 @@ WITH flags AS (
     ) AS busy
 ),
 free AS MATERIALIZED (
+    -- The free streams, fairest first (priority, then the head that waited
+    -- longest; queue and partition only make the order total), as many as the
+    -- claim may take. Locked FOR UPDATE SKIP LOCKED: a stream that another claim
+    -- is taking is passed over, never waited for, so concurrent claimers spread
+    -- over the streams instead of queueing behind each other on the fairest one.
+    -- Stream rows first: the lock order.
     SELECT s.queue, s.partition, s.priority, s.available_at, s.head_seq
     FROM conveyor_streams AS s
     WHERE s.grp = :grp AND s.queue = :queue
@@ -435,6 +611,16 @@ free AS MATERIALIZED (
     FOR UPDATE OF s SKIP LOCKED
 ),
 srows AS MATERIALIZED (
+    -- Per stream, its first per_stream active rows from the head that the locked
+    -- stream row names. This statement's snapshot may predate the lock, but a
+    -- locked row is read in its latest version, and every change of a stream's
+    -- rows rewrites that row, so head_seq is current. A run goes on while its rows
+    -- are queued and due (bool_and up to each row), and a stream is taken only if
+    -- its first active row is that head: where the snapshot does not see the head
+    -- as active yet (a change committed after the statement began), the stream is
+    -- left for the next claim rather than lease a later row ahead of its head.
+    -- Its delivery rows need no lock of their own here: every change of a
+    -- partitioned row locks its stream first, and this statement holds it.
     SELECT f.queue, f.partition, f.priority AS pri, f.available_at AS at, r.task_seq, r.n
     FROM free AS f CROSS JOIN LATERAL (
         SELECT x.task_seq,
@@ -454,6 +640,10 @@ srows AS MATERIALIZED (
     WHERE r.ok AND r.first = f.head_seq
 ),
 plain AS MATERIALIZED (
+    -- Ready unpartitioned rows in claim order from the ready index (its partial
+    -- WHERE matched by the literal status), none when a partition is asked for.
+    -- SKIP LOCKED: the rows another claim is taking are passed over; waiting for
+    -- them would queue every claimer behind the first, and find them leased.
     SELECT p.task_seq, p.queue, p.priority, p.run_at
     FROM conveyor_deliveries AS p
     WHERE p.grp = :grp AND p.queue = :queue AND p.status = 'queued' AND p.partition IS NULL
@@ -476,6 +666,10 @@ units AS (
     SELECT 0, p.queue, NULL, p.priority, p.run_at, p.task_seq, 1, NULL FROM plain AS p
 ),
 ordered AS (
+    -- Streams and plain rows compete in one claim order: priority, then who waited
+    -- longest (a row since its run_at, a stream since its available_at), plain
+    -- rows first on a tie (kind 0), the rest only to make the order total. lead:
+    -- the kind of the first unit.
     SELECT u.*, row_number() OVER o AS rank, first_value(u.kind) OVER o AS lead
     FROM units AS u
     WINDOW o AS (
@@ -484,13 +678,23 @@ ordered AS (
     )
 ),
 chosen AS (
+    -- Without mix (no per_stream, or a partition), a claim takes one kind of work:
+    -- the first unit alone when it is a stream, else plain rows only (the streams
+    -- passed over). With mix, every unit in order. upto: the tasks up to and
+    -- including each unit, for the cut at limit below.
     SELECT e.*, sum(e.size) OVER (ORDER BY e.rank) AS upto
     FROM ordered AS e
     WHERE :mix OR CASE WHEN e.lead = 1 THEN e.rank = 1 ELSE e.kind = 0 END
 ),
 picked AS MATERIALIZED (
+    -- The rows to lease, each with its unit's rank and its lease length: the
+    -- lease asked for, else the queue's configured one, else 30 s. Taken in order
+    -- until limit tasks: a stream's run cut to what is left, a plain row whole.
+    -- grp and status ride along as columns for the join in taken (see there).
     SELECT k.task_seq, k.rank, k.queue, :grp::text AS grp, 'queued'::text AS status, coalesce(
         :lease::float8,
+        -- One queue: its setting is looked up once per claim (an uncorrelated
+        -- subquery), not once per row leased.
         (SELECT c.lease FROM conveyor_queues AS c WHERE c.queue = :queue),
         30.0
     ) AS length
@@ -511,6 +715,9 @@ picked AS MATERIALIZED (
     ) AS k
 ),
 taken AS (
+    -- The lease: running, one attempt more, the lease's end from this statement's
+    -- clock. The rows locked here are plain rows already locked by plain, or rows
+    -- of a stream this statement holds: nothing to wait for.
     UPDATE conveyor_deliveries AS d SET
         status = 'running',
         attempt = d.attempt + 1,
@@ -537,6 +744,9 @@ taken AS (
     RETURNING d.*, k.rank
 ),
 held AS (
+    -- Each stream taken from is held now (available_at NULL): its head is leased,
+    -- which is what recomputing the stream would write, without a second
+    -- statement to do it.
     -- The streams of the rows taken, each found by its whole primary key: nothing
     -- but the join names a column of ``s``, so the taken streams drive the loop.
     -- With ``s.grp = :grp`` on its own, the generic plan read every stream of the
@@ -551,5 +761,7 @@ held AS (
     WHERE s.queue = h.queue AND s.grp = h.grp AND s.partition = h.partition
     RETURNING 1
 )
+-- One row even when nothing was leased (flags drives the join, its other columns
+-- NULL), so the caller always reads busy. rank: the unit's place in claim order.
 SELECT flags.busy, x.rank, t.seq, t.id, t.name, t.queue, t.partition, t.payload, t.metadata, t.priority, x.max_attempts, t.created_at, t.key, t.parent_id, t.root_id, t.correlation_id, x.grp, x.status, x.attempt, x.run_at, x.started_at, x.finished_at, x.lease_expires_at, x.worker_id, x.progress, x.progress_message, x.result, x.error, x.lease
 FROM flags LEFT JOIN (taken AS x JOIN conveyor_tasks AS t ON t.seq = x.task_seq) ON true

@@ -19,12 +19,19 @@
 -- wakes its own after the commit.
 
 -- name: succeed_plain
+-- One succeed() of an unpartitioned task, its row found from the task's unique
+-- id. No row: the row is partitioned or the fence failed, and the caller goes on
+-- to the stream pair (ack_streams_lock, ack_streams), which finishes the one and
+-- explains the other.
 UPDATE conveyor_deliveries SET
     status = 'succeeded',
     result = :result,
     finished_at = :now_us,
     lease_expires_at = NULL
 WHERE task_seq = (SELECT t.seq FROM conveyor_tasks AS t WHERE t.id = :id)
+  -- The fence: leased to this worker, on this attempt when one is given. An
+  -- attempt whose lease ran out and whose task was claimed again since (by any
+  -- worker, this one too) finishes nothing.
   AND grp = :grp AND status = 'running' AND worker_id = :worker_id
   AND (:attempt IS NULL OR attempt = :attempt)
   AND "partition" IS NULL
@@ -72,9 +79,12 @@ FROM (
     FROM json_each(:items) AS j
     JOIN conveyor_tasks AS t ON t.id = json_extract(j.value, '$[0]')
 ) AS i
+-- The fence, per item: leased to its worker, on its attempt when one is given.
 WHERE d.task_seq = i.seq AND d.grp = i.grp
   AND d.status = 'running' AND d.worker_id = i.worker_id
   AND (i.attempt IS NULL OR d.attempt = i.attempt)
+  -- Partitioned rows are left to ack_streams, which recomputes their streams in
+  -- the same transaction.
   AND d."partition" IS NULL;
 SELECT lost.idx
 FROM (SELECT 1) AS one LEFT JOIN (
@@ -109,11 +119,17 @@ FROM (
     FROM json_each(:items) AS j
     JOIN conveyor_tasks AS t ON t.id = json_extract(j.value, '$[0]')
 ) AS i
+-- The fence, per item: leased to its worker, on its attempt when one is given.
 WHERE d.task_seq = i.seq AND d.grp = i.grp
   AND d.status = 'running' AND d.worker_id = i.worker_id
   AND (i.attempt IS NULL OR d.attempt = i.attempt);
--- The streams of the rows just finished, recomputed as refresh_streams does (a
--- stream that did not move is written as it was).
+-- The streams of the rows just finished (found as the report finds them: in the
+-- state this script wrote), recomputed as refresh_streams does, a stream that did
+-- not move written as it was: the head is the first active row; the stream is
+-- available while the head is queued and no row of it is leased, since the
+-- moment its head became available (kept while the head stays the same, so the
+-- stream keeps its place in line), else since now or the head's run_at,
+-- whichever is later. A missing stream row is created.
 WITH k AS (
     SELECT DISTINCT d.queue AS queue, d.grp AS grp, d."partition" AS part
     FROM json_each(:items) AS j
@@ -135,7 +151,9 @@ h AS (
 INSERT INTO conveyor_streams (queue, grp, "partition", head_seq, priority, available_at)
 SELECT h.queue, h.grp, h.part, h.head, x.priority,
        CASE WHEN x.status = 'queued' AND NOT EXISTS (
-           -- Among the queue's leased rows (few), not the stream's active ones.
+           -- Among the queue's leased rows (few), not the stream's active ones:
+           -- with nothing leased, that walked the stream's whole backlog (4.4 ms
+           -- per refresh for a stream of 20,000 queued tasks, against 0.03).
            SELECT 1 FROM conveyor_deliveries AS r
            WHERE r.grp = h.grp AND r.queue = h.queue AND r."partition" = h.part
              AND r.status = 'running'

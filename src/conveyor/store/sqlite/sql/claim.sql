@@ -13,10 +13,11 @@
 --   fairest first, each with its first :per_stream active rows from the head
 --   the stream row names: status and due (run_at reached at :now_us) per row,
 --   in submit order. Without LATERAL, a stream's rows are bounded by its
---   per_stream-th active row, one correlated index probe;
+--   per_stream-th active row, one correlated index probe.
 -- * 0: up to :limit ready unpartitioned rows in claim order (none when
---   :partition is given);
--- * 2: one row if a lease of the queue has expired (to be recovered first).
+--   :partition is given).
+-- * 2: one row if a lease of the queue has expired: the claim then leases
+--   nothing, and the caller recovers the expired leases before it claims again.
 -- The stream index's partial WHERE is matched by the literal statuses.
 WITH free AS (
     SELECT s.queue AS queue, s."partition" AS "partition", s.priority AS priority,
@@ -34,6 +35,9 @@ SELECT 1 AS kind, f.priority AS priority, f.available_at AS at, f.queue AS queue
 FROM free AS f JOIN conveyor_deliveries AS y ON 
     y.grp = :grp AND y.queue = f.queue AND y."partition" = f."partition"
     AND y.status IN ('queued', 'running') AND y.task_seq >= f.head_seq
+    -- The run ends at the stream's per_stream-th active row, found by one probe
+    -- of the stream index; a stream with fewer active rows has none, and the
+    -- largest integer leaves its run unbounded.
     AND y.task_seq <= coalesce((
         SELECT z.task_seq FROM conveyor_deliveries AS z
         WHERE 
@@ -62,6 +66,10 @@ FROM (
       AND x.lease_expires_at < :now_us
     LIMIT 1
 ) AS e
+-- The kinds apart, each in claim order, a stream's rows together in submit
+-- order: the choice in Python takes each stream's first row for its head (a
+-- stream whose row names another head is left alone) and ends its run at the
+-- first row that is not queued and due.
 ORDER BY 1, 2 DESC, 3, 4, 5, 7
 
 -- name: claim.hold
@@ -78,7 +86,9 @@ WHERE grp = :grp AND queue = :queue
 -- its correlated lookups of the task columns cost twice the update; claim.view
 -- reads the rows back with one join. The queue is redundant for the result but
 -- not for the plan: without it SQLite (no statistics) serves grp and status from
--- the status index by grp alone, every row the group ever had.
+-- the status index by grp alone, every row the group ever had. The clock,
+-- now_us, is the process's, read (with the store's clock_offset) each time the
+-- statement runs: SQLite has no server clock to defer to, and one host needs none.
 UPDATE conveyor_deliveries SET status='running', attempt=(conveyor_deliveries.attempt + 1), lease_expires_at=(:now_us + CAST(round(1000000.0 * coalesce(:lease, coalesce((SELECT conveyor_queues.lease 
 FROM conveyor_queues 
 WHERE conveyor_queues.queue = conveyor_deliveries.queue), 30.0))) AS BIGINT)), lease=coalesce(:lease, coalesce((SELECT conveyor_queues.lease 
