@@ -232,26 +232,9 @@ async def test_claim_statements_use_the_partial_indexes(store: TaskStore, backen
                 LEASED,
                 "conveyor_deliveries",
             ),
-            "stream_head": (
-                q.stream_head(Q, grp, "live-1", now),
-                STREAM,
-                "conveyor_deliveries",
-            ),
             "stream_rows": (
                 stream_rows(Q, grp, "live-1", 10, now),
                 STREAM,
-                "conveyor_deliveries",
-            ),
-            # SQLite: the queue's leased rows (few), never the stream's backlog (the
-            # leased index, or the status index's running rows of the queue).
-            # Postgres proves the stream index's WHERE from status = 'running' and
-            # takes it for its three equal columns (the hot acknowledgement has a
-            # text of its own that reads the leased rows).
-            "stream_running": (
-                q.stream_running(Q, grp, "live-1"),
-                STREAM
-                if backend == "postgres"
-                else (LEASED, "ix_conveyor_deliveries_status (grp=? AND queue=? AND status=?)"),
                 "conveyor_deliveries",
             ),
         }

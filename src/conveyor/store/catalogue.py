@@ -147,7 +147,8 @@ STATEMENTS: tuple[Statement, ...] = (
         partition, payload, metadata, priority, max_attempts, backoff, created_at,
         run_at, key, parent_id, root_id, correlation_id]`` in request order: the task
         rows, inserted in that order, and their delivery rows for queue mode and every
-        active group (``queries.fan_out``); no announcement. Returns the ``(queue, grp,
+        active group of the queue (those whose ``start_at`` is not after the task's
+        ``created_at``); no announcement. Returns the ``(queue, grp,
         partition)`` of every stream the new delivery rows joined, once each.""",
     ),
     _s(

@@ -7,7 +7,6 @@ a bound process-clock value on SQLite), so the same text runs on both.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,7 +18,6 @@ from sqlalchemy import (
     String,
     Update,
     and_,
-    bindparam,
     case,
     cast,
     delete,
@@ -31,7 +29,6 @@ from sqlalchemy import (
     or_,
     select,
     tuple_,
-    union_all,
     update,
 )
 from sqlalchemy.ext.compiler import compiles
@@ -41,8 +38,6 @@ from sqlalchemy.sql.functions import FunctionElement
 
 from conveyor.schema import counts as cn
 from conveyor.schema import deliveries as d
-from conveyor.schema import groups as g
-from conveyor.schema import queues as qs
 from conveyor.schema import streams as s
 from conveyor.schema import tasks as t
 
@@ -154,64 +149,6 @@ def task_view(grp: str) -> Select[Any]:
 def task_seq_of(task_id: str) -> ColumnElement[Any]:
     """The internal sequence number of a public task id, as a scalar subquery."""
     return select(t.c.seq).where(t.c.id == task_id).scalar_subquery()
-
-
-def submit_context(queues: Sequence[str], now: Now) -> Select[Any]:
-    """The clock reading and the stored settings of ``queues``, in one round trip
-    (at least one row, even when no queue has settings)."""
-    one = select(literal(1).label("one")).subquery("one")
-    return select(now.label("now"), qs.c.queue, qs.c.max_attempts, qs.c.backoff).select_from(
-        one.outerjoin(qs, qs.c.queue.in_(queues))
-    )
-
-
-@functools.cache
-def fan_out(one: bool = False, after: bool = False) -> Insert:
-    """Delivery rows for new tasks (bind ``seqs``, a list of task seqs; with ``one``,
-    ``seq``, one task's; with ``after``, every task whose seq is above ``after``):
-    queue mode plus every active group of the queue.
-
-    Written in the producer's transaction, so a group never depends on a cursor
-    that a late-committing producer could slip behind. Built once: building it
-    cost more than running it.
-    """
-    targets = union_all(
-        select(
-            literal(QUEUE_MODE, String).label("grp"),
-            literal(None, String).label("queue"),
-            literal(None, BigInteger).label("start_at"),
-        ),
-        select(g.c.name, g.c.queue, g.c.start_at).where(g.c.active.is_(True)),
-    ).subquery("targets")
-    source = select(
-        t.c.seq,
-        targets.c.grp,
-        t.c.queue,
-        t.c.partition,
-        t.c.priority,
-        t.c.max_attempts,
-        literal(QUEUED),
-        literal(0),
-        t.c.run_at,
-    ).select_from(
-        t.join(
-            targets,
-            or_(
-                targets.c.grp == QUEUE_MODE,
-                and_(
-                    targets.c.queue == t.c.queue,
-                    or_(targets.c.start_at.is_(None), targets.c.start_at <= t.c.created_at),
-                ),
-            ),
-        )
-    )
-    if one:
-        source = source.where(t.c.seq == bindparam("seq"))
-    elif after:
-        source = source.where(t.c.seq > bindparam("after"))
-    else:
-        source = source.where(t.c.seq.in_(bindparam("seqs", expanding=True)))
-    return d.insert().from_select(SEEDED, source)
 
 
 def backfill(
@@ -346,43 +283,6 @@ def active() -> ColumnElement[bool]:
     WHERE; it substitutes a bound ``status = ?`` but not a bound ``IN (?, ?)`` list,
     and would then walk the primary key through the whole finished history."""
     return d.c.status.in_([literal(value, literal_execute=True) for value in ACTIVE])
-
-
-def stream_head(queue: str, grp: str, partition: str, now: Now) -> Select[Any]:
-    """The first active row of a stream, with the clock reading."""
-    return (
-        select(d.c.task_seq, d.c.status, d.c.run_at, d.c.priority, now.label("now"))
-        .where(
-            d.c.grp == grp,
-            d.c.queue == queue,
-            d.c.partition == partition,
-            active(),
-        )
-        .order_by(d.c.task_seq)
-        .limit(1)
-    )
-
-
-def stream_running(queue: str, grp: str, partition: str) -> Select[Any]:
-    """Whether any row of the stream is leased. Without the active statuses as a
-    condition, SQLite looks among the queue's leased rows (few) instead of walking
-    the stream's active rows, which with nothing leased read its whole backlog
-    (Postgres still proves the stream index's WHERE and may walk it)."""
-    return select(
-        exists().where(
-            d.c.grp == grp,
-            d.c.queue == queue,
-            d.c.partition == partition,
-            is_status(RUNNING),
-        )
-    )
-
-
-def stream_state(queue: str, grp: str, partition: str) -> Select[Any]:
-    """The stored head and availability of one stream."""
-    return select(s.c.head_seq, s.c.available_at).where(
-        s.c.queue == queue, s.c.grp == grp, s.c.partition == partition
-    )
 
 
 def delete_group(queue: str, grp: str) -> list[Delete]:
