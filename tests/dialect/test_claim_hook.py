@@ -32,6 +32,7 @@ from conveyor import _values as v
 from conveyor.schema import deliveries as d
 from conveyor.schema import streams as s
 from conveyor.schema import tasks as t
+from conveyor.store import seam
 from conveyor.store.base import TaskStore
 from conveyor.store.protocol import claim_order
 from conveyor.store.protocol.codec import group_key
@@ -344,7 +345,7 @@ async def test_the_hook_leases_nothing_while_a_lease_of_its_queues_has_expired(
     assert leased.id == first.id
     store.clock_offset = 10.0
     for queues in (["q"], ["other", "q"]):
-        assert await store._claim("", queues, "w2", None, 5, None, None) is None
+        assert await store._claim(seam.Claim("", queues, "w2", None, 5, None, None)) is None
     assert (await store.get(first.id)).worker_id == "w"  # type: ignore[union-attr]
     assert (await store.get(second.id)).status is conveyor.Status.QUEUED  # type: ignore[union-attr]
     got = await store.claim(["other", "q"], worker_id="w2", limit=5)

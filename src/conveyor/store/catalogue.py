@@ -345,8 +345,9 @@ HOOKS: dict[str, str] = {
         ``wake.waiter_drop``; SQLite's channel is its connection thread's
         ``data_version`` poll and needs no statement.""",
     "claim": " ".join(
-        f"""``Seam._claim(grp, queues, worker_id, lease, limit, partition,
-        per_stream)``, its own transaction: when a lease of ``grp`` in ``queues`` has
+        f"""``Seam._claim(ask)`` (``ask`` a ``seam.Claim``: ``grp``, ``queues``,
+        ``worker_id``, ``lease``, ``limit``, ``partition``, ``per_stream``), its own
+        transaction: when a lease of ``grp`` in ``queues`` has
         expired, nothing leased or written and ``None`` returned (the protocol
         recovers, ``upkeep.recover_tx``, and asks again); else the rows
         ``claim_order.claim_order`` chooses leased to the worker (running, attempt +

@@ -18,6 +18,7 @@ import abc
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from sqlalchemy import ColumnElement, Select, Update
@@ -55,6 +56,26 @@ class ConnectionRunner(Protocol):
         write transaction the runner may run on the caller's thread (see
         :mod:`conveyor.store.sqlite.thread`)."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What a claim asks of the claim hook (:meth:`Seam._claim`)."""
+
+    #: The group key, ``""`` for queue mode.
+    grp: str
+    #: Distinct queue names, at least one.
+    queues: Sequence[str]
+    worker_id: str
+    #: Seconds, or ``None``: each queue's stored setting, else the default.
+    lease: float | None
+    #: 1 or more.
+    limit: int
+    #: Only that partition's streams, or ``None``.
+    partition: str | None
+    #: A claim across streams taking at most that many tasks of each, or ``None``
+    #: (one stream, or unpartitioned work).
+    per_stream: int | None
 
 
 class Seam(abc.ABC):
@@ -232,26 +253,10 @@ class Seam(abc.ABC):
 
     # ------------------------------------------------------------- claim
     @abc.abstractmethod
-    async def _claim(
-        self,
-        grp: str,
-        queues: Sequence[str],
-        worker_id: str,
-        lease: float | None,
-        limit: int,
-        partition: str | None,
-        per_stream: int | None,
-    ) -> Sequence[Any] | None:
-        """The claim hook (``catalogue.HOOKS["claim"]``): lease up to ``limit`` tasks
-        of ``queues`` in group ``grp`` to ``worker_id``, in one transaction of its
-        own, committed before it returns.
-
-        Given: ``grp`` (the group key, ``""`` for queue mode), ``queues`` (distinct
-        names, at least one), ``worker_id``, ``lease`` (seconds, or ``None``: each
-        queue's stored setting, else the default), ``limit`` (1 or more),
-        ``partition`` (only that partition's streams, or ``None``) and
-        ``per_stream`` (a claim across streams taking at most that many tasks of
-        each, or ``None``: one stream or unpartitioned work).
+    async def _claim(self, ask: Claim) -> Sequence[Any] | None:
+        """The claim hook (``catalogue.HOOKS["claim"]``): lease up to ``ask.limit``
+        tasks of ``ask.queues`` in group ``ask.grp`` to ``ask.worker_id`` (see
+        :class:`Claim`), in one transaction of its own, committed before it returns.
 
         * If a lease of ``grp`` in ``queues`` has expired, it leases nothing,
           writes nothing and returns ``None``: the caller recovers the expired

@@ -14,11 +14,10 @@ first. Its ``_durable`` variant is the same statement without turning
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from conveyor.store.protocol import claim_order, texts
-from conveyor.store.seam import Seam
+from conveyor.store.seam import Claim, Seam
 
 #: The statement by (one queue, durable).
 _NAMES = {
@@ -37,29 +36,20 @@ def statement(built: texts.Texts, *, single: bool, durable: bool) -> texts.Text:
     return text
 
 
-async def claim(
-    st: Seam,
-    durable: bool,
-    grp: str,
-    queues: Sequence[str],
-    worker_id: str,
-    lease: float | None,
-    limit: int,
-    partition: str | None,
-    per_stream: int | None,
-) -> list[Any] | None:
+async def claim(st: Seam, durable: bool, ask: Claim) -> list[Any] | None:
     """The claim hook: see :meth:`conveyor.store.seam.Seam._claim`."""
+    queues, limit, partition, per_stream = ask.queues, ask.limit, ask.partition, ask.per_stream
     single = len(queues) == 1
     text = statement(await texts.of(st), single=single, durable=durable)
     params: dict[str, Any] = {
-        "grp": grp,
+        "grp": ask.grp,
         "partition": partition,
         "limit": limit,
         "per_stream": claim_order.run_cap(limit, per_stream),
         "streams": claim_order.streams_wanted(limit, partition, per_stream),
         "mix": claim_order.mixes(partition, per_stream),
-        "worker_id": worker_id,
-        "lease": lease,
+        "worker_id": ask.worker_id,
+        "lease": ask.lease,
     }
     if single:
         params["queue"] = queues[0]

@@ -45,7 +45,7 @@ from conveyor.store.postgres import direct as pg_direct
 from conveyor.store.postgres import listen as pg_listen
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import texts
-from conveyor.store.seam import BatchRunner, DirectRunner, StepsRunner
+from conveyor.store.seam import BatchRunner, Claim, DirectRunner, StepsRunner
 
 # Serialization failure and deadlock; and the server ending the session (admin
 # shutdown, crash shutdown, cannot connect now): the server sends these instead of
@@ -305,21 +305,10 @@ class PostgresStore(TaskStore):
         # An idle claim takes no lock worth sparing (SKIP LOCKED, row locks only).
         return None
 
-    async def _claim(
-        self,
-        grp: str,
-        queues: Sequence[str],
-        worker_id: str,
-        lease: float | None,
-        limit: int,
-        partition: str | None,
-        per_stream: int | None,
-    ) -> Sequence[Any] | None:
+    async def _claim(self, ask: Claim) -> Sequence[Any] | None:
         # One statement (conveyor.store.postgres.claim), durable or not as the store
         # was opened.
-        return await pg_claim.claim(
-            self, self.durable_claims, grp, queues, worker_id, lease, limit, partition, per_stream
-        )
+        return await pg_claim.claim(self, self.durable_claims, ask)
 
     def _statement_texts(self) -> Mapping[str, str]:
         return texts.load("conveyor.store.postgres")

@@ -26,7 +26,7 @@ from conveyor.schema import tasks as t
 from conveyor.store.protocol import codec, streams, upkeep
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
-from conveyor.store.seam import Seam
+from conveyor.store.seam import Claim, Seam
 
 #: How many times a claim recovers expired leases and asks again before it
 #: returns empty-handed (leases expiring as fast as they are recovered).
@@ -60,12 +60,13 @@ async def claim(
 
             if not await tx.run(st, ask, write=False):
                 return []
-    rows = await st._claim(grp, names, worker_id, lease, limit, partition, per_stream)
+    wanted = Claim(grp, names, worker_id, lease, limit, partition, per_stream)
+    rows = await st._claim(wanted)
     for _ in range(RECOVERIES):
         if rows is not None:
             break
         await tx.run(st, lambda conn: upkeep.recover_tx(st, conn, grp, names))
-        rows = await st._claim(grp, names, worker_id, lease, limit, partition, per_stream)
+        rows = await st._claim(wanted)
     # Built after the commit: no lock is held meanwhile.
     claimed = [codec.row_to_task(row) for row in rows or ()]
     if claimed:

@@ -24,23 +24,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.store.protocol import claim_order, texts
 from conveyor.store.protocol import transactions as tx
-from conveyor.store.seam import Seam
+from conveyor.store.seam import Claim, Seam
 
 #: ``kind`` of the candidate rows (see ``claim.candidates``).
 _PLAIN, _STREAM, _EXPIRED = 0, 1, 2
 _QUEUED = "queued"
 
 
-async def claim(
-    st: Seam,
-    grp: str,
-    queues: Sequence[str],
-    worker_id: str,
-    lease: float | None,
-    limit: int,
-    partition: str | None,
-    per_stream: int | None,
-) -> list[Any] | None:
+async def claim(st: Seam, ask: Claim) -> list[Any] | None:
     """The claim hook: see :meth:`conveyor.store.seam.Seam._claim`.
 
     Returns the leased rows (the task view), not Tasks: the caller builds those
@@ -50,9 +41,7 @@ async def claim(
     built = await texts.of(st)
 
     async def work(conn: AsyncConnection) -> list[Any] | None:
-        return await claim_tx(
-            st, conn, built, grp, queues, worker_id, lease, limit, partition, per_stream
-        )
+        return await claim_tx(st, conn, built, ask)
 
     return await tx.run(st, work)
 
@@ -62,19 +51,12 @@ _STEPS = ("claim.candidates", "claim.lease", "claim.view", "claim.hold")
 
 
 async def claim_tx(
-    st: Seam,
-    conn: AsyncConnection,
-    built: texts.Texts,
-    grp: str,
-    queues: Sequence[str],
-    worker_id: str,
-    lease: float | None,
-    limit: int,
-    partition: str | None,
-    per_stream: int | None,
+    st: Seam, conn: AsyncConnection, built: texts.Texts, ask: Claim
 ) -> list[Any] | None:
     """The claim inside the caller's transaction: the leased rows in claim order,
     or ``None`` (nothing written) when a lease of these queues has expired."""
+    grp, queues, limit, partition = ask.grp, ask.queues, ask.limit, ask.partition
+    per_stream, worker_id, lease = ask.per_stream, ask.worker_id, ask.lease
     params: dict[str, Any] = {
         "grp": grp,
         "queue": queues[0],

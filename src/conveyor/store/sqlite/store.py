@@ -76,7 +76,7 @@ from conveyor.store.base import TaskStore
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import texts
 from conveyor.store.protocol.transactions import InlineConnection
-from conveyor.store.seam import BatchRunner, ConnectionRunner, DirectRunner, StepsRunner
+from conveyor.store.seam import BatchRunner, Claim, ConnectionRunner, DirectRunner, StepsRunner
 from conveyor.store.sqlite import claim as sqlite_claim
 from conveyor.store.sqlite.connection import SYNCHRONOUS, blocking_engine, configure, is_memory
 from conveyor.store.sqlite.thread import CHECKPOINT_EVERY, ConnectionThread
@@ -275,21 +275,10 @@ class SQLiteStore(TaskStore):
             probe = self._probes[key] = q.claim_probe(grp, queues, clock, partition)
         return probe
 
-    async def _claim(
-        self,
-        grp: str,
-        queues: Sequence[str],
-        worker_id: str,
-        lease: float | None,
-        limit: int,
-        partition: str | None,
-        per_stream: int | None,
-    ) -> Sequence[Any] | None:
+    async def _claim(self, ask: Claim) -> Sequence[Any] | None:
         # No data-modifying CTEs, arrays or LATERAL: a claim is a few statements in
         # one transaction on the connection thread (conveyor.store.sqlite.claim).
-        return await sqlite_claim.claim(
-            self, grp, queues, worker_id, lease, limit, partition, per_stream
-        )
+        return await sqlite_claim.claim(self, ask)
 
     def _statement_texts(self) -> Mapping[str, str]:
         # No data-modifying CTEs, arrays, LATERAL or UPDATE … FROM a set-returning
