@@ -1,6 +1,8 @@
 """The ``worker`` command: load the user's App and run it."""
 
-from __future__ import annotations
+# Annotations are objects here, not strings (no `from __future__ import annotations`):
+# typer reads every command's, and would compile and evaluate each string, twice,
+# on every command line (a fifth of `conveyor --help`).
 
 import importlib
 import os
@@ -225,7 +227,7 @@ def worker(
         ) from None
 
 
-def subscribe_start(subscribe: str | None, group: str | None) -> Start | None:
+def subscribe_start(subscribe: str | None, group: str | None) -> "Start | None":
     """``--subscribe`` as the worker's ``subscribe``: "all", "new" or an aware time."""
     if subscribe is None:
         return None
@@ -273,7 +275,7 @@ def serve_metrics(address: str, url: str | None) -> None:
         raise CliError(EXIT_USAGE, str(exc)) from None
 
 
-def load_user_app(app_path: str) -> App:
+def load_user_app(app_path: str) -> "App":
     """The App at ``MODULE:APP``, imported from the current directory too; a
     :class:`CliError` with the user's own traceback when their module fails."""
     from conveyor.app import load_app
