@@ -22,8 +22,6 @@ from conveyor.cli._common import (
 )
 from conveyor.errors import ConveyorError, NotFound
 from conveyor.worker.logs import FORMATS, LEVELS, setup_logging
-from conveyor.worker.signals import PROCESS
-from conveyor.worker.supervisor import Supervisor, watch_parent
 from conveyor.worker.unknown import POLICIES, policy
 
 if TYPE_CHECKING:
@@ -146,6 +144,10 @@ def worker(
     supervised_by: Annotated[int | None, typer.Option("--supervised-by", hidden=True)] = None,
 ) -> None:
     """Run a worker for an App until SIGINT/SIGTERM, then exit 0."""
+    # Imported here, not above: every other command line imports this module too.
+    from conveyor.worker.signals import PROCESS
+    from conveyor.worker.supervisor import Supervisor, watch_parent
+
     # From here on a signal is a stop request, even while the application is
     # still being imported: the worker (or supervisor) gets it once it exists.
     signals = PROCESS.install()
