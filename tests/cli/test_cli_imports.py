@@ -142,8 +142,8 @@ def test_command_annotations_are_not_strings() -> None:
 
 
 def test_a_value_not_yet_a_string_gets_typers_own_check() -> None:
-    from conveyor.cli._coercion import _PlainValue, check_plain_value_directly
     from conveyor.cli import cli
+    from conveyor.cli._coercion import _PlainValue, check_plain_value_directly
 
     stats = typer.main.get_command(cli).commands["stats"]  # type: ignore[attr-defined]
     url = next(p for p in stats.params if p.name == "url")
