@@ -2,7 +2,7 @@
 
 # Annotations are objects here, not strings (no `from __future__ import annotations`):
 # typer reads every command's, and would compile and evaluate each string, twice,
-# on every command line (a fifth of `conveyor --help`).
+# on every command line (some 20 ms).
 
 from datetime import UTC, datetime
 
