@@ -1,16 +1,21 @@
 """A command imports only what it uses: ``conveyor --help`` no database layer at
 all, ``conveyor stats`` on SQLite none of the extras (the dashboard's web stack,
-Prometheus, OpenTelemetry, the PostgreSQL driver, Alembic). Checked on the
-modules a real ``python -X importtime -m conveyor.cli ...`` loads."""
+Prometheus, OpenTelemetry, the PostgreSQL driver, Alembic, the worker's
+supervisor, Pydantic for typer's check of values that are strings already).
+Checked on the modules a real ``python -X importtime -m conveyor.cli ...`` loads."""
 
 from __future__ import annotations
 
+import inspect
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import typer
 
 import conveyor
 
@@ -29,6 +34,12 @@ EXTRAS = (
     "conveyor.worker.context",
     "conveyor.schedule",
     "conveyor.metrics",
+    "conveyor.worker.supervisor",
+    "conveyor.worker.signals",
+    # typer checks option values with Pydantic; conveyor.cli._coercion spares the
+    # strings and flags, which are all `stats` and `--help` are given.
+    "pydantic",
+    "pydantic_core",
 )
 #: ... and not by a command that opens no database.
 DATABASE = ("sqlalchemy", "aiosqlite", "sqlite3", "greenlet", "conveyor.store", "conveyor.app")
@@ -89,3 +100,61 @@ def test_import_conveyor_is_light() -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_stats_queue_option_keeps_the_string_given(tmp_path: Path) -> None:
+    """The direct check of string options changes no value: a ``--queue`` that
+    looks like a number or a flag's word stays the string given."""
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    with conveyor.connect_sync(url) as store:
+        store.submit("t", queue="007")
+    done = subprocess.run(
+        [sys.executable, "-m", "conveyor.cli", "stats", "--url", url, "--queue", "007", "--json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    (report,) = json.loads(done.stdout)
+    assert report["queue"] == "007" and report["counts"]["queued"] == 1
+
+
+def test_command_annotations_are_not_strings() -> None:
+    """typer reads every command's annotations on every command line; strings
+    (``from __future__ import annotations``) it would compile and evaluate."""
+    from conveyor.cli import cli
+
+    def callbacks(app: typer.Typer) -> list[Any]:
+        found = [info.callback for info in app.registered_commands]
+        if app.registered_callback is not None:
+            found.append(app.registered_callback.callback)
+        for group in app.registered_groups:
+            assert group.typer_instance is not None
+            found += callbacks(group.typer_instance)
+        return found
+
+    functions = callbacks(cli)
+    assert len(functions) > 10
+    for function in functions:
+        strings = [k for k, a in inspect.get_annotations(function).items() if isinstance(a, str)]
+        assert strings == [], f"{function.__module__}.{function.__qualname__}: {strings}"
+
+
+def test_a_value_not_yet_a_string_gets_typers_own_check() -> None:
+    from conveyor.cli import cli
+    from conveyor.cli._coercion import _PlainValue, check_plain_value_directly
+
+    stats = typer.main.get_command(cli).commands["stats"]  # type: ignore[attr-defined]
+    url = next(p for p in stats.params if p.name == "url")
+    if not hasattr(url, "type_descriptor"):
+        pytest.skip("this typer checks values with click's types")
+    check_plain_value_directly(url)
+    assert isinstance(url._runtime_param, _PlainValue)
+    ctx = stats.make_context("stats", [])
+    assert url._runtime_param.coerce("sqlite:///a.db", param=url, ctx=ctx) == "sqlite:///a.db"
+    assert url._runtime_param.coerce(None, param=url, ctx=ctx) is None
+    assert isinstance(url._runtime_param, _PlainValue)
+    # bytes: typer's own check decodes them, and from then on is the option's check.
+    assert url._runtime_param.coerce(b"sqlite:///b.db", param=url, ctx=ctx) == "sqlite:///b.db"
+    assert not isinstance(url._runtime_param, _PlainValue)

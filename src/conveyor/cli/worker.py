@@ -1,6 +1,8 @@
 """The ``worker`` command: load the user's App and run it."""
 
-from __future__ import annotations
+# Annotations are objects here, not strings (no `from __future__ import annotations`):
+# typer reads every command's, and would compile and evaluate each string, twice,
+# on every command line (some 20 ms).
 
 import importlib
 import os
@@ -20,8 +22,6 @@ from conveyor.cli._common import (
 )
 from conveyor.errors import ConveyorError, NotFound
 from conveyor.worker.logs import FORMATS, LEVELS, setup_logging
-from conveyor.worker.signals import PROCESS
-from conveyor.worker.supervisor import Supervisor, watch_parent
 from conveyor.worker.unknown import POLICIES, policy
 
 if TYPE_CHECKING:
@@ -144,6 +144,10 @@ def worker(
     supervised_by: Annotated[int | None, typer.Option("--supervised-by", hidden=True)] = None,
 ) -> None:
     """Run a worker for an App until SIGINT/SIGTERM, then exit 0."""
+    # Imported here, not above: every other command line imports this module too.
+    from conveyor.worker.signals import PROCESS
+    from conveyor.worker.supervisor import Supervisor, watch_parent
+
     # From here on a signal is a stop request, even while the application is
     # still being imported: the worker (or supervisor) gets it once it exists.
     signals = PROCESS.install()
@@ -225,7 +229,7 @@ def worker(
         ) from None
 
 
-def subscribe_start(subscribe: str | None, group: str | None) -> Start | None:
+def subscribe_start(subscribe: str | None, group: str | None) -> "Start | None":
     """``--subscribe`` as the worker's ``subscribe``: "all", "new" or an aware time."""
     if subscribe is None:
         return None
@@ -273,7 +277,7 @@ def serve_metrics(address: str, url: str | None) -> None:
         raise CliError(EXIT_USAGE, str(exc)) from None
 
 
-def load_user_app(app_path: str) -> App:
+def load_user_app(app_path: str) -> "App":
     """The App at ``MODULE:APP``, imported from the current directory too; a
     :class:`CliError` with the user's own traceback when their module fails."""
     from conveyor.app import load_app
