@@ -361,6 +361,7 @@ HOOKS: dict[str, str] = {
     ),
 }
 
+
 def names() -> list[str]:
     """Every catalogue statement's name, sorted."""
     return sorted(s.name for s in STATEMENTS)

@@ -82,13 +82,6 @@ class Seam(abc.ABC):
     """What a backend supplies to the protocol, and the state the protocol shares."""
 
     # ------------------------------------------------ state the roles read
-    #: Whether the backend has row locks whose order matters (Postgres). Without
-    #: them (SQLite: one writer holds the whole database) the protocol skips the
-    #: reads that only find rows to lock ahead of time (the streams of a replace's
-    #: holders and of a fenced write; see
-    #: :mod:`conveyor.store.protocol.streams`); the catalogue's lock statements
-    #: (``share_groups``, ``lock_streams``) run on both.
-    row_locks: ClassVar[bool]
     #: Whether the clock is the process's (SQLite), read when a statement runs
     #: rather than by the database: a statement built once then binds it per run
     #: (see :func:`conveyor.store.protocol.texts.now`).

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, ClassVar
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -83,8 +83,6 @@ def _read_committed(field: str, level: object) -> str:
 
 class PostgresStore(TaskStore):
     """conveyor on PostgreSQL (psycopg 3)."""
-
-    row_locks: ClassVar[bool] = True
 
     def __init__(
         self,

@@ -192,9 +192,11 @@ async def owned_update(
         stmt = update(d).where(*owned, *only).values(**values)
         return (await conn.execute(st._returning_view(stmt))).first()
 
-    if "status" in values and st.row_locks and not stream_locked:
+    if "status" in values and not stream_locked:
         # Unpartitioned rows have no stream: one statement. Otherwise find the
-        # stream (a task's partition never changes), lock it, then write.
+        # stream (a task's partition never changes), lock it, then write. (SQLite
+        # locks nothing, its one writer holding the database: two reads more, on
+        # a partitioned row's fail or release only.)
         row = await write(d.c.partition.is_(None))
         if row is None:
             where = (await conn.execute(select(d.c.queue, d.c.partition).where(*owned))).first()

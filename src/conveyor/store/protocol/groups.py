@@ -79,7 +79,8 @@ async def join(st: Seam, queue: str, group: str, start: Any) -> ConsumerGroup:
     others = [x.name for x in await tx.run(st, lambda conn: list_tx(conn, queue), write=False)]
     others = [name for name in others if name != group]
     known = (
-        f"groups of {queue!r}: " + ", ".join(repr(n) for n in others[:NAMES_SHOWN])
+        f"groups of {queue!r}: "
+        + ", ".join(repr(n) for n in others[:NAMES_SHOWN])
         + (", ..." if len(others) > NAMES_SHOWN else "")
         if others
         else f"queue {queue!r} has no groups"

@@ -39,8 +39,7 @@ serialise on its queue-mode stream row (:func:`serialize_producers`) before
 inserting, so within a stream the sequence order is the commit order.
 On SQLite one writer holds the whole database and the order is moot: its
 ``share_groups`` and ``lock_streams`` lock nothing (the second creates the rows
-missing), and the read that only finds the streams of a fenced write to lock
-ahead is skipped (``row_locks`` is False).
+missing).
 """
 
 from __future__ import annotations

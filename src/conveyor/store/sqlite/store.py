@@ -91,8 +91,6 @@ WAKE_IDLE_POLL = 0.1
 class SQLiteStore(TaskStore):
     """conveyor on a SQLite file (or ``:memory:`` for throwaway use)."""
 
-    # One writer holds the whole database: there are no row locks to order.
-    row_locks: ClassVar[bool] = False
     # No server clock: the process's, bound to each statement when it runs.
     process_clock: ClassVar[bool] = True
 
