@@ -276,6 +276,9 @@ queues = Table(
     # retention back (NULL means True).
     Column("queue_mode", Boolean, nullable=True),
     Column("updated_at", BigInteger, nullable=False),
+    # The queue a task of this queue goes to when it fails for good or is evicted
+    # (NULL: none).
+    Column("dead_letter", String(NAME), nullable=True),
 )
 
 maintenance = Table(

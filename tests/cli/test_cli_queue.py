@@ -59,3 +59,27 @@ def test_maintain_runs_a_pass_and_stats_shows_it(store_url: str) -> None:
     with conveyor.connect_sync(store_url) as store:
         got = store.get(task.id)
     assert got is not None and got.status is Status.EVICTED
+
+
+def test_a_dead_letter_queue_is_set_shown_and_cleared(store_url: str) -> None:
+    """`--dead-letter` names where failed tasks go; the table shows it; '' clears
+    it; a queue naming itself is refused (exit 2, the field named)."""
+    settings = ok_json("queue", "set", "payments", "--dead-letter", "payments-dlq", url=store_url)
+    assert settings["dead_letter"] == "payments-dlq"
+    table, itself, cleared = run_all(
+        ("queue", "show", "payments"),
+        ("queue", "set", "payments", "--dead-letter", "payments"),
+        ("queue", "set", "payments", "--dead-letter", "", "--json"),
+        url=store_url,
+    )
+    assert "dead_letter" in table.stdout and "payments-dlq" in table.stdout
+    assert "dead_letter" in assert_one_line_error(itself, EXIT_USAGE)
+    assert cleared.returncode == 0
+    assert ok_json("queue", "show", "payments", url=store_url)["dead_letter"] is None
+    with conveyor.connect_sync(store_url) as store:
+        store.configure_queue("payments", dead_letter="payments-dlq")
+        task = store.submit("t", queue="payments", max_attempts=1)
+        [got] = store.claim("payments", worker_id="w")
+        store.fail(got.id, worker_id="w", error="declined")
+        [letter] = store.list(queue="payments-dlq").items
+    assert letter.parent_id == task.id and letter.status is Status.QUEUED

@@ -204,6 +204,15 @@ def queue_set(
             show_default=False,
         ),
     ] = None,
+    dead_letter: Annotated[
+        str | None,
+        typer.Option(
+            "--dead-letter",
+            metavar="QUEUE",
+            help="Send tasks that fail for good or are evicted to QUEUE ('' clears).",
+            show_default=False,
+        ),
+    ] = None,
     url: UrlOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -220,6 +229,7 @@ def queue_set(
             retention=retention,
             max_wait=max_wait,
             queue_mode=queue_mode,
+            dead_letter=dead_letter,
         )
     _show_settings(settings, as_json)
 
@@ -248,7 +258,9 @@ def _show_settings(settings: dict[str, Any], as_json: bool) -> None:
     table.add_column("setting")
     table.add_column("value")
     for name, value in settings.items():
-        if name != "queue":
+        if name == "dead_letter":
+            table.add_row(name, "none" if value is None else escape(str(value)))
+        elif name != "queue":
             table.add_row(name, "default" if value is None else _setting(value))
     out().print(table)
 

@@ -77,6 +77,7 @@ class AdminOps(Seam):
         retention: v.Duration | None = None,
         max_wait: v.Duration | None = None,
         queue_mode: bool | None = None,
+        dead_letter: str | None = None,
     ) -> dict[str, Any]:
         """Store defaults for ``queue``; arguments left ``None`` keep their value.
 
@@ -86,6 +87,12 @@ class AdminOps(Seam):
         mode and every active group) that long ago — off unless set.
         ``queue_mode=False`` declares a queue consumed by groups only: its
         queue-mode state then never holds retention back.
+        ``dead_letter`` names the queue a task goes to when it fails for good
+        (attempts exhausted, :class:`~conveyor.Permanent`, its lease lost on the
+        last attempt) or is evicted: a new task there, in the same transaction,
+        with the original payload and ``metadata["dead_letter"]`` telling what
+        happened, the original (its ``parent_id``) left failed or evicted; one per
+        task and group. ``""`` clears it.
         """
         queue = v.name("queue", queue)
         values = upkeep.queue_settings(
@@ -95,6 +102,8 @@ class AdminOps(Seam):
             retention=retention,
             max_wait=max_wait,
             queue_mode=queue_mode,
+            dead_letter=dead_letter,
+            queue=queue,
         )
         await tx.run(self, lambda conn: upkeep.configure_tx(self, conn, queue, values))
         return await self.get_queue(queue)

@@ -157,6 +157,7 @@ class InspectReads(Seam):
                 "retention": row.retention,
                 "max_wait": row.max_wait,
                 "queue_mode": row.queue_mode is not False,
+                "dead_letter": row.dead_letter,
             }
             for row in await tx.run(self, work, write=False)
         ]

@@ -23,7 +23,7 @@ from conveyor.models import Task
 from conveyor.schema import deliveries as d
 from conveyor.schema import queues as qs
 from conveyor.schema import tasks as t
-from conveyor.store.protocol import codec, streams, upkeep
+from conveyor.store.protocol import codec, dead_letters, streams, upkeep
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.seam import Claim, Seam
@@ -233,7 +233,9 @@ async def fail_tx(
     attempts remain, else ``failed``. Returns the task and whether it will run again."""
     row = (
         await conn.execute(
-            select(d.c.attempt, d.c.max_attempts, d.c.partition, t.c.backoff, t.c.queue)
+            select(
+                d.c.task_seq, d.c.attempt, d.c.max_attempts, d.c.partition, t.c.backoff, t.c.queue
+            )
             .select_from(d.join(t, t.c.seq == d.c.task_seq))
             .where(*q.owned(task_id, grp, worker_id, attempt))
         )
@@ -268,6 +270,8 @@ async def fail_tx(
     task = await owned_update(
         st, conn, task_id, grp, worker_id, attempt, values, done=not again, stream_locked=True
     )
+    if not again:
+        await dead_letters.send(st, conn, [(row.task_seq, grp)])
     return task, again
 
 

@@ -23,7 +23,7 @@ from conveyor.schema import keys as k
 from conveyor.schema import maintenance as mt
 from conveyor.schema import queues as qs
 from conveyor.schema import tasks as t
-from conveyor.store.protocol import observed, streams, wake
+from conveyor.store.protocol import dead_letters, observed, streams, wake
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.seam import Seam
@@ -68,6 +68,8 @@ async def recover_tx(
     await streams.refresh(st, conn, touched)
     if failed:
         await st._notify(conn, {r.queue for r in failed}, done=True)
+        # The lease lost on the last attempt: a failure for good.
+        await dead_letters.send(st, conn, [(r.task_seq, r.grp) for r in failed])
     if requeued:
         # Recovered by maintain() (or a claimer of other queues): idle workers
         # should hear of the work rather than wait for their next poll.
@@ -83,9 +85,17 @@ def queue_settings(
     retention: v.Duration | None,
     max_wait: v.Duration | None,
     queue_mode: bool | None,
+    dead_letter: str | None = None,
+    queue: str | None = None,
 ) -> dict[str, Any]:
     """Validate configure_queue()'s arguments: the column values to store."""
     values: dict[str, Any] = {}
+    if dead_letter is not None:
+        # "" clears the setting; a queue cannot be its own dead-letter queue (a task
+        # failing there would be sent on forever).
+        values["dead_letter"] = v.name("dead_letter", dead_letter) if dead_letter else None
+        if queue is not None and values["dead_letter"] == queue:
+            raise InvalidArgument("dead_letter", f"must name another queue than {queue!r} itself")
     if lease is not None:
         values["lease"] = v.duration_seconds("lease", lease, allow_zero=False)
     if max_attempts is not None:
@@ -116,6 +126,7 @@ async def get_queue_tx(conn: AsyncConnection, queue: str) -> dict[str, Any]:
         "retention": None,
         "max_wait": None,
         "queue_mode": True,
+        "dead_letter": None,
     }
     if row is not None:
         out.update(
@@ -125,6 +136,7 @@ async def get_queue_tx(conn: AsyncConnection, queue: str) -> dict[str, Any]:
             retention=row.retention,
             max_wait=row.max_wait,
             queue_mode=row.queue_mode is not False,
+            dead_letter=row.dead_letter,
         )
     return out
 
@@ -258,6 +270,7 @@ async def evict_tx(st: Seam, conn: AsyncConnection, queue: str, max_wait: float)
     grps = [q.QUEUE_MODE, *(name for name, since in groups if since < cutoff)]
     evicted = 0
     touched: list[tuple[Any, ...]] = []
+    gone: list[tuple[int, str]] = []
     for grp in grps:
         due = (
             d.c.grp == grp,
@@ -278,12 +291,14 @@ async def evict_tx(st: Seam, conn: AsyncConnection, queue: str, max_wait: float)
                 update(d)
                 .where(*due)
                 .values(status="evicted", finished_at=now_us)
-                .returning(d.c.queue, d.c.grp, d.c.partition)
+                .returning(d.c.queue, d.c.grp, d.c.partition, d.c.task_seq)
             )
         )
         evicted += len(rows)
-        touched += [tuple(r) for r in rows if r.partition is not None]
+        touched += [(r.queue, r.grp, r.partition) for r in rows if r.partition is not None]
+        gone += [(r.task_seq, r.grp) for r in rows]
     await streams.refresh(st, conn, touched)
+    await dead_letters.send(st, conn, gone)
     if evicted:
         await st._notify(conn, {queue}, done=True)
     return evicted
