@@ -353,3 +353,13 @@ def test_an_idle_worker_is_shown_live_until_it_stops(page: Any, served: Served) 
         worker.stop()
         thread.join(30)
     playwright_api.expect(shown).to_have_count(0)  # stopped: it leaves the list
+
+
+def test_a_queues_dead_letter_queue_is_shown_with_its_settings(page: Any, served: Served) -> None:
+    """A queue configured with a dead-letter queue shows it among its settings (a
+    queue of its own: the seeded ones keep theirs)."""
+    _on_store(served.db_url, lambda store: store.configure_queue("invoices", dead_letter="held"))
+    page.goto(served.url + "/")
+    row = page.locator("tr", has_text="invoices")
+    playwright_api.expect(row.locator("td.settings")).to_contain_text("dead_letter")
+    playwright_api.expect(row.locator("td.settings")).to_contain_text("held")
