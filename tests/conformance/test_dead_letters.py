@@ -118,3 +118,23 @@ async def test_the_setting_is_validated_and_shown(store: TaskStore) -> None:
     await store.configure_queue("q", dead_letter="dlq")
     assert (await store.get_queue("q"))["dead_letter"] == "dlq"
     assert [s["dead_letter"] for s in await store.queue_settings()] == ["dlq"]
+
+
+async def test_racing_recoveries_write_one_letter_per_failure(
+    store: TaskStore, store_url: str
+) -> None:
+    """Leases lost on their last attempt, recovered by claimers of two separate
+    stores at once and by maintain(): each failure makes exactly one letter."""
+    import asyncio
+
+    await store.configure_queue("q", dead_letter="dlq")
+    tasks = [await store.submit("t", {"i": i}, queue="q", max_attempts=1) for i in range(20)]
+    assert len(await store.claim("q", worker_id="gone", limit=20, lease=0.2)) == 20
+    async with conveyor.connect(store_url) as other:
+        for st in (store, other):
+            st.clock_offset = 1
+        await asyncio.gather(
+            store.claim("q", worker_id="a"), other.claim("q", worker_id="b"), other.maintain()
+        )
+    letters = await _letters(store)
+    assert sorted(x.parent_id or "" for x in letters) == sorted(t.id for t in tasks)
