@@ -279,6 +279,8 @@ queues = Table(
     # The queue a task of this queue goes to when it fails for good or is evicted
     # (NULL: none).
     Column("dead_letter", String(NAME), nullable=True),
+    # Seconds added to the run_at of a submit that gives neither delay nor run_at.
+    Column("delay", Float, nullable=True),
 )
 
 maintenance = Table(

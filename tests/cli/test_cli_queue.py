@@ -83,3 +83,21 @@ def test_a_dead_letter_queue_is_set_shown_and_cleared(store_url: str) -> None:
         store.fail(got.id, worker_id="w", error="declined")
         [letter] = store.list(queue="payments-dlq").items
     assert letter.parent_id == task.id and letter.status is Status.QUEUED
+
+
+def test_a_queue_delay_is_set_shown_and_applied(store_url: str) -> None:
+    """`--delay` is the queue's default delay: shown by `queue show`, added to a
+    submit that gives none; a negative one is refused naming the field."""
+    settings = ok_json("queue", "set", "digest", "--delay", "90", url=store_url)
+    assert settings["delay"] == 90
+    table, bad = run_all(
+        ("queue", "show", "digest"),
+        ("queue", "set", "digest", "--delay", "-1"),
+        url=store_url,
+    )
+    assert "delay" in table.stdout and "90s" in table.stdout
+    assert "delay" in assert_one_line_error(bad, EXIT_USAGE)
+    with conveyor.connect_sync(store_url) as store:
+        task = store.submit("t", queue="digest")
+    assert task.run_at is not None and task.created_at is not None
+    assert (task.run_at - task.created_at).total_seconds() == 90

@@ -204,6 +204,14 @@ def queue_set(
             show_default=False,
         ),
     ] = None,
+    delay: Annotated[
+        float | None,
+        typer.Option(
+            "--delay",
+            help="Default delay, seconds, of submits that give no delay or run_at.",
+            show_default=False,
+        ),
+    ] = None,
     dead_letter: Annotated[
         str | None,
         typer.Option(
@@ -230,6 +238,7 @@ def queue_set(
             max_wait=max_wait,
             queue_mode=queue_mode,
             dead_letter=dead_letter,
+            delay=delay,
         )
     _show_settings(settings, as_json)
 

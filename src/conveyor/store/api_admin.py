@@ -78,6 +78,7 @@ class AdminOps(Seam):
         max_wait: v.Duration | None = None,
         queue_mode: bool | None = None,
         dead_letter: str | None = None,
+        delay: v.Duration | None = None,
     ) -> dict[str, Any]:
         """Store defaults for ``queue``; arguments left ``None`` keep their value.
 
@@ -92,7 +93,9 @@ class AdminOps(Seam):
         last attempt) or is evicted: a new task there, in the same transaction,
         with the original payload and ``metadata["dead_letter"]`` telling what
         happened, the original (its ``parent_id``) left failed or evicted; one per
-        task and group. ``""`` clears it.
+        task and group. ``""`` clears it. ``delay`` is added to the run_at of
+        every submit to the queue that gives neither ``delay`` nor ``run_at``
+        (``0`` sets no delay).
         """
         queue = v.name("queue", queue)
         values = upkeep.queue_settings(
@@ -104,6 +107,7 @@ class AdminOps(Seam):
             queue_mode=queue_mode,
             dead_letter=dead_letter,
             queue=queue,
+            delay=delay,
         )
         await tx.run(self, lambda conn: upkeep.configure_tx(self, conn, queue, values))
         return await self.get_queue(queue)

@@ -158,6 +158,7 @@ class InspectReads(Seam):
                 "max_wait": row.max_wait,
                 "queue_mode": row.queue_mode is not False,
                 "dead_letter": row.dead_letter,
+                "delay": row.delay,
             }
             for row in await tx.run(self, work, write=False)
         ]

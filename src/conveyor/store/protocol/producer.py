@@ -274,12 +274,22 @@ def task_row(r: Request, now: int, conf: Any, root: str) -> dict[str, Any]:
         "max_attempts": max_attempts or DEFAULT_MAX_ATTEMPTS,
         "backoff": r.backoff or (conf.backoff if conf is not None else None),
         "created_at": now,
-        "run_at": r.run_at_us if r.run_at_us is not None else now + (r.delay_us or 0),
+        "run_at": r.run_at_us if r.run_at_us is not None else now + _delay_us(r, conf),
         "key": r.key,
         "parent_id": r.parent_id,
         "root_id": root,
         "correlation_id": r.correlation_id,
     }
+
+
+def _delay_us(r: Request, conf: Any) -> int:
+    """The delay of request ``r`` in µs: its own, else its queue's (``conf``), else 0."""
+    if r.delay_us is not None:
+        return r.delay_us
+    if conf is not None and conf.delay is not None:
+        seconds: float = conf.delay
+        return round(seconds * v.US)
+    return 0
 
 
 async def share_groups(st: Seam, conn: AsyncConnection, queues: list[str]) -> None:

@@ -87,9 +87,12 @@ def queue_settings(
     queue_mode: bool | None,
     dead_letter: str | None = None,
     queue: str | None = None,
+    delay: v.Duration | None = None,
 ) -> dict[str, Any]:
     """Validate configure_queue()'s arguments: the column values to store."""
     values: dict[str, Any] = {}
+    if delay is not None:
+        values["delay"] = v.duration_seconds("delay", delay)
     if dead_letter is not None:
         # "" clears the setting; a queue cannot be its own dead-letter queue (a task
         # failing there would be sent on forever).
@@ -127,6 +130,7 @@ async def get_queue_tx(conn: AsyncConnection, queue: str) -> dict[str, Any]:
         "max_wait": None,
         "queue_mode": True,
         "dead_letter": None,
+        "delay": None,
     }
     if row is not None:
         out.update(
@@ -137,6 +141,7 @@ async def get_queue_tx(conn: AsyncConnection, queue: str) -> dict[str, Any]:
             max_wait=row.max_wait,
             queue_mode=row.queue_mode is not False,
             dead_letter=row.dead_letter,
+            delay=row.delay,
         )
     return out
 

@@ -54,7 +54,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3),
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), NULL, r.parent_id, coalesce(p.root_id, r.id),
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), NULL, r.parent_id, coalesce(p.root_id, r.id),
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     LEFT JOIN conveyor_tasks AS p ON p.id = r.parent_id
@@ -105,7 +105,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3),
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), NULL, r.parent_id, coalesce(p.root_id, r.id),
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), NULL, r.parent_id, coalesce(p.root_id, r.id),
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     LEFT JOIN conveyor_tasks AS p ON p.id = r.parent_id
@@ -157,7 +157,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3),
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), NULL, r.parent_id, coalesce(p.root_id, r.id),
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), NULL, r.parent_id, coalesce(p.root_id, r.id),
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     LEFT JOIN conveyor_tasks AS p ON p.id = r.parent_id
@@ -209,7 +209,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3),
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), NULL, r.parent_id, coalesce(p.root_id, r.id),
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), NULL, r.parent_id, coalesce(p.root_id, r.id),
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     LEFT JOIN conveyor_tasks AS p ON p.id = r.parent_id
@@ -241,7 +241,7 @@ UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, o.parent_id FROM orphans AS o
 
 -- name: submit_context
-SELECT c.now, s.queue, s.max_attempts, s.backoff
+SELECT c.now, s.queue, s.max_attempts, s.backoff, s.delay
 FROM (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now) AS c
 LEFT JOIN conveyor_queues AS s ON s.queue = ANY(:queues::text[])
 
@@ -261,7 +261,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3),
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), r.key, NULL, r.id,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), r.key, NULL, r.id,
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     WHERE r.key IS NULL OR EXISTS (
@@ -305,7 +305,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3),
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), r.key, NULL, r.id,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), r.key, NULL, r.id,
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     WHERE r.key IS NULL OR EXISTS (
@@ -353,7 +353,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3),
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), r.key, NULL, r.id,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), r.key, NULL, r.id,
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     WHERE EXISTS (SELECT 1 FROM k)
@@ -404,7 +404,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3),
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), r.key, r.parent_id, coalesce(p.root_id, r.id),
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), r.key, r.parent_id, coalesce(p.root_id, r.id),
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     LEFT JOIN conveyor_tasks AS p ON p.id = r.parent_id
@@ -460,7 +460,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3),
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), r.key, r.parent_id, coalesce(p.root_id, r.id),
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), r.key, r.parent_id, coalesce(p.root_id, r.id),
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     LEFT JOIN conveyor_tasks AS p ON p.id = r.parent_id
@@ -511,7 +511,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3),
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), r.key, NULL, r.id,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), r.key, NULL, r.id,
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     WHERE EXISTS (SELECT 1 FROM k)
@@ -554,7 +554,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3),
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), r.key, NULL, r.id,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), r.key, NULL, r.id,
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     WHERE r.key IS NULL OR EXISTS (
@@ -599,7 +599,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3),
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), r.key, NULL, r.id,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), r.key, NULL, r.id,
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     WHERE r.key IS NULL OR EXISTS (
@@ -644,7 +644,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, r.partition, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3),
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), r.key, NULL, r.id,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), r.key, NULL, r.id,
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     WHERE r.key IS NULL OR EXISTS (
@@ -689,7 +689,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, r.partition, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3),
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), r.key, NULL, r.id,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), r.key, NULL, r.id,
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     WHERE r.key IS NULL OR EXISTS (
@@ -733,7 +733,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3),
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), NULL, NULL, r.id,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), NULL, NULL, r.id,
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     ORDER BY r.n
@@ -774,7 +774,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3),
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), NULL, NULL, r.id,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), NULL, NULL, r.id,
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     ORDER BY r.n
@@ -816,7 +816,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, r.partition, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3),
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), NULL, NULL, r.id,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), NULL, NULL, r.id,
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     ORDER BY r.n
@@ -862,7 +862,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, r.partition, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3),
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), NULL, r.parent_id, coalesce(p.root_id, r.id),
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), NULL, r.parent_id, coalesce(p.root_id, r.id),
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     LEFT JOIN conveyor_tasks AS p ON p.id = r.parent_id
@@ -914,7 +914,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, r.partition, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3),
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), NULL, r.parent_id, coalesce(p.root_id, r.id),
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), NULL, r.parent_id, coalesce(p.root_id, r.id),
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     LEFT JOIN conveyor_tasks AS p ON p.id = r.parent_id
@@ -962,7 +962,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, r.partition, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3),
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), NULL, NULL, r.id,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), NULL, NULL, r.id,
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     ORDER BY r.n
@@ -1004,7 +1004,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3),
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), NULL, NULL, r.id,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), NULL, NULL, r.id,
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     ORDER BY r.n
@@ -1046,7 +1046,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3),
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, 0)), NULL, NULL, r.id,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), NULL, NULL, r.id,
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     ORDER BY r.n

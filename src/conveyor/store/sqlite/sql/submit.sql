@@ -12,7 +12,7 @@
 
 -- name: submit_context
 SELECT :now_us AS now, s.queue AS queue, s.max_attempts AS max_attempts,
-    s.backoff AS backoff
+    s.backoff AS backoff, s.delay AS delay
 FROM (SELECT 1) AS one
 LEFT JOIN conveyor_queues AS s ON s.queue IN (SELECT value FROM json_each(:queues))
 
@@ -56,7 +56,7 @@ INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, pri
     max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id)
 SELECT :id, :name, :queue, NULL, :payload, :metadata, :priority,
     coalesce(:max_attempts, s.max_attempts, 3), coalesce(:backoff, s.backoff), :now_us,
-    coalesce(:run_at, :now_us + coalesce(:delay, 0)), NULL, NULL, :id, :correlation_id
+    coalesce(:run_at, :now_us + coalesce(:delay, CAST(round(s.delay * 1000000) AS INTEGER), 0)), NULL, NULL, :id, :correlation_id
 FROM (SELECT 1) AS one LEFT JOIN conveyor_queues AS s ON s.queue = :queue;
 INSERT INTO conveyor_deliveries (task_seq, grp, queue, "partition", priority, max_attempts,
     status, attempt, run_at)
@@ -79,7 +79,7 @@ INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, pri
     max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id)
 SELECT :id, :name, :queue, NULL, :payload, :metadata, :priority,
     coalesce(:max_attempts, s.max_attempts, 3), coalesce(:backoff, s.backoff), :now_us,
-    coalesce(:run_at, :now_us + coalesce(:delay, 0)), NULL, :parent_id,
+    coalesce(:run_at, :now_us + coalesce(:delay, CAST(round(s.delay * 1000000) AS INTEGER), 0)), NULL, :parent_id,
     coalesce(p.root_id, :id), :correlation_id
 FROM (SELECT 1) AS one LEFT JOIN conveyor_queues AS s ON s.queue = :queue
 LEFT JOIN conveyor_tasks AS p ON p.id = :parent_id
@@ -120,7 +120,7 @@ INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, pri
     max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id)
 SELECT i.value, n.v, q.v, NULL, p.v, m.v, r.v,
     coalesce(a.v, s.max_attempts, 3), coalesce(b.v, s.backoff), :now_us,
-    coalesce(ra.v, :now_us + coalesce(d.v, 0)), NULL, NULL, i.value, c.v
+    coalesce(ra.v, :now_us + coalesce(d.v, CAST(round(s.delay * 1000000) AS INTEGER), 0)), NULL, NULL, i.value, c.v
 FROM json_each(:ids) AS i
 JOIN names AS n ON n.k = i.key
 JOIN queues AS q ON q.k = i.key
@@ -168,7 +168,7 @@ INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, pri
     max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id)
 SELECT i.value, n.v, q.v, NULL, p.v, m.v, r.v,
     coalesce(a.v, s.max_attempts, 3), coalesce(b.v, s.backoff), :now_us,
-    coalesce(ra.v, :now_us + coalesce(d.v, 0)), NULL, f.v, coalesce(pt.root_id, i.value),
+    coalesce(ra.v, :now_us + coalesce(d.v, CAST(round(s.delay * 1000000) AS INTEGER), 0)), NULL, f.v, coalesce(pt.root_id, i.value),
     c.v
 FROM json_each(:ids) AS i
 JOIN names AS n ON n.k = i.key
@@ -235,7 +235,7 @@ INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, pri
     max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id)
 SELECT i.value, n.v, q.v, pa.v, p.v, m.v, r.v,
     coalesce(a.v, s.max_attempts, 3), coalesce(b.v, s.backoff), :now_us,
-    coalesce(ra.v, :now_us + coalesce(d.v, 0)), ky.v, f.v, coalesce(pt.root_id, i.value),
+    coalesce(ra.v, :now_us + coalesce(d.v, CAST(round(s.delay * 1000000) AS INTEGER), 0)), ky.v, f.v, coalesce(pt.root_id, i.value),
     c.v
 FROM json_each(:ids) AS i
 JOIN names AS n ON n.k = i.key
@@ -313,7 +313,7 @@ INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, pri
     max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id)
 SELECT :id, :name, :queue, NULL, :payload, :metadata, :priority,
     coalesce(:max_attempts, s.max_attempts, 3), coalesce(:backoff, s.backoff), :now_us,
-    coalesce(:run_at, :now_us + coalesce(:delay, 0)), :key, :parent_id,
+    coalesce(:run_at, :now_us + coalesce(:delay, CAST(round(s.delay * 1000000) AS INTEGER), 0)), :key, :parent_id,
     coalesce(p.root_id, :id), :correlation_id
 FROM (SELECT 1) AS one LEFT JOIN conveyor_queues AS s ON s.queue = :queue
 LEFT JOIN conveyor_tasks AS p ON p.id = :parent_id
@@ -350,7 +350,7 @@ INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, pri
     max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id)
 SELECT :id, :name, :queue, NULL, :payload, :metadata, :priority,
     coalesce(:max_attempts, s.max_attempts, 3), coalesce(:backoff, s.backoff), :now_us,
-    coalesce(:run_at, :now_us + coalesce(:delay, 0)), :key, NULL, :id, :correlation_id
+    coalesce(:run_at, :now_us + coalesce(:delay, CAST(round(s.delay * 1000000) AS INTEGER), 0)), :key, NULL, :id, :correlation_id
 FROM (SELECT 1) AS one LEFT JOIN conveyor_queues AS s ON s.queue = :queue
 WHERE EXISTS (SELECT 1 FROM conveyor_keys WHERE key = :key AND task_id = :id);
 INSERT INTO conveyor_deliveries (task_seq, grp, queue, "partition", priority, max_attempts,
