@@ -12,7 +12,7 @@ import functools
 import threading
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
 from conveyor.errors import ConfigurationError
 from conveyor.store.api_internal import ScheduleInfo
@@ -51,6 +51,13 @@ class SyncInternal:
         """Internal, for ``conveyor schedules``; not covered by semver. Every
         registered periodic schedule, by name."""
         found: list[ScheduleInfo] = self._call(self._store.internal.schedules())
+        return found
+
+    def count_where(self, action: Literal["retry", "cancel", "purge"], **filters: Any) -> int:
+        """Internal, for ``conveyor tasks ... --dry-run``; not covered by semver.
+        How many rows the bulk action would change now (see
+        :meth:`conveyor.store.api_internal.Internal.count_where`)."""
+        found: int = self._call(self._store.internal.count_where(action, **filters))
         return found
 
 
@@ -138,6 +145,9 @@ class SyncStore:
     cancel_by_key = _blocking(TaskStore.cancel_by_key)
     retry = _blocking(TaskStore.retry)
     retry_by_key = _blocking(TaskStore.retry_by_key)
+    retry_where = _blocking(TaskStore.retry_where)
+    cancel_where = _blocking(TaskStore.cancel_where)
+    purge_where = _blocking(TaskStore.purge_where)
     wait = _blocking(TaskStore.wait)
     claim = _blocking(TaskStore.claim)
     heartbeat = _blocking(TaskStore.heartbeat)

@@ -10,5 +10,10 @@ _NEEDED = ("starlette", "jinja2", "uvicorn", "httpx")
 collect_ignore = (
     []
     if all(importlib.util.find_spec(name) is not None for name in _NEEDED)
-    else ["test_dashboard.py", "test_browser.py"]
+    else [
+        "test_dashboard.py",
+        "test_dashboard_bulk.py",
+        "test_browser.py",
+        "test_browser_bulk.py",
+    ]
 )

@@ -9,6 +9,7 @@ Commands::
     conveyor list                         list tasks, a page at a time
     conveyor cancel ID                    cancel a task
     conveyor retry ID                     queue a failed, cancelled or evicted task again
+    conveyor tasks retry|cancel|purge     act on every task a filter selects (--dry-run)
     conveyor stats                        counts, oldest claimable age, group lag per queue
     conveyor workers                      the live workers, busy or idle, and what they hold
     conveyor schedules                    periodic tasks with their last and next run
@@ -42,6 +43,7 @@ Errors are one line on stderr, ``error: ...`` followed by a hint; set
 
 from __future__ import annotations
 
+from conveyor.cli import bulk as _bulk  # noqa: F401
 from conveyor.cli import dashboard as _dashboard  # noqa: F401
 from conveyor.cli import demo as _demo  # noqa: F401
 

@@ -77,6 +77,7 @@ COMMAND_ORDER = (
     "list",
     "cancel",
     "retry",
+    "tasks",
     "stats",
     "workers",
     "queue",

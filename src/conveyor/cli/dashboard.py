@@ -29,7 +29,9 @@ def dashboard(
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port.")] = 8080,
     allow_actions: Annotated[
         bool,
-        typer.Option("--allow-actions", help="Enable cancel, retry, subscribe, unsubscribe."),
+        typer.Option(
+            "--allow-actions", help="Enable cancel, retry, subscribe, unsubscribe and bulk actions."
+        ),
     ] = False,
     auth: Annotated[
         str | None,

@@ -7,6 +7,8 @@ How to read it (five minutes)::
     api_reads.py     its reads for dashboards and metrics
     api_admin.py     bus mode, queue settings and upkeep
     api_workers.py   its live-worker records: announce_worker, retire_worker
+    api_bulk.py      its bulk actions by filter: retry_where, cancel_where,
+                     purge_where
     api_internal.py  store.internal: what conveyor's worker, scheduler and CLI
                      need beyond the public API (not covered by semver)
         │  validates arguments, then calls one protocol function per operation
@@ -25,6 +27,7 @@ How to read it (five minutes)::
       caller_conn      a caller's connection checked (submit(connection=...))
       caller_tx        a submit in the caller's transaction
       withdraw         cancel and retry
+      bulk             retry, cancel and purge by filter, in batches
       consumer         claim, and the lease holder's fenced writes
       claim_order      which tasks a claim takes, in which order (stated once)
       acks             succeed_many / ack_many

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from conveyor import _values as v
 from conveyor.errors import ConveyorError, InvalidArgument
 from conveyor.models import Task
-from conveyor.store.protocol import acks, codec, groups, schedules, upkeep
+from conveyor.store.protocol import acks, bulk, codec, groups, schedules, upkeep
+from conveyor.store.protocol import transactions as tx
 from conveyor.store.protocol.schedules import Handled, Registration, ScheduleInfo
 
 if TYPE_CHECKING:
@@ -90,6 +91,40 @@ class Internal:
         st = self._store
         await st.open()
         return await upkeep.maintain(st, housekeeping=False)
+
+    # ----------------------------------------------------------------- CLI
+    async def count_where(
+        self,
+        action: Literal["retry", "cancel", "purge"],
+        *,
+        queue: str,
+        group: str | None = None,
+        status: str | None = None,
+        name: str | None = None,
+        partition: str | None = None,
+        finished_after: datetime | None = None,
+        finished_before: datetime | None = None,
+        limit: int | None = None,
+    ) -> int:
+        """Internal, for ``conveyor tasks ... --dry-run`` and the dashboard's
+        confirmation; not covered by semver. How many rows ``retry_where``,
+        ``cancel_where`` or ``purge_where`` (``action``) with these filters would
+        change now (tasks, for a purge), at most ``limit``; writes nothing.
+        ``status=None`` means every status the action applies to."""
+        if action not in bulk.STATUSES:
+            raise InvalidArgument("action", f"must be retry, cancel or purge, got {action!r}")
+        sel = bulk.selection(
+            action,
+            queue=queue,
+            group=group,
+            status=status,
+            name=name,
+            partition=partition,
+            finished_after=finished_after,
+            finished_before=finished_before,
+            limit=limit,
+        )
+        return await tx.run(self._store, lambda conn: bulk.count_tx(conn, sel), write=False)
 
     # ----------------------------------------------------------- scheduler
     async def schedules(self) -> builtins.list[ScheduleInfo]:

@@ -47,6 +47,7 @@ from conveyor.errors import ConveyorError, InvalidArgument, NotFound
 from conveyor.models import Backoff, Page, Status, Task
 from conveyor.schema import keys as k
 from conveyor.store.api_admin import AdminOps
+from conveyor.store.api_bulk import BulkOps
 from conveyor.store.api_internal import Internal
 from conveyor.store.api_leases import MAX_LIMIT, LeaseOps
 from conveyor.store.api_reads import InspectReads
@@ -73,7 +74,7 @@ WAITER_TTL = 3600.0  # seconds a wait() without timeout stays registered unrenew
 WAITER_SLACK = 60.0  # a wait() with a timeout stays registered that much longer
 
 
-class TaskStore(LeaseOps, InspectReads, WorkerOps, AdminOps):
+class TaskStore(LeaseOps, InspectReads, WorkerOps, AdminOps, BulkOps):
     """A durable task queue and message bus on one database.
 
     Use :func:`conveyor.connect` to make one; ``async with store:`` opens it

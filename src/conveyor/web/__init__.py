@@ -36,7 +36,8 @@ def dashboard(
     """The dashboard for ``store`` as an ASGI application.
 
     Read-only unless ``allow_actions=True`` (cancel, retry, subscribe,
-    unsubscribe). ``auth="user:password"`` requires HTTP basic credentials,
+    unsubscribe, and retry, cancel or purge every task of the task list's
+    filter). ``auth="user:password"`` requires HTTP basic credentials,
     ``token=...`` a bearer token (or ``?token=`` once, remembered in a cookie);
     with neither, anyone who can reach it can read it. The live parts of each
     page refresh every ``refresh`` seconds. The store is opened on first use.

@@ -4,8 +4,8 @@ Every page reads through the store's public API (``stats``, ``list``, ``get``,
 ``workers``, ``streams``, ``throughput``, ...); nothing here writes SQL. Pages
 are rendered on the server; htmx re-fetches the live part of each page every
 few seconds and swaps it in, and posts the actions (cancel, retry, subscribe,
-unsubscribe), which exist only when the dashboard was made with
-``allow_actions=True``.
+unsubscribe, and on the tasks list the bulk actions of :mod:`conveyor.web.bulk`),
+which exist only when the dashboard was made with ``allow_actions=True``.
 
 Actions must come from the dashboard's own page: they need the ``HX-Request``
 header, which a cross-site form cannot send, so another site cannot make a
@@ -34,6 +34,7 @@ from conveyor.connect import display_url
 from conveyor.errors import ConveyorError, InvalidArgument
 from conveyor.models import Status
 from conveyor.store.base import TaskStore
+from conveyor.web import bulk
 from conveyor.web.plot import throughput_svg
 
 HERE = Path(__file__).parent
@@ -245,6 +246,8 @@ class Dashboard:
             not_found=bool(search),
             next_link=next_link,
             prev_link=prev_link,
+            bulk_actions=bulk.available(filters),
+            bulk_filters=bulk.form_filters(filters),
         )
 
     async def task(self, request: Request) -> Response:
@@ -306,7 +309,13 @@ class Dashboard:
             )
         form = {k: v[-1] for k, v in parse_qs((await request.body()).decode("utf-8")).items()}
         try:
-            message, ok = await self._act(name, form)
+            if name == "preview":
+                shown = await bulk.preview(self.store, form)
+                return self.render(request, "bulk_confirm.html", **shown)
+            if name in bulk.ROUTES:
+                message, ok = await bulk.act(self.store, name, form)
+            else:
+                message, ok = await self._act(name, form)
         except ConveyorError as exc:
             message, ok = f"{name} failed: {exc}", False
         return self._flash(request, message, ok=ok)

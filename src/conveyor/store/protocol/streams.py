@@ -48,7 +48,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.schema import tasks as t
@@ -105,10 +105,21 @@ async def lock_task_streams(
 ) -> None:
     """Lock the stream rows of the given tasks' partitions — every group's, or
     ``grp``'s — in the lock order, before their delivery rows."""
+    await _lock_partitions(st, conn, t.c.id.in_(sorted(set(task_ids))), grp)
+
+
+async def lock_seq_streams(
+    st: Seam, conn: AsyncConnection, seqs: Iterable[int], grp: str | None
+) -> None:
+    """:func:`lock_task_streams` for tasks named by their sequence numbers."""
+    await _lock_partitions(st, conn, t.c.seq.in_(sorted(set(seqs))), grp)
+
+
+async def _lock_partitions(
+    st: Seam, conn: AsyncConnection, tasks: ColumnElement[bool], grp: str | None
+) -> None:
     rows = await conn.execute(
-        select(t.c.queue, t.c.partition).where(
-            t.c.id.in_(sorted(set(task_ids))), t.c.partition.is_not(None)
-        )
+        select(t.c.queue, t.c.partition).where(tasks, t.c.partition.is_not(None))
     )
     pairs = sorted({(row.queue, row.partition) for row in rows})
     if pairs:

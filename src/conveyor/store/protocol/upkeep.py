@@ -425,31 +425,37 @@ async def purge_batch(
     )
     doomed = [seq for seq in seqs if seq not in blocked]
     if doomed:
-        rolled = await conn.execute(
-            select(d.c.queue, d.c.grp, d.c.status, func.count())
-            .where(d.c.task_seq.in_(doomed), d.c.rolled == 1)
-            .group_by(d.c.queue, d.c.grp, d.c.status)
-        )
-        await add_counts(st, conn, {(qn, gr, s): -n for qn, gr, s, n in rolled})
-        # Finished rows not rolled up yet still count as finished (throughput, totals).
-        unrolled = await conn.execute(
-            select(d.c.task_seq, d.c.queue, d.c.grp, d.c.status, d.c.finished_at).where(
-                d.c.task_seq.in_(doomed), *q.unrolled(), d.c.status.in_(TERMINAL)
-            )
-        )
-        await observed.fold_observed(st, conn, [tuple(r) for r in unrolled])
-        ids = select(t.c.id).where(t.c.seq.in_(doomed))
-        await conn.execute(delete(k).where(k.c.task_id.in_(ids)))
-        # No foreign key deletes delivery rows with their task (schema.py says why):
-        # this transaction deletes both, the tasks first. Deleting tasks waits for a
-        # subscribe in flight (its table lock on conveyor_tasks), so the delete of
-        # delivery rows after it also removes the rows that backfill just wrote for
-        # these tasks: no delivery row outlives its task.
-        await conn.execute(delete(t).where(t.c.seq.in_(doomed)))
-        await conn.execute(delete(d).where(d.c.task_seq.in_(doomed)))
+        await delete_tasks(st, conn, doomed)
         await count_pass(conn, pass_id, deleted=len(doomed))
     last = candidates[-1]
     return len(doomed), (last.finished_at, last.task_seq)
+
+
+async def delete_tasks(st: Seam, conn: AsyncConnection, doomed: Sequence[int]) -> None:
+    """Delete the finished tasks ``doomed`` (sequence numbers), their keys and
+    delivery rows, taking rolled-up rows out of the counts."""
+    rolled = await conn.execute(
+        select(d.c.queue, d.c.grp, d.c.status, func.count())
+        .where(d.c.task_seq.in_(doomed), d.c.rolled == 1)
+        .group_by(d.c.queue, d.c.grp, d.c.status)
+    )
+    await add_counts(st, conn, {(qn, gr, s): -n for qn, gr, s, n in rolled})
+    # Finished rows not rolled up yet still count as finished (throughput, totals).
+    unrolled = await conn.execute(
+        select(d.c.task_seq, d.c.queue, d.c.grp, d.c.status, d.c.finished_at).where(
+            d.c.task_seq.in_(doomed), *q.unrolled(), d.c.status.in_(TERMINAL)
+        )
+    )
+    await observed.fold_observed(st, conn, [tuple(r) for r in unrolled])
+    ids = select(t.c.id).where(t.c.seq.in_(doomed))
+    await conn.execute(delete(k).where(k.c.task_id.in_(ids)))
+    # No foreign key deletes delivery rows with their task (schema.py says why):
+    # this transaction deletes both, the tasks first. Deleting tasks waits for a
+    # subscribe in flight (its table lock on conveyor_tasks), so the delete of
+    # delivery rows after it also removes the rows that backfill just wrote for
+    # these tasks: no delivery row outlives its task.
+    await conn.execute(delete(t).where(t.c.seq.in_(doomed)))
+    await conn.execute(delete(d).where(d.c.task_seq.in_(doomed)))
 
 
 async def add_counts(

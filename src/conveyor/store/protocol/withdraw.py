@@ -2,14 +2,18 @@
 for queue mode and every group (also a replaced idempotency key's holder), and
 queueing a finished row of a group again. Both lock the streams first (the lock
 order, :mod:`conveyor.store.protocol.streams`) and recompute them after.
+
+The row-level steps, :func:`withdraw_rows` and :func:`requeue`, serve one task
+(``cancel``, ``retry``) and the bulk actions by filter alike
+(:mod:`conveyor.store.protocol.bulk`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import ColumnElement, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.models import Task
@@ -20,17 +24,33 @@ from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.seam import Seam
 
+#: The statuses retry() queues again.
+RETRYABLE = ("failed", "cancelled", "evicted")
+
 
 async def cancel_tx(st: Seam, conn: AsyncConnection, task_ids: Sequence[str]) -> None:
     """Withdraw the tasks for queue mode and every group (active rows only)."""
     await streams.lock_task_streams(st, conn, task_ids, None)  # the lock order
+    seqs = select(t.c.seq).where(t.c.id.in_(task_ids))
+    await withdraw_rows(
+        st, conn, [d.c.task_seq.in_(seqs), d.c.status.in_(q.ACTIVE)], task_ids=task_ids
+    )
+
+
+async def withdraw_rows(
+    st: Seam,
+    conn: AsyncConnection,
+    where: Sequence[ColumnElement[bool]],
+    *,
+    task_ids: Iterable[str] = (),
+) -> int:
+    """Cancel the delivery rows ``where`` selects, which the caller holds to active
+    rows and whose streams it has locked; how many changed. ``task_ids``: the
+    tasks, for their waiters (none: every waiter looks again)."""
     now = tx.now(st)
     rows = await conn.execute(
         update(d)
-        .where(
-            d.c.task_seq.in_(select(t.c.seq).where(t.c.id.in_(task_ids))),
-            d.c.status.in_(q.ACTIVE),
-        )
+        .where(*where)
         .values(status="cancelled", finished_at=now, lease_expires_at=None)
         .returning(d.c.queue, d.c.grp, d.c.partition)
     )
@@ -38,6 +58,7 @@ async def cancel_tx(st: Seam, conn: AsyncConnection, task_ids: Sequence[str]) ->
     await streams.refresh(st, conn, [tuple(r) for r in changed if r.partition is not None])
     if changed:
         await st._notify(conn, {r.queue for r in changed}, done=True, task_ids=task_ids)
+    return len(changed)
 
 
 async def retry_tx(
@@ -45,6 +66,24 @@ async def retry_tx(
 ) -> Task | None:
     """Queue a failed, cancelled or evicted row of ``grp`` again; the task as ``grp``
     sees it afterwards (``None`` if unknown)."""
+    seq = (await conn.execute(select(t.c.seq).where(t.c.id == task_id))).scalar()
+    if seq is None:
+        return None
+    await requeue(st, conn, grp, [seq], [d.c.status.in_(RETRYABLE)], reset_attempts)
+    return (await codec.fetch_tasks(conn, grp, ids=[task_id])).get(task_id)
+
+
+async def requeue(
+    st: Seam,
+    conn: AsyncConnection,
+    grp: str,
+    seqs: Sequence[int],
+    where: Sequence[ColumnElement[bool]],
+    reset_attempts: bool,
+) -> int:
+    """Queue again the rows of ``grp`` of the tasks ``seqs`` that meet ``where``
+    (finished rows: the caller's conditions say which); how many changed. Locks
+    their streams, then the rows, and recomputes the streams after."""
     now = tx.now(st)
     values: dict[str, Any] = {
         "status": q.QUEUED,
@@ -59,20 +98,21 @@ async def retry_tx(
         # never match a newer one.
         budget = select(t.c.max_attempts).where(t.c.seq == d.c.task_seq)
         values["max_attempts"] = d.c.attempt + budget.scalar_subquery()
-    retryable = (
-        d.c.task_seq == q.task_seq_of(task_id),
-        d.c.grp == grp,
-        d.c.status.in_(("failed", "cancelled", "evicted")),
-    )
-    await streams.lock_task_streams(st, conn, [task_id], grp)  # the lock order
-    # A finished row already rolled up into the counts leaves them again.
-    before = (
-        await conn.execute(
-            st._lock_rows(select(d.c.queue, d.c.status, d.c.rolled).where(*retryable))
+    retryable = (d.c.task_seq.in_(sorted(set(seqs))), d.c.grp == grp, *where)
+    await streams.lock_seq_streams(st, conn, seqs, grp)  # the lock order
+    # Finished rows already rolled up into the counts leave them again. Locked
+    # here, so a roll-up cannot count a row between this read and the update.
+    before = await conn.execute(
+        st._lock_rows(
+            select(d.c.queue, d.c.status, d.c.rolled).where(*retryable).order_by(d.c.task_seq)
         )
-    ).first()
-    if before is not None and before.rolled:
-        await upkeep.add_counts(st, conn, {(before.queue, grp, before.status): -1})
+    )
+    deltas: dict[tuple[str, str, str], int] = {}
+    for row in before:
+        if row.rolled:
+            key = (row.queue, grp, row.status)
+            deltas[key] = deltas.get(key, 0) - 1
+    await upkeep.add_counts(st, conn, deltas)
     rows = list(
         await conn.execute(
             update(d)
@@ -83,5 +123,5 @@ async def retry_tx(
     )
     await streams.refresh(st, conn, [tuple(r) for r in rows if r.partition is not None])
     if rows:
-        await st._notify(conn, {rows[0].queue}, done=False)
-    return (await codec.fetch_tasks(conn, grp, ids=[task_id])).get(task_id)
+        await st._notify(conn, {r.queue for r in rows}, done=False)
+    return len(rows)
