@@ -11,6 +11,7 @@ Commands::
     conveyor retry ID                     queue a failed, cancelled or evicted task again
     conveyor tasks retry|cancel|purge     act on every task a filter selects (--dry-run)
     conveyor stats                        counts, oldest claimable age, group lag per queue
+    conveyor groups list                  the consumer groups of each queue
     conveyor workers                      the live workers, busy or idle, and what they hold
     conveyor schedules                    periodic tasks with their last and next run
     conveyor demo                         a self-contained tour on a throwaway SQLite file
@@ -46,6 +47,7 @@ from __future__ import annotations
 from conveyor.cli import bulk as _bulk  # noqa: F401
 from conveyor.cli import dashboard as _dashboard  # noqa: F401
 from conveyor.cli import demo as _demo  # noqa: F401
+from conveyor.cli import groups as _groups  # noqa: F401
 
 # Importing the command modules registers their commands on `cli`, in this order.
 from conveyor.cli import queues as _queues  # noqa: F401

@@ -80,6 +80,7 @@ COMMAND_ORDER = (
     "tasks",
     "stats",
     "workers",
+    "groups",
     "queue",
     "maintain",
     "migrate",
