@@ -116,6 +116,8 @@ class ConsumerGroup:
     start: datetime | None
     created_at: datetime
     active: bool
+    #: Its claims lease nothing: it, or its whole queue, is paused (:meth:`TaskStore.pause`).
+    paused: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +127,8 @@ class QueueStats:
     ``counts`` and ``oldest_claimable_age`` are queue mode's. On a queue consumed
     by groups only (``configure_queue(queue_mode=False)``) queue mode is left out:
     ``queue_mode`` is False, ``counts`` empty and ``oldest_claimable_age`` None.
+    ``paused``: the whole queue is paused (:meth:`TaskStore.pause`); a paused
+    group shows in its own :class:`GroupStats`.
     """
 
     queue: str
@@ -132,6 +136,7 @@ class QueueStats:
     oldest_claimable_age: float | None
     groups: dict[str, GroupStats] = field(default_factory=dict)
     queue_mode: bool = True
+    paused: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -141,16 +146,19 @@ class QueueStats:
             "oldest_claimable_age": self.oldest_claimable_age,
             "groups": {name: g.as_dict() for name, g in self.groups.items()},
             "queue_mode": self.queue_mode,
+            "paused": self.paused,
         }
 
 
 @dataclass(frozen=True, slots=True)
 class GroupStats:
-    """Per-group numbers inside :class:`QueueStats`."""
+    """Per-group numbers inside :class:`QueueStats`. ``paused``: the group's
+    claims lease nothing (it is paused, or its whole queue is)."""
 
     counts: dict[str, int]
     lag: int
     oldest_claimable_age: float | None
+    paused: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -158,6 +166,7 @@ class GroupStats:
             "counts": dict(self.counts),
             "lag": self.lag,
             "oldest_claimable_age": self.oldest_claimable_age,
+            "paused": self.paused,
         }
 
 

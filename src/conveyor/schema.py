@@ -380,3 +380,16 @@ workers = Table(
     Column("seen_at", BigInteger, nullable=False),
     Column("expires_at", BigInteger, nullable=False),
 )
+
+# Paused queues and groups: while a row is here, claims of its queue (``grp``
+# '': every consumer of the queue, queue mode and each group) or of that group
+# alone lease nothing; submits go on. A table of its own, usually empty, so the
+# claim's check is one probe of an empty index and pausing rewrites no row that
+# submits or claims lock.
+pauses = Table(
+    "conveyor_pauses",
+    metadata,
+    Column("queue", String(NAME), primary_key=True),
+    Column("grp", String(NAME), primary_key=True),
+    Column("paused_at", BigInteger, nullable=False),
+)

@@ -160,6 +160,8 @@ class SyncStore:
     snooze = _blocking(TaskStore.snooze)
     subscribe = _blocking(TaskStore.subscribe)
     unsubscribe = _blocking(TaskStore.unsubscribe)
+    pause = _blocking(TaskStore.pause)
+    resume = _blocking(TaskStore.resume)
     groups = _blocking(TaskStore.groups)
     stats = _blocking(TaskStore.stats)
     configure_queue = _blocking(TaskStore.configure_queue)

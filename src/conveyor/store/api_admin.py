@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from conveyor import _values as v
 from conveyor.models import Backoff, ConsumerGroup, QueueStats
-from conveyor.store.protocol import groups, upkeep
+from conveyor.store.protocol import groups, pauses, upkeep, wake
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.protocol.stats import stats_tx
 from conveyor.store.seam import Seam
@@ -49,6 +49,29 @@ class AdminOps(Seam):
         group = v.name("group", group)
         self._known_groups.discard((queue, group))
         return await tx.run(self, lambda conn: groups.unsubscribe_tx(self, conn, queue, group))
+
+    async def pause(self, queue: str, *, group: str | None = None) -> bool:
+        """Pause ``queue`` (every consumer of it: queue mode and each group), or
+        only ``group``'s claims of it: while paused, submits are accepted and
+        claims return nothing; workers keep running and pick the work up at
+        :meth:`resume`. Holds for every process from the commit on, and survives
+        restarts. Returns whether it was not paused so already. A ``group`` must
+        be subscribed (:class:`NotFound`)."""
+        queue = v.name("queue", queue)
+        grp = None if group is None else v.name("group", group)
+        return await tx.run(self, lambda conn: pauses.pause_tx(self, conn, queue, grp))
+
+    async def resume(self, queue: str, *, group: str | None = None) -> bool:
+        """Lift a :meth:`pause` of ``queue`` (``group`` None) or of ``group``'s
+        claims of it, and wake the idle workers of the queue in every process.
+        Returns whether it was paused so. A pause of the whole queue and one of a
+        group are separate: resuming one leaves the other."""
+        queue = v.name("queue", queue)
+        grp = None if group is None else v.name("group", group)
+        resumed = await tx.run(self, lambda conn: pauses.resume_tx(self, conn, queue, grp))
+        if resumed:
+            wake.wake(self, queues=[queue])
+        return resumed
 
     async def groups(self, queue: str | None = None) -> builtins.list[ConsumerGroup]:
         """Registered consumer groups (active and not), optionally of one queue."""

@@ -10,6 +10,7 @@ retained history and runs every old task again.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -22,7 +23,7 @@ from conveyor.models import ConsumerGroup
 from conveyor.schema import deliveries as d
 from conveyor.schema import groups as g
 from conveyor.schema import tasks as t
-from conveyor.store.protocol import codec, streams
+from conveyor.store.protocol import codec, pauses, streams
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.seam import Seam
@@ -204,8 +205,13 @@ async def unsubscribe_tx(st: Seam, conn: AsyncConnection, queue: str, group: str
 
 
 async def list_tx(conn: AsyncConnection, queue: str | None) -> list[ConsumerGroup]:
-    """Registered groups (active and not), of one queue or all."""
+    """Registered groups (active and not), of one queue or all, each ``paused``
+    where it or its whole queue is."""
     stmt = select(g).order_by(g.c.queue, g.c.name)
     if queue is not None:
         stmt = stmt.where(g.c.queue == queue)
-    return [codec.group_row(row) for row in await conn.execute(stmt)]
+    found = [codec.group_row(row) for row in await conn.execute(stmt)]
+    held = await pauses.paused_tx(conn, None if queue is None else [queue])
+    return [
+        replace(x, paused=True) if pauses.is_paused(held, x.queue, x.name) else x for x in found
+    ]

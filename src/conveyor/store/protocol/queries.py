@@ -38,6 +38,7 @@ from sqlalchemy.sql.functions import FunctionElement
 
 from conveyor.schema import counts as cn
 from conveyor.schema import deliveries as d
+from conveyor.schema import pauses as pz
 from conveyor.schema import streams as s
 from conveyor.schema import tasks as t
 
@@ -216,12 +217,24 @@ def ready_streams(grp: str, queues: Sequence[str], now: Now, partition: str | No
     return stmt.order_by(s.c.priority.desc(), s.c.available_at).limit(1)
 
 
+def unpaused(queue: Any, grp: str) -> ColumnElement[bool]:
+    """No pause covers ``queue`` (a column or a value) for ``grp``: neither the
+    whole queue's (``grp`` ``''``) nor the group's (:mod:`.pauses`)."""
+    return ~select(pz.c.queue).where(pz.c.queue == queue, pz.c.grp.in_([QUEUE_MODE, grp])).exists()
+
+
 def claim_probe(grp: str, queues: Sequence[str], now: Now, partition: str | None) -> Select[Any]:
     """One row of flags: could a claim find anything (a free stream, ready plain
-    work, expired leases)? Read-only and cheap: each flag is one index probe."""
-    checks: list[Any] = [ready_streams(grp, queues, now, partition).exists()]
+    work, expired leases)? Read-only and cheap: each flag is one index probe. Work
+    of a paused queue is not claimable: its idle workers sleep, and resume wakes
+    them."""
+    checks: list[Any] = [
+        ready_streams(grp, queues, now, partition).where(unpaused(s.c.queue, grp)).exists()
+    ]
     if partition is None:
-        checks.append(ready_plain(grp, queues, now).limit(1).exists())
+        checks.append(
+            ready_plain(grp, queues, now).where(unpaused(d.c.queue, grp)).limit(1).exists()
+        )
     checks.append(select(d.c.task_seq).where(*expired(now, grp, queues)).exists())
     return select(*checks)
 

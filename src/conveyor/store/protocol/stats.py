@@ -40,14 +40,15 @@ from conveyor.models import GroupStats, QueueStats, Status
 from conveyor.schema import counts as cn
 from conveyor.schema import deliveries as d
 from conveyor.schema import groups as g
+from conveyor.schema import pauses as pz
 from conveyor.schema import queues as qs
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.seam import Seam
 
 # What each branch's rows are: counts by status, an oldest claimable run_at, an
-# active group, a queue whose queue mode is off.
-COUNT, OLDEST, GROUP, OFF = "n", "oldest", "group", "off"
+# active group, a queue whose queue mode is off, a pause (grp '': the queue's).
+COUNT, OLDEST, GROUP, OFF, PAUSED = "n", "oldest", "group", "off", "paused"
 
 
 def _kind(name: str) -> Any:
@@ -87,14 +88,16 @@ def snapshot_statement(queue: str | None, now: int) -> Any:
     off = select(_kind(OFF), qs.c.queue, no_group, _no_status(), _zero()).where(
         qs.c.queue_mode.is_(false())
     )
+    paused = select(_kind(PAUSED), pz.c.queue, pz.c.grp, _no_status(), _zero())
     if queue is not None:
+        paused = paused.where(pz.c.queue == queue)
         live = live.where(d.c.queue == queue)
         leased = leased.where(d.c.queue == queue)
         rolled = rolled.where(cn.c.queue == queue)
         oldest = oldest.where(d.c.queue == queue)
         active = active.where(g.c.queue == queue)
         off = off.where(qs.c.queue == queue)
-    return union_all(live, leased, rolled, oldest, active, off)
+    return union_all(live, leased, rolled, oldest, active, off, paused)
 
 
 def _zeros() -> dict[str, int]:
@@ -108,6 +111,7 @@ async def stats_tx(st: Seam, conn: AsyncConnection, queue: str | None) -> list[Q
     oldest: dict[tuple[str, str], float] = {}
     groups: set[tuple[str, str]] = set()
     queue_mode_off: set[str] = set()
+    paused: set[tuple[str, str]] = set()
     for kind, qn, grp, status, n in await conn.execute(snapshot_statement(queue, now)):
         if kind == COUNT:
             counts.setdefault((qn, grp), _zeros())[status] += int(n)
@@ -115,22 +119,31 @@ async def stats_tx(st: Seam, conn: AsyncConnection, queue: str | None) -> list[Q
             oldest[(qn, grp)] = (now - int(n)) / v.US
         elif kind == GROUP:
             groups.add((qn, grp))
+        elif kind == PAUSED:
+            paused.add((qn, grp))
         else:
             queue_mode_off.add(qn)
-    # Queue mode shows up where it has something; a group once it is subscribed.
+    # Queue mode shows up where it has something (or is paused); a group once it
+    # is subscribed.
     shown = {key for key, c in counts.items() if any(c.values()) or key[1]} | groups
+    shown |= {(qn, q.QUEUE_MODE) for qn, grp in paused if grp == q.QUEUE_MODE}
     out: dict[str, QueueStats] = {}
     for qn, grp in sorted(shown):
         if qn not in out:
             if qn in queue_mode_off:
                 out[qn] = QueueStats(
-                    queue=qn, counts={}, oldest_claimable_age=None, queue_mode=False
+                    queue=qn,
+                    counts={},
+                    oldest_claimable_age=None,
+                    queue_mode=False,
+                    paused=(qn, q.QUEUE_MODE) in paused,
                 )
             else:
                 out[qn] = QueueStats(
                     queue=qn,
                     counts=counts.get((qn, q.QUEUE_MODE), _zeros()),
                     oldest_claimable_age=oldest.get((qn, q.QUEUE_MODE)),
+                    paused=(qn, q.QUEUE_MODE) in paused,
                 )
         if grp:
             c = counts.get((qn, grp), _zeros())
@@ -138,5 +151,6 @@ async def stats_tx(st: Seam, conn: AsyncConnection, queue: str | None) -> list[Q
                 counts=c,
                 lag=c["queued"] + c["running"],
                 oldest_claimable_age=oldest.get((qn, grp)),
+                paused=(qn, grp) in paused or (qn, q.QUEUE_MODE) in paused,
             )
     return list(out.values())

@@ -23,7 +23,7 @@ from conveyor.schema import keys as k
 from conveyor.schema import maintenance as mt
 from conveyor.schema import queues as qs
 from conveyor.schema import tasks as t
-from conveyor.store.protocol import dead_letters, observed, streams, wake
+from conveyor.store.protocol import dead_letters, observed, pauses, streams, wake
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.seam import Seam
@@ -143,6 +143,8 @@ async def get_queue_tx(conn: AsyncConnection, queue: str) -> dict[str, Any]:
             dead_letter=row.dead_letter,
             delay=row.delay,
         )
+    # Not a setting but the queue's state: set by pause() and resume().
+    out["paused"] = (queue, pauses.WHOLE_QUEUE) in await pauses.paused_tx(conn, [queue])
     return out
 
 

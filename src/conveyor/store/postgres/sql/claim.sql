@@ -30,7 +30,14 @@ WITH flags AS (
         SELECT 1 FROM conveyor_deliveries
         WHERE status = 'running' AND grp = :grp AND queue = ANY(:queues::text[])
           AND lease_expires_at < (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us)
-    ) AS busy
+    ) AS busy,
+    -- paused: those of these queues that are paused, whole or for this group
+    -- (conveyor.store.protocol.pauses): none of their work is leased. One probe
+    -- of a table that is usually empty.
+    ARRAY(
+        SELECT c.queue FROM conveyor_pauses AS c
+        WHERE c.queue = ANY(:queues::text[]) AND c.grp IN (:grp::text, '')
+    ) AS paused
 ),
 free AS MATERIALIZED (
     -- The free streams, fairest first (priority, then the head that waited
@@ -44,7 +51,7 @@ free AS MATERIALIZED (
     WHERE s.grp = :grp AND s.queue = ANY(:queues::text[])
       AND s.available_at IS NOT NULL AND s.available_at <= (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us)
       AND (:partition::text IS NULL OR s.partition = :partition::text)
-      AND NOT (SELECT busy FROM flags)
+      AND NOT (SELECT busy FROM flags) AND s.queue <> ALL(CAST((SELECT paused FROM flags) AS text[]))
     ORDER BY s.priority DESC, s.available_at, s.queue, s.partition
     LIMIT :streams
     FOR UPDATE OF s SKIP LOCKED
@@ -87,7 +94,7 @@ plain AS MATERIALIZED (
     FROM conveyor_deliveries AS p
     WHERE p.grp = :grp AND p.queue = ANY(:queues::text[]) AND p.status = 'queued' AND p.partition IS NULL
       AND p.run_at <= (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AND :partition::text IS NULL
-      AND NOT (SELECT busy FROM flags)
+      AND NOT (SELECT busy FROM flags) AND p.queue <> ALL(CAST((SELECT paused FROM flags) AS text[]))
     ORDER BY p.priority DESC, p.run_at, p.task_seq
     LIMIT :limit
     FOR UPDATE OF p SKIP LOCKED
@@ -215,7 +222,14 @@ WITH flags AS (
         SELECT 1 FROM conveyor_deliveries
         WHERE status = 'running' AND grp = :grp AND queue = ANY(:queues::text[])
           AND lease_expires_at < (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us)
-    ) AS busy
+    ) AS busy,
+    -- paused: those of these queues that are paused, whole or for this group
+    -- (conveyor.store.protocol.pauses): none of their work is leased. One probe
+    -- of a table that is usually empty.
+    ARRAY(
+        SELECT c.queue FROM conveyor_pauses AS c
+        WHERE c.queue = ANY(:queues::text[]) AND c.grp IN (:grp::text, '')
+    ) AS paused
 ),
 free AS MATERIALIZED (
     -- The free streams, fairest first (priority, then the head that waited
@@ -229,7 +243,7 @@ free AS MATERIALIZED (
     WHERE s.grp = :grp AND s.queue = ANY(:queues::text[])
       AND s.available_at IS NOT NULL AND s.available_at <= (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us)
       AND (:partition::text IS NULL OR s.partition = :partition::text)
-      AND NOT (SELECT busy FROM flags)
+      AND NOT (SELECT busy FROM flags) AND s.queue <> ALL(CAST((SELECT paused FROM flags) AS text[]))
     ORDER BY s.priority DESC, s.available_at, s.queue, s.partition
     LIMIT :streams
     FOR UPDATE OF s SKIP LOCKED
@@ -272,7 +286,7 @@ plain AS MATERIALIZED (
     FROM conveyor_deliveries AS p
     WHERE p.grp = :grp AND p.queue = ANY(:queues::text[]) AND p.status = 'queued' AND p.partition IS NULL
       AND p.run_at <= (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AND :partition::text IS NULL
-      AND NOT (SELECT busy FROM flags)
+      AND NOT (SELECT busy FROM flags) AND p.queue <> ALL(CAST((SELECT paused FROM flags) AS text[]))
     ORDER BY p.priority DESC, p.run_at, p.task_seq
     LIMIT :limit
     FOR UPDATE OF p SKIP LOCKED
@@ -405,7 +419,13 @@ WITH flags AS (
         SELECT 1 FROM conveyor_deliveries
         WHERE status = 'running' AND grp = :grp AND queue = :queue
           AND lease_expires_at < (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us)
-    ) AS busy
+    ) AS busy,
+    -- paused: the queue, or this group of it, is paused (conveyor.store.protocol.
+    -- pauses): nothing is leased. One probe of a table that is usually empty.
+    EXISTS (
+        SELECT 1 FROM conveyor_pauses AS c
+        WHERE c.queue = :queue AND c.grp IN (:grp::text, '')
+    ) AS paused
 ),
 free AS MATERIALIZED (
     -- The free streams, fairest first (priority, then the head that waited
@@ -419,7 +439,7 @@ free AS MATERIALIZED (
     WHERE s.grp = :grp AND s.queue = :queue
       AND s.available_at IS NOT NULL AND s.available_at <= (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us)
       AND (:partition::text IS NULL OR s.partition = :partition::text)
-      AND NOT (SELECT busy FROM flags)
+      AND NOT (SELECT busy OR paused FROM flags)
     ORDER BY s.priority DESC, s.available_at, s.queue, s.partition
     LIMIT :streams
     FOR UPDATE OF s SKIP LOCKED
@@ -462,7 +482,7 @@ plain AS MATERIALIZED (
     FROM conveyor_deliveries AS p
     WHERE p.grp = :grp AND p.queue = :queue AND p.status = 'queued' AND p.partition IS NULL
       AND p.run_at <= (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AND :partition::text IS NULL
-      AND NOT (SELECT busy FROM flags)
+      AND NOT (SELECT busy OR paused FROM flags)
     ORDER BY p.priority DESC, p.run_at, p.task_seq
     LIMIT :limit
     FOR UPDATE OF p SKIP LOCKED
@@ -591,7 +611,13 @@ WITH flags AS (
         SELECT 1 FROM conveyor_deliveries
         WHERE status = 'running' AND grp = :grp AND queue = :queue
           AND lease_expires_at < (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us)
-    ) AS busy
+    ) AS busy,
+    -- paused: the queue, or this group of it, is paused (conveyor.store.protocol.
+    -- pauses): nothing is leased. One probe of a table that is usually empty.
+    EXISTS (
+        SELECT 1 FROM conveyor_pauses AS c
+        WHERE c.queue = :queue AND c.grp IN (:grp::text, '')
+    ) AS paused
 ),
 free AS MATERIALIZED (
     -- The free streams, fairest first (priority, then the head that waited
@@ -605,7 +631,7 @@ free AS MATERIALIZED (
     WHERE s.grp = :grp AND s.queue = :queue
       AND s.available_at IS NOT NULL AND s.available_at <= (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us)
       AND (:partition::text IS NULL OR s.partition = :partition::text)
-      AND NOT (SELECT busy FROM flags)
+      AND NOT (SELECT busy OR paused FROM flags)
     ORDER BY s.priority DESC, s.available_at, s.queue, s.partition
     LIMIT :streams
     FOR UPDATE OF s SKIP LOCKED
@@ -648,7 +674,7 @@ plain AS MATERIALIZED (
     FROM conveyor_deliveries AS p
     WHERE p.grp = :grp AND p.queue = :queue AND p.status = 'queued' AND p.partition IS NULL
       AND p.run_at <= (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AND :partition::text IS NULL
-      AND NOT (SELECT busy FROM flags)
+      AND NOT (SELECT busy OR paused FROM flags)
     ORDER BY p.priority DESC, p.run_at, p.task_seq
     LIMIT :limit
     FOR UPDATE OF p SKIP LOCKED

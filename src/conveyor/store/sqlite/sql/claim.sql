@@ -18,6 +18,8 @@
 --   :partition is given).
 -- * 2: one row if a lease of the queue has expired: the claim then leases
 --   nothing, and the caller recovers the expired leases before it claims again.
+-- A paused queue, or a paused group of it (conveyor.store.protocol.pauses), has
+-- no rows of kinds 0 and 1: one probe of a table that is usually empty.
 -- The stream index's partial WHERE is matched by the literal statuses.
 WITH free AS (
     SELECT s.queue AS queue, s."partition" AS "partition", s.priority AS priority,
@@ -26,6 +28,8 @@ WITH free AS (
     WHERE s.grp = :grp AND s.queue = :queue
       AND s.available_at IS NOT NULL AND s.available_at <= :now_us
       AND (:partition IS NULL OR s."partition" = :partition)
+      AND NOT EXISTS (SELECT 1 FROM conveyor_pauses AS c
+                      WHERE c.queue = :queue AND c.grp IN (:grp, ''))
     ORDER BY s.priority DESC, s.available_at, s.queue, s."partition"
     LIMIT :streams
 )
@@ -54,6 +58,8 @@ FROM (
     FROM conveyor_deliveries AS r
     WHERE r.grp = :grp AND r.queue = :queue AND r.status = 'queued'
       AND r."partition" IS NULL AND r.run_at <= :now_us AND :partition IS NULL
+      AND NOT EXISTS (SELECT 1 FROM conveyor_pauses AS c
+                      WHERE c.queue = :queue AND c.grp IN (:grp, ''))
     ORDER BY r.priority DESC, r.run_at, r.task_seq
     LIMIT :limit
 ) AS p
