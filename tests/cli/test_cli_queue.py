@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 from test_cli_commands import EXIT_USAGE, assert_one_line_error, ok_json, run_all, run_cli
@@ -101,3 +102,41 @@ def test_a_queue_delay_is_set_shown_and_applied(store_url: str) -> None:
         task = store.submit("t", queue="digest")
     assert task.run_at is not None and task.created_at is not None
     assert (task.run_at - task.created_at).total_seconds() == 90
+
+
+def test_queue_pause_and_resume(store_url: str) -> None:
+    with conveyor.connect_sync(store_url) as store:
+        store.subscribe("orders", "billing")
+        store.submit("t", queue="orders")
+    paused = ok_json("queue", "pause", "orders", url=store_url)
+    assert paused == {"queue": "orders", "group": None, "paused": True, "changed": True}
+    # At once, as none of them changes what the others see.
+    again, group, shown = run_all(
+        ("queues", "pause", "orders"),
+        ("queues", "pause", "orders", "--group", "billing"),
+        ("queue", "show", "orders", "--json"),
+        url=store_url,
+    )
+    assert again.returncode == 0 and "already paused" in again.stdout
+    assert group.returncode == 0 and "for group billing: paused" in group.stdout
+    assert json.loads(shown.stdout)["paused"] is True
+    table = run_cli("stats", "--queue", "orders", url=store_url)
+    assert table.returncode == 0 and "paused" in table.stdout
+    with conveyor.connect_sync(store_url) as store:
+        assert store.claim("orders", worker_id="w") == []
+    stats = ok_json("stats", "--queue", "orders", url=store_url)
+    assert stats[0]["paused"] is True and stats[0]["groups"]["billing"]["paused"] is True
+    assert "paused" not in stats[0]["settings"]
+    resumed, missing = run_all(
+        ("queues", "resume", "orders"),
+        ("queue", "resume", "orders", "--group", "nobody"),
+        url=store_url,
+    )
+    assert resumed.returncode == 0 and "orders: resumed" in resumed.stdout
+    line = assert_one_line_error(missing, 1)
+    assert "group 'nobody'" in line and "conveyor groups list" in line
+    with conveyor.connect_sync(store_url) as store:
+        assert len(store.claim("orders", worker_id="w")) == 1
+        assert store.claim("orders", worker_id="w", group="billing") == []  # its own pause
+        assert store.resume("orders", group="billing") is True
+        assert len(store.claim("orders", worker_id="w", group="billing")) == 1

@@ -97,7 +97,9 @@ def _classify(exc: BaseException, command: str, url: str | None) -> tuple[int, s
     if isinstance(exc, CliError):
         return exc.exit_code, " ".join(exc.message.split()), exc.hint
     if isinstance(exc, NotFound):
-        return EXIT_NOT_FOUND, message, "`conveyor list` shows the ids of existing tasks"
+        # A NotFound that says what to do next needs no hint about task ids.
+        hint = None if exc.hint else "`conveyor list` shows the ids of existing tasks"
+        return EXIT_NOT_FOUND, message, hint
     if isinstance(exc, InvalidArgument):
         return EXIT_USAGE, f"invalid {message}", f"see `conveyor {command} --help`"
     if isinstance(exc, AlreadyExists):

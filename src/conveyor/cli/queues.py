@@ -136,6 +136,7 @@ def stats(
         history = store.maintenance_history(limit=1)
     for conf in settings.values():
         conf.pop("queue", None)
+        conf.pop("paused", None)  # the report's own field, not a setting
     if as_json:
         print_json([{**r.as_dict(), "settings": settings[r.queue]} for r in reports])
         return
@@ -160,6 +161,8 @@ queue_cli = typer.Typer(
     no_args_is_help=True,
 )
 cli.add_typer(queue_cli, name="queue")
+# The same commands under the plural, as `conveyor queues pause` reads naturally.
+cli.add_typer(queue_cli, name="queues", hidden=True)
 
 
 @queue_cli.command("set")
@@ -255,6 +258,58 @@ def queue_show(
     _show_settings(settings, as_json)
 
 
+PauseGroup = Annotated[
+    str | None,
+    typer.Option(
+        "--group", "-g", help="Only this consumer group's claims (default: the whole queue)."
+    ),
+]
+
+
+@queue_cli.command("pause")
+def queue_pause(
+    queue: Annotated[str, typer.Argument(metavar="QUEUE", help="The queue.")],
+    group: PauseGroup = None,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Pause QUEUE (or one --group of it): submits go on, claims lease nothing,
+    running tasks finish; workers keep running and pick up at resume."""
+    with open_store(url) as store:
+        changed = store.pause(queue, group=group)
+    _paused_line(queue, group, changed, paused=True, as_json=as_json)
+
+
+@queue_cli.command("resume")
+def queue_resume(
+    queue: Annotated[str, typer.Argument(metavar="QUEUE", help="The queue.")],
+    group: PauseGroup = None,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Resume QUEUE (or one --group of it) after `conveyor queue pause`; idle
+    workers are woken at once."""
+    with open_store(url) as store:
+        changed = store.resume(queue, group=group)
+    _paused_line(queue, group, changed, paused=False, as_json=as_json)
+
+
+def _paused_line(
+    queue: str, group: str | None, changed: bool, *, paused: bool, as_json: bool
+) -> None:
+    if as_json:
+        print_json({"queue": queue, "group": group, "paused": paused, "changed": changed})
+        return
+    what = f"queue [bold]{escape(queue)}[/]" + (
+        "" if group is None else f" for group [bold]{escape(group)}[/]"
+    )
+    state = "paused" if paused else "resumed"
+    if changed:
+        out().print(f"{what}: {state}")
+    else:
+        out().print(f"{what}: {'already paused' if paused else 'was not paused'}")
+
+
 def _show_settings(settings: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print_json(settings)
@@ -295,6 +350,8 @@ def _stats_table(report: QueueStats, settings: dict[str, Any]) -> Table:
     # A queue consumed by groups only has no queue-mode row: nobody claims its
     # queue-mode state, so its "backlog" would never drain.
     only = "" if report.queue_mode else " [dim](groups only: no queue mode)[/]"
+    if report.paused:
+        only += " [bold yellow]paused[/] [dim](claims lease nothing: conveyor queue resume)[/]"
     table = Table(
         title=f"queue [bold]{escape(report.queue)}[/]{only}",
         title_justify="left",
@@ -325,7 +382,10 @@ def _stats_table(report: QueueStats, settings: dict[str, Any]) -> Table:
             report.oldest_claimable_age,
         )
     for name, group in sorted(report.groups.items()):
-        row(f"group {escape(name)}", group.counts, group.lag, group.oldest_claimable_age)
+        label = f"group {escape(name)}" + (
+            " [yellow](paused)[/]" if group.paused and not report.paused else ""
+        )
+        row(label, group.counts, group.lag, group.oldest_claimable_age)
     shown = [f"{k}={_setting(v)}" for k, v in settings.items() if v is not None]
     table.caption = "settings: " + (", ".join(shown) if shown else "defaults")
     table.caption_justify = "left"
