@@ -97,14 +97,22 @@ def store_families(snap: StoreSnapshot) -> Iterator[Any]:
         "Age of the oldest claimable task (absent when nothing is claimable).",
         labels=["queue", "group"],
     )
+    paused = GaugeMetricFamily(
+        "conveyor_queue_paused",
+        "1 while claims of the queue (group empty: queue mode) or group lease nothing.",
+        labels=["queue", "group"],
+    )
     for qs in snap.stats:
         # A groups-only queue has no queue-mode series: its queue-mode rows are
         # never claimed, and a lag that never falls would page someone forever.
-        views: list[tuple[str, dict[str, int], float | None]] = (
-            [("", qs.counts, qs.oldest_claimable_age)] if qs.queue_mode else []
+        views: list[tuple[str, dict[str, int], float | None, bool]] = (
+            [("", qs.counts, qs.oldest_claimable_age, qs.paused)] if qs.queue_mode else []
         )
-        views += [(g, gs.counts, gs.oldest_claimable_age) for g, gs in qs.groups.items()]
-        for group, counts, age in views:
+        views += [
+            (g, gs.counts, gs.oldest_claimable_age, gs.paused) for g, gs in qs.groups.items()
+        ]
+        for group, counts, age, stopped in views:
+            paused.add_metric([qs.queue, group], 1.0 if stopped else 0.0)
             for status, n in counts.items():
                 tasks.add_metric([qs.queue, group, status], n)
             lag.add_metric([qs.queue, group], counts.get("queued", 0) + counts.get("running", 0))
@@ -117,7 +125,7 @@ def store_families(snap: StoreSnapshot) -> Iterator[Any]:
     )
     for queue, grp, name, status, n in snap.totals:
         finished.add_metric([queue, grp or "", name, status], n)
-    yield from (tasks, lag, oldest, finished)
+    yield from (tasks, lag, oldest, paused, finished)
 
 
 class _Families:

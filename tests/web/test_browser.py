@@ -363,3 +363,37 @@ def test_a_queues_dead_letter_queue_is_shown_with_its_settings(page: Any, served
     row = page.locator("tr", has_text="invoices")
     playwright_api.expect(row.locator("td.settings")).to_contain_text("dead_letter")
     playwright_api.expect(row.locator("td.settings")).to_contain_text("held")
+
+
+def test_pause_and_resume_a_queue_and_a_group(page: Any, served: Served) -> None:
+    """The queues page pauses a queue behind a confirmation and shows it paused;
+    the groups page pauses one group; claims follow (queues of their own: the
+    seeded ones keep running)."""
+
+    async def prepare(store: TaskStore) -> None:
+        await store.submit("t", queue="held")
+        await store.subscribe("held", "sink")
+
+    _on_store(served.db_url, prepare)
+    expect = playwright_api.expect
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.goto(served.url + "/")
+    row = page.locator('tr[data-queue="held"]')
+    expect(row.locator(".badge.paused")).to_have_count(0)
+    row.locator("button", has_text="Pause").click()
+    expect(page.locator("#flash .flash.ok")).to_contain_text("held paused")
+    expect(row.locator(".badge.paused")).to_be_visible()  # the live part reloaded
+    assert _on_store(served.db_url, lambda s: s.claim("held", worker_id="w")) == []
+    row.locator("button", has_text="Resume").click()
+    expect(page.locator("#flash .flash.ok")).to_contain_text("held resumed")
+    expect(row.locator(".badge.paused")).to_have_count(0)
+
+    page.goto(served.url + "/groups")
+    group = page.locator('tr[data-group="sink"]')
+    group.locator("button", has_text="Pause").click()
+    expect(page.locator("#flash .flash.ok")).to_contain_text("held for group sink paused")
+    expect(group.locator(".badge.paused")).to_be_visible()
+    assert _on_store(served.db_url, lambda s: s.claim("held", worker_id="w", group="sink")) == []
+    # Queue mode is not paused by the group's pause.
+    taken = _on_store(served.db_url, lambda s: s.claim("held", worker_id="w"))
+    assert len(taken) == 1

@@ -281,3 +281,37 @@ async def test_the_header_names_the_database(store_url: str, backend: str) -> No
     for page in pages:
         assert re.search(rf'<span class="database"[^>]*>{re.escape(shown)}</span>', page)
         assert "s3cret-pw" not in page
+
+
+async def test_pause_and_resume_actions(store: TaskStore) -> None:
+    await store.submit("t", queue="jobs")
+    await store.subscribe("jobs", "g")
+    async with client(dashboard(store, allow_actions=True)) as http:
+        page = (await http.get("/")).text
+        assert "Pause" in page and 'data-paused="yes"' not in page
+        done = await http.post("/actions/pause", data={"queue": "jobs"}, headers=HX)
+        assert "jobs paused" in done.text and done.headers["HX-Trigger"] == "conveyor-changed"
+        assert (await store.stats("jobs"))[0].paused is True
+        page = (await http.get("/")).text
+        assert 'data-paused="yes"' in page and "Resume" in page
+        again = await http.post("/actions/pause", data={"queue": "jobs"}, headers=HX)
+        assert "was paused already" in again.text and "HX-Trigger" not in again.headers
+        grp = await http.post("/actions/pause", data={"queue": "jobs", "group": "g"}, headers=HX)
+        assert "jobs for group g paused" in grp.text
+        groups = (await http.get("/groups")).text
+        assert 'class="badge paused"' in groups
+        await http.post("/actions/resume", data={"queue": "jobs"}, headers=HX)
+        assert (await store.stats("jobs"))[0].paused is False
+        missing = await http.post(
+            "/actions/pause", data={"queue": "jobs", "group": "nobody"}, headers=HX
+        )
+        assert "pause failed" in missing.text and "nobody" in missing.text
+        metrics_text = (await http.get("/metrics")).text
+        assert 'conveyor_queue_paused{group="",queue="jobs"} 0.0' in metrics_text
+        assert 'conveyor_queue_paused{group="g",queue="jobs"} 1.0' in metrics_text
+    async with client(dashboard(store)) as http:  # read-only: no buttons, no action
+        page = (await http.get("/")).text
+        assert "Pause" not in page
+        refused = await http.post("/actions/pause", data={"queue": "jobs"}, headers=HX)
+        assert refused.status_code == 403
+    assert (await store.stats("jobs"))[0].groups["g"].paused is True

@@ -357,6 +357,13 @@ class Dashboard:
             if await self.store.unsubscribe(queue, grp):
                 return f"group {grp} unsubscribed from {queue}", True
             return f"group {grp} was not subscribed to {queue}", False
+        if name in ("pause", "resume"):
+            queue = form.get("queue", "")
+            changed = await getattr(self.store, name)(queue, group=group)
+            what = f"{queue}" + (f" for group {group}" if group else "")
+            if name == "pause":
+                return (f"{what} paused" if changed else f"{what} was paused already"), changed
+            return (f"{what} resumed" if changed else f"{what} was not paused"), changed
         return f"unknown action {name!r}", False
 
     def _flash(
