@@ -353,6 +353,32 @@ async def test_the_hook_leases_nothing_while_a_lease_of_its_queues_has_expired(
     assert [task.attempt for task in got] == [2, 1]
 
 
+async def test_the_hook_passes_over_a_paused_queue_or_group(store: TaskStore) -> None:
+    """A paused queue's work (whole, or for the claiming group) is not leased by
+    the hook, alone or among other queues, streams and plain rows alike; another
+    group's and another queue's work is."""
+    await store.subscribe("q", "g")
+    await store.subscribe("q", "h")
+    made = [
+        await store.submit("t", queue="q"),
+        await store.submit("t", queue="q", partition="p"),
+    ]
+    other = await store.submit("t", queue="other")
+
+    def ask(grp: str, queues: list[str]) -> seam.Claim:
+        return seam.Claim(grp, queues, "w", None, 5, None, 5)
+
+    await store.pause("q", group="g")
+    assert await store._claim(ask("g", ["q"])) == []
+    got = await store._claim(ask("h", ["q"]))
+    assert got is not None and {r.id for r in got} == {t.id for t in made}
+    await store.pause("q")
+    for grp in ("", "g"):
+        assert await store._claim(ask(grp, ["q"])) == []
+    both = await store._claim(ask("", ["q", "other"]))
+    assert both is not None and [r.id for r in both] == [other.id]
+
+
 async def test_a_claim_that_finds_work_is_one_transaction_of_one_hop(
     store: TaskStore, backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
