@@ -7,6 +7,7 @@ Every error derives from :class:`ConveyorError` and carries a stable ``code``::
     │   └── MigrationRequired          "migration_required"
     ├── InvalidArgument (ValueError)   "invalid_argument"
     ├── AlreadyExists                  "already_exists"
+    ├── QueueFull                      "queue_full"
     ├── LostLease                      "lost_lease"
     │   └── TaskCancelled              "task_cancelled"
     ├── ProtocolVersionMismatch        "protocol_version_mismatch"
@@ -71,6 +72,26 @@ class AlreadyExists(ConveyorError):
         self.key = key
         self.task_id = task_id
         super().__init__(f"a task with key {key!r} already exists (id {task_id})")
+
+
+class QueueFull(ConveyorError):
+    """The queue holds ``limit`` queued tasks or more (its ``max_depth`` setting)
+    and this submit would have added to them; nothing was written.
+
+    ``depth`` is how many tasks were queued (in queue mode) when the submit looked.
+    """
+
+    code = "queue_full"
+
+    def __init__(self, queue: str, depth: int, limit: int) -> None:
+        self.queue = queue
+        self.depth = depth
+        self.limit = limit
+        super().__init__(
+            f"queue {queue!r} is full: {depth} queued task(s), max_depth {limit}; "
+            "nothing was written. Retry once workers have drained it, or raise its "
+            "max_depth (configure_queue, `conveyor queue set QUEUE --max-depth N`)"
+        )
 
 
 class LostLease(ConveyorError):

@@ -108,9 +108,7 @@ def store_families(snap: StoreSnapshot) -> Iterator[Any]:
         views: list[tuple[str, dict[str, int], float | None, bool]] = (
             [("", qs.counts, qs.oldest_claimable_age, qs.paused)] if qs.queue_mode else []
         )
-        views += [
-            (g, gs.counts, gs.oldest_claimable_age, gs.paused) for g, gs in qs.groups.items()
-        ]
+        views += [(g, gs.counts, gs.oldest_claimable_age, gs.paused) for g, gs in qs.groups.items()]
         for group, counts, age, stopped in views:
             paused.add_metric([qs.queue, group], 1.0 if stopped else 0.0)
             for status, n in counts.items():

@@ -281,6 +281,9 @@ queues = Table(
     Column("dead_letter", String(NAME), nullable=True),
     # Seconds added to the run_at of a submit that gives neither delay nor run_at.
     Column("delay", Float, nullable=True),
+    # The most tasks the queue may hold queued (queue mode); a submit beyond it
+    # raises QueueFull (NULL: no limit).
+    Column("max_depth", BigInteger, nullable=True),
 )
 
 maintenance = Table(

@@ -163,8 +163,14 @@ async def test_the_claim_reads_free_streams_in_claim_order(tmp_path: Path) -> No
         rows = db.execute(text.sql, params).fetchall()
     # The steps under the free streams' subquery (id, parent, _, step).
     [free] = [node for node, _, _, step in plan if step == "MATERIALIZE free"]
-    steps = [step for _, parent, _, step in plan if parent == free]
-    assert steps == ["SEARCH s USING INDEX ix_conveyor_streams_available (grp=? AND queue=?)"], plan
+    steps = [(node, step) for node, parent, _, step in plan if parent == free]
+    assert [step for _, step in steps] == [
+        "SEARCH s USING INDEX ix_conveyor_streams_available (grp=? AND queue=?)",
+        # The pause check (store.pause): run once, one probe of its primary key.
+        "SCALAR SUBQUERY 1",
+    ], plan
+    [paused] = [step for _, parent, _, step in plan if parent == steps[1][0]]
+    assert paused.startswith("SEARCH c USING COVERING INDEX sqlite_autoindex_conveyor_pauses"), plan
     # The first 50 streams in claim order (equal priority: the longest waiting, then
     # by partition), two rows each.
     assert len([row for row in rows if row[0] == 1]) == 100

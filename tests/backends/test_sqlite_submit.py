@@ -14,6 +14,7 @@ import pytest
 from tests._support import sqlite_statements
 
 import conveyor
+from conveyor.store.sqlite.connection import register_functions
 
 
 async def test_children_go_through_the_built_statements(tmp_path: Path) -> None:
@@ -223,6 +224,7 @@ async def test_the_submit_statements_read_no_table_whole(tmp_path: Path) -> None
         await store.open()
         built: Any = store._texts
     with closing(sqlite3.connect(path)) as db:
+        register_functions(db)  # conveyor_capped, which the submits call
         for name in names:
             for sql in built[name].statements:
                 params = dict.fromkeys(re.findall(r"(?<![:\w]):(\w+)", sql))

@@ -102,6 +102,7 @@ class AdminOps(Seam):
         queue_mode: bool | None = None,
         dead_letter: str | None = None,
         delay: v.Duration | None = None,
+        max_depth: int | None = None,
     ) -> dict[str, Any]:
         """Store defaults for ``queue``; arguments left ``None`` keep their value.
 
@@ -118,7 +119,10 @@ class AdminOps(Seam):
         happened, the original (its ``parent_id``) left failed or evicted; one per
         task and group. ``""`` clears it. ``delay`` is added to the run_at of
         every submit to the queue that gives neither ``delay`` nor ``run_at``
-        (``0`` sets no delay).
+        (``0`` sets no delay). ``max_depth`` is the most tasks the queue may hold
+        queued (in queue mode, delayed ones included): a submit beyond it raises
+        :class:`~conveyor.QueueFull` and writes nothing (``0`` clears it; not on a
+        queue consumed by groups only).
         """
         queue = v.name("queue", queue)
         values = upkeep.queue_settings(
@@ -131,6 +135,7 @@ class AdminOps(Seam):
             dead_letter=dead_letter,
             queue=queue,
             delay=delay,
+            max_depth=max_depth,
         )
         await tx.run(self, lambda conn: upkeep.configure_tx(self, conn, queue, values))
         return await self.get_queue(queue)

@@ -16,7 +16,6 @@ folded; the acknowledgement path writes nothing extra.
 from __future__ import annotations
 
 import builtins
-import json
 from typing import Any
 
 from sqlalchemy import func, select
@@ -33,13 +32,13 @@ from conveyor.models import (
     WorkerLeases,
 )
 from conveyor.schema import deliveries as d
-from conveyor.schema import queues as qs
 from conveyor.schema import streams as s
 from conveyor.schema import tasks as t
 from conveyor.schema import throughput as tp
 from conveyor.schema import totals as tt
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
+from conveyor.store.protocol import upkeep
 from conveyor.store.protocol.codec import row_to_task as _task
 from conveyor.store.protocol.observed import MINUTE_US, THROUGHPUT_KEEP_MINUTES
 from conveyor.store.protocol.presence import live_workers
@@ -144,24 +143,7 @@ class InspectReads(Seam):
 
     async def queue_settings(self) -> builtins.list[dict[str, Any]]:
         """The stored settings of every configured queue, by name (see ``get_queue``)."""
-
-        async def work(conn: AsyncConnection) -> builtins.list[Any]:
-            return builtins.list(await conn.execute(select(qs).order_by(qs.c.queue)))
-
-        return [
-            {
-                "queue": row.queue,
-                "lease": row.lease,
-                "max_attempts": row.max_attempts,
-                "backoff": None if row.backoff is None else json.loads(row.backoff),
-                "retention": row.retention,
-                "max_wait": row.max_wait,
-                "queue_mode": row.queue_mode is not False,
-                "dead_letter": row.dead_letter,
-                "delay": row.delay,
-            }
-            for row in await tx.run(self, work, write=False)
-        ]
+        return await tx.run(self, upkeep.all_settings_tx, write=False)
 
     async def streams(
         self, queue: str, *, group: str | None = None, limit: int = 10

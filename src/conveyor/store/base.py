@@ -55,6 +55,7 @@ from conveyor.store.api_workers import WorkerOps
 from conveyor.store.protocol import (
     caller_tx,
     codec,
+    depth,
     producer,
     streams,
     submit_runs,
@@ -116,6 +117,7 @@ class TaskStore(LeaseOps, InspectReads, WorkerOps, AdminOps, BulkOps):
         self._engine: AsyncEngine | None = None
         self._open_lock: asyncio.Lock | None = None
         self._known_groups: set[tuple[str, str]] = set()
+        self._capped: set[str] = set()
         self._busy: set[tuple[str, tuple[str, ...], str | None]] = set()
         self._work_waker: wake.Waker | None = None
         self._done_waker: wake.Waker | None = None
@@ -269,9 +271,17 @@ class TaskStore(LeaseOps, InspectReads, WorkerOps, AdminOps, BulkOps):
     ) -> builtins.list[Task]:
         if connection is not None:
             return await caller_tx.submit(self, connection, prepared)
-        tasks = await submit_together.submit(self, prepared)
+        tasks = None
+        if not depth.known_capped(self, prepared):
+            try:
+                tasks = await submit_together.submit(self, prepared)
+                if tasks is None:
+                    tasks = await producer.submit(self, prepared)
+            except depth.Capped:
+                tasks = None  # rolled back: nothing was written
         if tasks is None:
-            tasks = await producer.submit(self, prepared)
+            # A queue with a max_depth: step by step, its depth counted first.
+            tasks = await self._run(lambda conn: producer.submit_tx(self, conn, prepared))
         wake.wake_local(self, work=True)
         return tasks
 

@@ -71,6 +71,20 @@ def _s(name: str, role: str, contract: str) -> Statement:
 
 
 STATEMENTS: tuple[Statement, ...] = (
+    # --------------------------------------------------------------- depth
+    _s(
+        "depth_lock",
+        "depth",
+        """``queues`` (a JSON array): those of them with a ``max_depth``, their
+        settings rows locked until commit in queue order (``queue``,
+        ``max_depth``); no row for a queue without one.""",
+    ),
+    _s(
+        "depth_count",
+        "depth",
+        """``queues`` (a JSON array): per queue (``queue``) its tasks queued in
+        queue mode, delayed ones included (``n``), read after ``depth_lock``.""",
+    ),
     # ---------------------------------------------------------------- keys
     _s(
         "claim_keys",

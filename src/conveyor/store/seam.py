@@ -110,6 +110,9 @@ class Seam(abc.ABC):
     _known_groups: set[tuple[str, str]]
     #: Claim keys whose last claim found work: the next one skips the probe.
     _busy: set[tuple[str, tuple[str, ...], str | None]]
+    #: Queues this store last saw with a max_depth: their submits go step by step
+    #: (:mod:`conveyor.store.protocol.depth`).
+    _capped: set[str]
 
     async def open(self) -> None:  # pragma: no cover - TaskStore implements it
         """Connect and migrate (see :meth:`conveyor.store.base.TaskStore.open`)."""
@@ -148,6 +151,12 @@ class Seam(abc.ABC):
         process queued in-process (one SQLite connection to a private in-memory
         database), it makes them wait their turn, in arrival order. Otherwise it
         returns at once."""
+
+    def _is_capped(self, exc: DBAPIError) -> bool:
+        """True when ``exc`` is a submit statement's refusal of a queue with a
+        ``max_depth`` (``conveyor_capped``, :mod:`conveyor.store.protocol.depth`).
+        Must not raise, and must look only at ``exc``."""
+        return False
 
     def _is_full(self, exc: DBAPIError) -> bool:
         """True when ``exc`` says the database ran out of space (a full disk, a file

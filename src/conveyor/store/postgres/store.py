@@ -54,6 +54,8 @@ from conveyor.store.seam import BatchRunner, Claim, DirectRunner, StepsRunner
 # makes a pooled connection found dead safe to retry without a pre-ping.
 TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "57P01", "57P02", "57P03"})
 DISK_FULL = "53100"
+#: A submit statement's refusal of a queue with a max_depth (conveyor_capped, migration 0013).
+CAPPED = "CVQ01"
 # The protocol locks a row and then re-reads what it guards (a stream's head, a
 # key's holder) expecting to see what committed meanwhile: READ COMMITTED only.
 # Under a snapshot isolation those re-reads would see the transaction's start.
@@ -283,6 +285,9 @@ class PostgresStore(TaskStore):
         # Concurrent transactions each take their own pooled connection; the server
         # orders them.
         yield
+
+    def _is_capped(self, exc: DBAPIError) -> bool:
+        return getattr(exc.orig, "sqlstate", None) == CAPPED
 
     def _is_full(self, exc: DBAPIError) -> bool:
         return getattr(exc.orig, "sqlstate", None) == DISK_FULL

@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.errors import StoreUnavailable
 from conveyor.models import Task
-from conveyor.store.protocol import caller_conn, producer, submit_together, texts, wake
+from conveyor.store.protocol import caller_conn, depth, producer, submit_together, texts, wake
 from conveyor.store.protocol.requests import Request
 from conveyor.store.seam import Seam
 
@@ -30,21 +30,37 @@ async def submit(st: Seam, connection: Any, reqs: list[Request]) -> list[Task]:
     """The requests written in the caller's transaction on ``connection``; the
     answering tasks in request order."""
     conn = await caller_conn.resolve(st, connection)
-    one = _one_statement(st, conn, reqs)
+    capped = depth.known_capped(st, reqs)
+    one = None if capped else _one_statement(st, conn, reqs)
+    tasks: list[Task] | None = None
     try:
         if one is not None:
             # No savepoint: one statement writes all or nothing by itself, and the
             # two round trips of a savepoint cost about what the statement does. (A
             # script, SQLite's, refuses a missing parent before it writes; a later
             # statement failing is a database error, and the caller is told to
-            # roll back.)
-            tasks = await _submit_one_statement(st, conn, one, reqs)
-        else:
+            # roll back.) A capped queue: written nothing (depth.Capped, or on
+            # SQLite the statement's refusal), and step by step below.
+            try:
+                tasks = await _submit_one_statement(st, conn, one, reqs)
+            except depth.Capped:
+                capped = True
+            except DBAPIError as exc:
+                if not st._is_capped(exc):
+                    raise
+                capped = True
+        if tasks is None:
             # A savepoint: a refused or failed submit leaves the caller's
             # transaction as it was (no half-written keys) and usable.
-            async with conn.begin_nested():
-                sent = await submit_together.submit(st, reqs, conn)
-                tasks = sent if sent is not None else await producer.submit_tx(st, conn, reqs)
+            try:
+                async with conn.begin_nested():
+                    sent = None if capped else await submit_together.submit(st, reqs, conn)
+                    tasks = sent if sent is not None else await producer.submit_tx(st, conn, reqs)
+            except DBAPIError as exc:
+                if capped or not st._is_capped(exc):
+                    raise
+                async with conn.begin_nested():  # step by step: the depth counted first
+                    tasks = await producer.submit_tx(st, conn, reqs)
     except DBAPIError as exc:
         raise StoreUnavailable(
             f"the submit failed in the caller's transaction ({exc.orig}); roll it back"

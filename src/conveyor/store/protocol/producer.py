@@ -17,7 +17,7 @@ from conveyor import _values as v
 from conveyor.errors import AlreadyExists, InvalidArgument
 from conveyor.models import Task
 from conveyor.schema import tasks as t
-from conveyor.store.protocol import codec, streams, texts, withdraw
+from conveyor.store.protocol import codec, depth, streams, texts, withdraw
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.protocol.requests import Request
@@ -176,8 +176,11 @@ def unsettled(reqs: list[Request]) -> list[Task]:
 def settle(tasks: list[Task], rows: Iterable[Any]) -> list[Task]:
     """Fill in what the database decided for each of :func:`unsettled`'s ``tasks``
     from ``rows`` (``id``, ``max_attempts``, ``created_at``, ``run_at``; any order,
-    one per task); the tasks, settled."""
+    one per task); the tasks, settled. A task with no row was not written: the
+    statement met a capped queue (:class:`.depth.Capped`)."""
     stored = {row.id: row for row in rows}
+    if len(stored) < len(tasks):
+        raise depth.Capped()
     # The statement's clock is one moment: a run shares created_at (and run_at,
     # unless delayed), so each distinct value becomes a datetime once.
     moments: dict[int, datetime] = {}
@@ -200,7 +203,9 @@ def _given(values: list[Any]) -> list[Any] | None:
 
 
 async def submit_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> list[Task]:
-    """Insert the requests (keys resolved first); the answering tasks in request order."""
+    """Insert the requests (keys resolved first); the answering tasks in request order.
+    A capped queue's depth is checked before anything is written (:mod:`.depth`)."""
+    await depth.check(st, conn, reqs)
     # 1. Idempotency keys: claim each key first. A concurrent submit of the same
     #    key waits on the row and then sees it, so one key makes one task. A key
     #    already held is locked (sorted: the lock order) and read after the lock, so

@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.models import Task
-from conveyor.store.protocol import producer, texts
+from conveyor.store.protocol import depth, producer, texts
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.protocol.requests import Preparing
 from conveyor.store.seam import Seam
@@ -49,7 +49,7 @@ async def submit(st: Seam, preparing: Preparing) -> list[Task] | None:
         return None
     text = (st._texts or await texts.of(st))["submit_plain"]
     first = preparing.take(FIRST)
-    if not producer.is_plain(first):
+    if not producer.is_plain(first) or depth.known_capped(st, first):
         return None
     runner = st._batch_runner()
     done = preparing.done
@@ -83,6 +83,7 @@ async def submit(st: Seam, preparing: Preparing) -> list[Task] | None:
 
     try:
         rows = await tx.run(st, work, together=lambda: runner(text.statements, runs()))
-    except _NotPlain:
+    except (_NotPlain, depth.Capped):
+        # Rolled back: the batch goes the usual way (a capped queue: step by step).
         return None
     return producer.settle(tasks, rows)

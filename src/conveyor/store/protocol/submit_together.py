@@ -32,8 +32,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.errors import AlreadyExists
 from conveyor.models import Task
-from conveyor.store.protocol import codec, producer, texts
+from conveyor.store.protocol import codec, depth, producer, texts
 from conveyor.store.protocol import queries as q
+from conveyor.store.protocol import transactions as tx
 from conveyor.store.protocol.requests import Request
 from conveyor.store.seam import Seam
 
@@ -122,7 +123,10 @@ async def submit_reusing(
         if conn is not None:
             again = await producer.submit_tx(st, conn, lost)
         else:
-            again = await producer.submit(st, lost)
+            try:
+                again = await producer.submit(st, lost)
+            except depth.Capped:  # the rest committed already: only these again
+                again = await tx.run(st, lambda c: producer.submit_tx(st, c, lost))
         by_key.update({str(r.key): task for r, task in zip(lost, again, strict=True)})
     return [by_id[r.id] if r.key is None else by_key[r.key] for r in reqs]
 

@@ -42,6 +42,7 @@ from conveyor.errors import (
 )
 from conveyor.migrations import HEAD_REVISION, SCRIPT_LOCATION, VERSION_TABLE
 from conveyor.schema import PROTOCOL_VERSION, meta
+from conveyor.store.protocol import depth
 from conveyor.store.protocol.refusals import check_unrecorded_tables, refused_login
 from conveyor.store.seam import Seam
 
@@ -397,6 +398,9 @@ async def run(
                     committing = True
                 return result
         except DBAPIError as exc:
+            if st._is_capped(exc):
+                # Rolled back, nothing written: the submit goes step by step.
+                raise depth.Capped() from exc
             if st._is_transient(exc) and attempt < TRANSIENT_RETRIES:
                 log.debug("transient database error, retrying: %s", exc.orig)
                 attempt += 1

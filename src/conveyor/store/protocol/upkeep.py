@@ -88,9 +88,16 @@ def queue_settings(
     dead_letter: str | None = None,
     queue: str | None = None,
     delay: v.Duration | None = None,
+    max_depth: int | None = None,
 ) -> dict[str, Any]:
     """Validate configure_queue()'s arguments: the column values to store."""
     values: dict[str, Any] = {}
+    if max_depth is not None:
+        if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 0:
+            raise InvalidArgument(
+                "max_depth", f"must be a whole number >= 0 (0: no limit), got {max_depth!r}"
+            )
+        values["max_depth"] = max_depth or None
     if delay is not None:
         values["delay"] = v.duration_seconds("delay", delay)
     if dead_letter is not None:
@@ -121,6 +128,23 @@ def queue_settings(
 async def get_queue_tx(conn: AsyncConnection, queue: str) -> dict[str, Any]:
     """The stored settings of ``queue`` (``None`` where the default applies)."""
     row = (await conn.execute(select(qs).where(qs.c.queue == queue))).first()
+    held = await pauses.paused_tx(conn, [queue])
+    return settings_dict(queue, row, (queue, pauses.WHOLE_QUEUE) in held)
+
+
+async def all_settings_tx(conn: AsyncConnection) -> list[dict[str, Any]]:
+    """The stored settings of every configured queue, by name."""
+    rows = list(await conn.execute(select(qs).order_by(qs.c.queue)))
+    held = await pauses.paused_tx(conn)
+    return [
+        settings_dict(row.queue, row, (row.queue, pauses.WHOLE_QUEUE) in held) for row in rows
+    ]
+
+
+def settings_dict(queue: str, row: Any, paused: bool) -> dict[str, Any]:
+    """A queue's settings row (or ``None``: none stored) as ``get_queue`` shows it,
+    with whether the queue is paused (not a setting but its state, set by pause()
+    and resume())."""
     out: dict[str, Any] = {
         "queue": queue,
         "lease": None,
@@ -131,6 +155,7 @@ async def get_queue_tx(conn: AsyncConnection, queue: str) -> dict[str, Any]:
         "queue_mode": True,
         "dead_letter": None,
         "delay": None,
+        "max_depth": None,
     }
     if row is not None:
         out.update(
@@ -142,9 +167,9 @@ async def get_queue_tx(conn: AsyncConnection, queue: str) -> dict[str, Any]:
             queue_mode=row.queue_mode is not False,
             dead_letter=row.dead_letter,
             delay=row.delay,
+            max_depth=row.max_depth,
         )
-    # Not a setting but the queue's state: set by pause() and resume().
-    out["paused"] = (queue, pauses.WHOLE_QUEUE) in await pauses.paused_tx(conn, [queue])
+    out["paused"] = paused
     return out
 
 
@@ -171,6 +196,17 @@ async def configure_tx(st: Seam, conn: AsyncConnection, queue: str, values: dict
     await conn.execute(
         ins.on_conflict_do_update(index_elements=["queue"], set_={"updated_at": now, **values})
     )
+    stored = (await conn.execute(select(qs).where(qs.c.queue == queue))).one()
+    if stored.max_depth is not None and stored.queue_mode is False:
+        # max_depth counts queue mode's queued tasks, which on a queue consumed by
+        # groups only nobody claims: it would fill and refuse every submit for good.
+        # (Raised inside the transaction: neither setting is stored.)
+        raise InvalidArgument(
+            "max_depth",
+            f"queue {queue!r} is consumed by groups only (queue_mode=False), whose queue-"
+            "mode tasks are never claimed: a max_depth would refuse every submit once "
+            "reached; set one on a queue that queue mode consumes",
+        )
 
 
 async def maintain(st: Seam, *, housekeeping: bool = True) -> dict[str, int]:

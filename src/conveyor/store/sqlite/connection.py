@@ -92,6 +92,23 @@ def begin_fairly(conn: Connection, sql: str, timeout: float) -> None:
     conn.exec_driver_sql(sql)
 
 
+#: What sqlite3 reports when a function of ours raises (its message is lost).
+FUNCTION_RAISED = "user-defined function raised exception"
+
+
+def refuse_capped(queue: object) -> int:
+    # A submit statement met a queue with a max_depth: the statement fails and
+    # writes nothing, and the store submits step by step
+    # (conveyor.store.protocol.depth).
+    raise RuntimeError(f"queue {queue!r} has a max_depth")
+
+
+def register_functions(dbapi_conn: Any) -> None:
+    """The SQL functions conveyor's statements call, on a sqlite3 connection:
+    ``conveyor_capped(queue)``, which raises (Postgres has it from the schema)."""
+    dbapi_conn.create_function("conveyor_capped", 1, refuse_capped)
+
+
 def configure(
     engine: Engine,
     *,
@@ -129,6 +146,7 @@ def configure(
         # temporary file instead, each such statement of an acknowledgement
         # cost as much again as its writes.
         cur.execute("PRAGMA temp_store = MEMORY")
+        register_functions(dbapi_conn)
         if fair:
             # The store's own connection checkpoints on a timer instead of in
             # whichever commit finds the WAL long (see thread._checkpoint).
@@ -149,4 +167,13 @@ def configure(
             conn.exec_driver_sql(sql)
 
 
-__all__ = ["SYNCHRONOUS", "begin_fairly", "blocking_engine", "configure", "is_memory"]
+__all__ = [
+    "FUNCTION_RAISED",
+    "SYNCHRONOUS",
+    "begin_fairly",
+    "blocking_engine",
+    "configure",
+    "is_memory",
+    "refuse_capped",
+    "register_functions",
+]

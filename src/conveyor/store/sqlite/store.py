@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
@@ -78,7 +79,14 @@ from conveyor.store.protocol import texts
 from conveyor.store.protocol.transactions import InlineConnection
 from conveyor.store.seam import BatchRunner, Claim, ConnectionRunner, DirectRunner, StepsRunner
 from conveyor.store.sqlite import claim as sqlite_claim
-from conveyor.store.sqlite.connection import SYNCHRONOUS, blocking_engine, configure, is_memory
+from conveyor.store.sqlite.connection import (
+    FUNCTION_RAISED,
+    SYNCHRONOUS,
+    blocking_engine,
+    configure,
+    is_memory,
+    refuse_capped,
+)
 from conveyor.store.sqlite.thread import CHECKPOINT_EVERY, ConnectionThread
 
 #: Seconds between two looks at ``PRAGMA data_version`` while the store is idle:
@@ -204,6 +212,14 @@ class SQLiteStore(TaskStore):
         # before the first INSERT/UPDATE/DELETE: a SAVEPOINT before that would open,
         # and its RELEASE commit, a transaction of its own. Begin the caller's now.
         raw: Any = (await conn.get_raw_connection()).driver_connection
+        # The statements call conveyor_capped, which the caller's connection, not
+        # one of ours, has not registered: sqlite3's is a quick call, aiosqlite's a
+        # hop to its thread, made once per connection.
+        if not inspect.iscoroutinefunction(raw.create_function):
+            raw.create_function("conveyor_capped", 1, refuse_capped)
+        elif not getattr(raw, "_conveyor_functions", False):
+            await raw.create_function("conveyor_capped", 1, refuse_capped)
+            raw._conveyor_functions = True
         if not raw.in_transaction:
             await conn.exec_driver_sql("BEGIN")
 
@@ -238,6 +254,10 @@ class SQLiteStore(TaskStore):
         # Every maintenance step is its own BEGIN IMMEDIATE transaction: the single
         # writer lock already serialises concurrent passes, and each step is idempotent.
         yield True
+
+    def _is_capped(self, exc: DBAPIError) -> bool:
+        # conveyor_capped is the one function of ours a statement may see raise.
+        return str(exc.orig) == FUNCTION_RAISED
 
     def _is_full(self, exc: DBAPIError) -> bool:
         # SQLITE_FULL: the disk, or the file's max_page_count, has no room left.

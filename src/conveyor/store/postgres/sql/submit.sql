@@ -1,3 +1,11 @@
+-- A queue with a max_depth (conveyor.store.protocol.depth): every submit below
+-- refuses it, and the protocol submits to it step by step instead, counting the
+-- queue's depth under a lock. The store's own statements raise (conveyor_capped,
+-- SQLSTATE CVQ01: the transaction rolls back, keys and all); the four a caller's
+-- transaction runs without a savepoint (submit_one_in, submit_plain_in,
+-- submit_child_in, submit_children_in) write nothing instead, as an error would
+-- abort the caller's transaction.
+
 -- name: insert_rows
 WITH r AS (
     SELECT e.v ->> 0 AS id, e.v ->> 1 AS name, e.v ->> 2 AS queue, e.v ->> 3 AS partition,
@@ -52,7 +60,7 @@ ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
-        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
         coalesce(r.backoff, s.backoff), c.now,
         coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), NULL, r.parent_id, coalesce(p.root_id, r.id),
         r.correlation_id
@@ -110,6 +118,7 @@ ins AS (
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     LEFT JOIN conveyor_tasks AS p ON p.id = r.parent_id
     WHERE NOT EXISTS (SELECT 1 FROM orphans)
+      AND NOT EXISTS (SELECT 1 FROM req AS x JOIN conveyor_queues AS y ON y.queue = x.queue WHERE y.max_depth IS NOT NULL)
     ORDER BY r.n
     RETURNING seq, id, queue, priority, max_attempts, created_at, run_at, root_id
 ),
@@ -155,7 +164,7 @@ ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
-        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
         coalesce(r.backoff, s.backoff), c.now,
         coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), NULL, r.parent_id, coalesce(p.root_id, r.id),
         r.correlation_id
@@ -214,6 +223,7 @@ ins AS (
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     LEFT JOIN conveyor_tasks AS p ON p.id = r.parent_id
     WHERE NOT EXISTS (SELECT 1 FROM orphans)
+      AND NOT EXISTS (SELECT 1 FROM req AS x JOIN conveyor_queues AS y ON y.queue = x.queue WHERE y.max_depth IS NOT NULL)
     ORDER BY r.n
     RETURNING seq, id, queue, priority, max_attempts, created_at, run_at, root_id
 ),
@@ -259,7 +269,7 @@ ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
-        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
         coalesce(r.backoff, s.backoff), c.now,
         coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), r.key, NULL, r.id,
         r.correlation_id
@@ -303,7 +313,7 @@ ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
-        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
         coalesce(r.backoff, s.backoff), c.now,
         coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), r.key, NULL, r.id,
         r.correlation_id
@@ -351,7 +361,7 @@ ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
-        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
         coalesce(r.backoff, s.backoff), c.now,
         coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), r.key, NULL, r.id,
         r.correlation_id
@@ -402,7 +412,7 @@ ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
-        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
         coalesce(r.backoff, s.backoff), c.now,
         coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), r.key, r.parent_id, coalesce(p.root_id, r.id),
         r.correlation_id
@@ -458,7 +468,7 @@ ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
-        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
         coalesce(r.backoff, s.backoff), c.now,
         coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), r.key, r.parent_id, coalesce(p.root_id, r.id),
         r.correlation_id
@@ -509,7 +519,7 @@ ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
-        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
         coalesce(r.backoff, s.backoff), c.now,
         coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), r.key, NULL, r.id,
         r.correlation_id
@@ -552,7 +562,7 @@ ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
-        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
         coalesce(r.backoff, s.backoff), c.now,
         coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), r.key, NULL, r.id,
         r.correlation_id
@@ -597,7 +607,7 @@ ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
-        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
         coalesce(r.backoff, s.backoff), c.now,
         coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), r.key, NULL, r.id,
         r.correlation_id
@@ -642,7 +652,7 @@ ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
     SELECT r.id, r.name, r.queue, r.partition, r.payload, r.metadata, r.priority,
-        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
         coalesce(r.backoff, s.backoff), c.now,
         coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), r.key, NULL, r.id,
         r.correlation_id
@@ -687,7 +697,7 @@ ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
     SELECT r.id, r.name, r.queue, r.partition, r.payload, r.metadata, r.priority,
-        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
         coalesce(r.backoff, s.backoff), c.now,
         coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), r.key, NULL, r.id,
         r.correlation_id
@@ -731,7 +741,7 @@ ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
-        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
         coalesce(r.backoff, s.backoff), c.now,
         coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), NULL, NULL, r.id,
         r.correlation_id
@@ -777,6 +787,7 @@ ins AS (
         coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), NULL, NULL, r.id,
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
+    WHERE NOT EXISTS (SELECT 1 FROM req AS x JOIN conveyor_queues AS y ON y.queue = x.queue WHERE y.max_depth IS NOT NULL)
     ORDER BY r.n
     RETURNING seq, id, queue, priority, max_attempts, created_at, run_at
 ),
@@ -814,7 +825,7 @@ ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
     SELECT r.id, r.name, r.queue, r.partition, r.payload, r.metadata, r.priority,
-        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
         coalesce(r.backoff, s.backoff), c.now,
         coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), NULL, NULL, r.id,
         r.correlation_id
@@ -860,7 +871,7 @@ ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
     SELECT r.id, r.name, r.queue, r.partition, r.payload, r.metadata, r.priority,
-        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
         coalesce(r.backoff, s.backoff), c.now,
         coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), NULL, r.parent_id, coalesce(p.root_id, r.id),
         r.correlation_id
@@ -912,7 +923,7 @@ ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
     SELECT r.id, r.name, r.queue, r.partition, r.payload, r.metadata, r.priority,
-        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
         coalesce(r.backoff, s.backoff), c.now,
         coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), NULL, r.parent_id, coalesce(p.root_id, r.id),
         r.correlation_id
@@ -960,7 +971,7 @@ ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
     SELECT r.id, r.name, r.queue, r.partition, r.payload, r.metadata, r.priority,
-        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
         coalesce(r.backoff, s.backoff), c.now,
         coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), NULL, NULL, r.id,
         r.correlation_id
@@ -1002,7 +1013,7 @@ ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
-        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
         coalesce(r.backoff, s.backoff), c.now,
         coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), NULL, NULL, r.id,
         r.correlation_id
@@ -1049,6 +1060,7 @@ ins AS (
         coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), NULL, NULL, r.id,
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
+    WHERE NOT EXISTS (SELECT 1 FROM req AS x JOIN conveyor_queues AS y ON y.queue = x.queue WHERE y.max_depth IS NOT NULL)
     ORDER BY r.n
     RETURNING seq, id, queue, priority, max_attempts, created_at, run_at
 ),
@@ -1070,3 +1082,19 @@ note AS (
     WHERE NOT gate.nobody
 )
 SELECT ins.id, ins.max_attempts, ins.created_at, ins.run_at FROM note, ins
+
+-- name: depth_lock
+-- FOR UPDATE: producers of a capped queue count its depth one after another, each
+-- after the last one's commit (the next statement's snapshot sees it).
+SELECT s.queue, s.max_depth
+FROM conveyor_queues AS s
+WHERE s.queue = ANY(ARRAY(SELECT json_array_elements_text(:queues::json))) AND s.max_depth IS NOT NULL
+ORDER BY s.queue
+FOR UPDATE OF s
+
+-- name: depth_count
+SELECT x.queue, (
+    SELECT count(*) FROM conveyor_deliveries AS d
+    WHERE d.queue = x.queue AND d.grp = '' AND d.status = 'queued'
+) AS n
+FROM json_array_elements_text(:queues::json) AS x(queue)

@@ -9,6 +9,10 @@
 -- which SQLite indexes for the join (two json_each joined directly cost a scan
 -- of one per row of the other: 1.8 ms per task at 1,000 tasks, against 6 µs).
 -- No announcement: other processes hear a commit through PRAGMA data_version.
+-- A queue with a max_depth (conveyor.store.protocol.depth) makes the task INSERT
+-- of every submit raise, through conveyor_capped (a function the store's
+-- connections, and a caller's, register): the statement writes nothing, and the
+-- protocol submits to that queue step by step, counting its depth first.
 
 -- name: submit_context
 SELECT :now_us AS now, s.queue AS queue, s.max_attempts AS max_attempts,
@@ -55,7 +59,7 @@ WHERE t.seq >= (SELECT seq FROM conveyor_tasks WHERE id = json_extract(:rows, '$
 INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, priority,
     max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id)
 SELECT :id, :name, :queue, NULL, :payload, :metadata, :priority,
-    coalesce(:max_attempts, s.max_attempts, 3), coalesce(:backoff, s.backoff), :now_us,
+    coalesce(:max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END, coalesce(:backoff, s.backoff), :now_us,
     coalesce(:run_at, :now_us + coalesce(:delay, CAST(round(s.delay * 1000000) AS INTEGER), 0)), NULL, NULL, :id, :correlation_id
 FROM (SELECT 1) AS one LEFT JOIN conveyor_queues AS s ON s.queue = :queue;
 INSERT INTO conveyor_deliveries (task_seq, grp, queue, "partition", priority, max_attempts,
@@ -78,7 +82,7 @@ SELECT id, max_attempts, created_at, run_at FROM conveyor_tasks WHERE id = :id
 INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, priority,
     max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id)
 SELECT :id, :name, :queue, NULL, :payload, :metadata, :priority,
-    coalesce(:max_attempts, s.max_attempts, 3), coalesce(:backoff, s.backoff), :now_us,
+    coalesce(:max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END, coalesce(:backoff, s.backoff), :now_us,
     coalesce(:run_at, :now_us + coalesce(:delay, CAST(round(s.delay * 1000000) AS INTEGER), 0)), NULL, :parent_id,
     coalesce(p.root_id, :id), :correlation_id
 FROM (SELECT 1) AS one LEFT JOIN conveyor_queues AS s ON s.queue = :queue
@@ -119,7 +123,7 @@ correlations AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:correl
 INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, priority,
     max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id)
 SELECT i.value, n.v, q.v, NULL, p.v, m.v, r.v,
-    coalesce(a.v, s.max_attempts, 3), coalesce(b.v, s.backoff), :now_us,
+    coalesce(a.v, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END, coalesce(b.v, s.backoff), :now_us,
     coalesce(ra.v, :now_us + coalesce(d.v, CAST(round(s.delay * 1000000) AS INTEGER), 0)), NULL, NULL, i.value, c.v
 FROM json_each(:ids) AS i
 JOIN names AS n ON n.k = i.key
@@ -167,7 +171,7 @@ parents AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:parent_ids)
 INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, priority,
     max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id)
 SELECT i.value, n.v, q.v, NULL, p.v, m.v, r.v,
-    coalesce(a.v, s.max_attempts, 3), coalesce(b.v, s.backoff), :now_us,
+    coalesce(a.v, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END, coalesce(b.v, s.backoff), :now_us,
     coalesce(ra.v, :now_us + coalesce(d.v, CAST(round(s.delay * 1000000) AS INTEGER), 0)), NULL, f.v, coalesce(pt.root_id, i.value),
     c.v
 FROM json_each(:ids) AS i
@@ -234,7 +238,7 @@ parents AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:parent_ids)
 INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, priority,
     max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id)
 SELECT i.value, n.v, q.v, pa.v, p.v, m.v, r.v,
-    coalesce(a.v, s.max_attempts, 3), coalesce(b.v, s.backoff), :now_us,
+    coalesce(a.v, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END, coalesce(b.v, s.backoff), :now_us,
     coalesce(ra.v, :now_us + coalesce(d.v, CAST(round(s.delay * 1000000) AS INTEGER), 0)), ky.v, f.v, coalesce(pt.root_id, i.value),
     c.v
 FROM json_each(:ids) AS i
@@ -312,7 +316,7 @@ ON CONFLICT (key) DO NOTHING;
 INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, priority,
     max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id)
 SELECT :id, :name, :queue, NULL, :payload, :metadata, :priority,
-    coalesce(:max_attempts, s.max_attempts, 3), coalesce(:backoff, s.backoff), :now_us,
+    coalesce(:max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END, coalesce(:backoff, s.backoff), :now_us,
     coalesce(:run_at, :now_us + coalesce(:delay, CAST(round(s.delay * 1000000) AS INTEGER), 0)), :key, :parent_id,
     coalesce(p.root_id, :id), :correlation_id
 FROM (SELECT 1) AS one LEFT JOIN conveyor_queues AS s ON s.queue = :queue
@@ -349,7 +353,7 @@ WHERE :parent_id IS NOT NULL
 INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, priority,
     max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id)
 SELECT :id, :name, :queue, NULL, :payload, :metadata, :priority,
-    coalesce(:max_attempts, s.max_attempts, 3), coalesce(:backoff, s.backoff), :now_us,
+    coalesce(:max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END, coalesce(:backoff, s.backoff), :now_us,
     coalesce(:run_at, :now_us + coalesce(:delay, CAST(round(s.delay * 1000000) AS INTEGER), 0)), :key, NULL, :id, :correlation_id
 FROM (SELECT 1) AS one LEFT JOIN conveyor_queues AS s ON s.queue = :queue
 WHERE EXISTS (SELECT 1 FROM conveyor_keys WHERE key = :key AND task_id = :id);
@@ -366,3 +370,17 @@ SELECT id, max_attempts, created_at, run_at FROM conveyor_tasks WHERE id = :id
 
 -- name: submit_key_owned_in
 -- as: submit_key_owned
+
+-- name: depth_lock
+-- The write lock the transaction holds is the lock.
+SELECT s.queue AS queue, s.max_depth AS max_depth
+FROM conveyor_queues AS s
+WHERE s.queue IN (SELECT value FROM json_each(:queues)) AND s.max_depth IS NOT NULL
+ORDER BY s.queue
+
+-- name: depth_count
+SELECT x.value AS queue, (
+    SELECT count(*) FROM conveyor_deliveries AS d
+    WHERE d.queue = x.value AND d.grp = '' AND d.status = 'queued'
+) AS n
+FROM json_each(:queues) AS x
