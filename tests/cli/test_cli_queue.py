@@ -140,3 +140,24 @@ def test_queue_pause_and_resume(store_url: str) -> None:
         assert store.claim("orders", worker_id="w", group="billing") == []  # its own pause
         assert store.resume("orders", group="billing") is True
         assert len(store.claim("orders", worker_id="w", group="billing")) == 1
+
+
+def test_queue_max_depth_refuses_a_submit_with_exit_3(store_url: str) -> None:
+    settings = ok_json("queue", "set", "orders", "--max-depth", "1", url=store_url)
+    assert settings["max_depth"] == 1
+    first = ok_json("submit", "t", "--queue", "orders", url=store_url)
+    refused, shown, bad = run_all(
+        ("submit", "t", "--queue", "orders"),
+        ("queue", "show", "orders"),
+        ("queue", "set", "orders", "--max-depth", "-1"),
+        url=store_url,
+    )
+    line = assert_one_line_error(refused, 3)
+    assert "queue 'orders' is full: 1 queued task(s), max_depth 1" in line
+    assert "--max-depth" in line
+    assert shown.returncode == 0 and "max_depth" in shown.stdout
+    assert "max_depth" in assert_one_line_error(bad, EXIT_USAGE)
+    cleared = ok_json("queue", "set", "orders", "--max-depth", "0", url=store_url)
+    assert cleared["max_depth"] is None
+    again = ok_json("submit", "t", "--queue", "orders", url=store_url)
+    assert again["id"] != first["id"]

@@ -30,7 +30,8 @@ Exit codes:
     2  bad input or usage (malformed JSON, invalid argument, unknown option)
     3  conflict: a task with this idempotency key exists (``submit --conflict reject``),
        or the task's state leaves it unchanged (``retry`` of a task that has not
-       failed, ``cancel`` of a finished one)
+       failed, ``cancel`` of a finished one), or the queue holds its ``max_depth``
+       of queued tasks (``submit``)
     4  database unavailable, or a configuration error (bad URL, missing driver,
        a role or database the server does not have)
     5  protocol mismatch: the database was written by an incompatible conveyor

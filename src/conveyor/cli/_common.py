@@ -38,7 +38,8 @@ CONNECT_TIMEOUT = 10  # seconds a command waits for a PostgreSQL server to answe
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 ok · 1 not found (or another failure) · 2 bad input or usage · "
-    "3 conflict (the idempotency key exists, or the task's state leaves it unchanged) · "
+    "3 conflict (the idempotency key exists, the task's state leaves it unchanged, or "
+    "the queue is full) · "
     "4 database unavailable or configuration error · 5 protocol mismatch · 6 no conveyor "
     "schema, or an older one (run conveyor migrate) · 130 interrupted."
 )

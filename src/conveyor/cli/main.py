@@ -42,6 +42,7 @@ from conveyor.errors import (
     MigrationRequired,
     NotFound,
     ProtocolVersionMismatch,
+    QueueFull,
     StoreUnavailable,
 )
 
@@ -108,6 +109,8 @@ def _classify(exc: BaseException, command: str, url: str | None) -> tuple[int, s
             message,
             "use --conflict reuse to get the existing task, or --conflict replace",
         )
+    if isinstance(exc, QueueFull):
+        return EXIT_CONFLICT, message, None  # the message says what to do
     if isinstance(exc, ProtocolVersionMismatch):
         return EXIT_PROTOCOL, message, "run a conveyor version that matches the database"
     origin = url_origin(url)

@@ -224,6 +224,15 @@ def queue_set(
             show_default=False,
         ),
     ] = None,
+    max_depth: Annotated[
+        int | None,
+        typer.Option(
+            "--max-depth",
+            metavar="N",
+            help="Refuse submits beyond N queued tasks (QueueFull; 0 clears).",
+            show_default=False,
+        ),
+    ] = None,
     url: UrlOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -242,6 +251,7 @@ def queue_set(
             queue_mode=queue_mode,
             dead_letter=dead_letter,
             delay=delay,
+            max_depth=max_depth,
         )
     _show_settings(settings, as_json)
 
@@ -322,7 +332,7 @@ def _show_settings(settings: dict[str, Any], as_json: bool) -> None:
     table.add_column("setting")
     table.add_column("value")
     for name, value in settings.items():
-        if name == "dead_letter":
+        if name in ("dead_letter", "max_depth"):
             table.add_row(name, "none" if value is None else escape(str(value)))
         elif name != "queue":
             table.add_row(name, "default" if value is None else _setting(value))
