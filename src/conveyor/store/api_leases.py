@@ -77,9 +77,11 @@ class LeaseOps(Seam):
             for queue in names:
                 if (queue, group) not in self._known_groups:
                     await groups.join(self, queue, group, subscribe)
-        return await consumer.claim(
+        claimed = await consumer.claim(
             self, grp, names, worker_id, lease_s, limit, partition, per_stream
         )
+        await groups.note_claims(self, grp, claimed)
+        return claimed
 
     async def heartbeat(
         self,

@@ -110,6 +110,10 @@ class Seam(abc.ABC):
     _known_groups: set[tuple[str, str]]
     #: Claim keys whose last claim found work: the next one skips the probe.
     _busy: set[tuple[str, tuple[str, ...], str | None]]
+    #: When this store last wrote each (queue, group)'s claim time (its clock, in
+    #: seconds): a group's claims write it at most once a second
+    #: (:func:`conveyor.store.protocol.groups.note_claims`).
+    _claims_noted: dict[tuple[str, str], float]
 
     async def open(self) -> None:  # pragma: no cover - TaskStore implements it
         """Connect and migrate (see :meth:`conveyor.store.base.TaskStore.open`)."""
