@@ -62,9 +62,7 @@ def state(oldest_age: float | None, since_claim: float | None, threshold: float)
     return "lagging"
 
 
-def _first_due(
-    table: Table, keys: list[Any], priority: Any, at: Any, now: int
-) -> Any:
+def _first_due(table: Table, keys: list[Any], priority: Any, at: Any, now: int) -> Any:
     """The earliest ``at`` at or before ``now`` among ``table``'s rows meeting
     ``keys``, read from an index on (``keys``' columns, ``priority`` descending,
     ``at``): a skip scan over the priorities, then each one's first entry. One
@@ -79,9 +77,7 @@ def _first_due(
         .scalar_subquery()
     )
     pr = pr.union_all(select(lower.label("p")).where(pr.c.p.is_not(None)))
-    first = (
-        select(at).where(*keys, priority == pr.c.p).order_by(at).limit(1).scalar_subquery()
-    )
+    first = select(at).where(*keys, priority == pr.c.p).order_by(at).limit(1).scalar_subquery()
     firsts = select(first.label("at")).where(pr.c.p.is_not(None)).subquery()
     return select(func.min(firsts.c.at)).where(firsts.c.at <= now)
 
