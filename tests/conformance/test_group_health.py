@@ -217,6 +217,23 @@ async def test_an_unsubscribed_group_reads_ok_and_starts_over_unclaimed(
     assert group.state == "ok"
 
 
+async def test_a_claims_note_landing_after_the_unsubscribe_is_dropped_on_resubscribe(
+    store: TaskStore,
+) -> None:
+    """A claim's note is written after its claim committed: one of a claim that
+    raced the unsubscribe may land after it. Subscribing again starts without it."""
+    from conveyor.store.protocol import groups
+
+    await store.subscribe(Q, "g", start="new")
+    await store.submit("e", {}, queue=Q)
+    claimed = await store.claim(Q, worker_id="w", group="g")
+    await store.unsubscribe(Q, "g")
+    store.clock_offset = 5  # past the once-a-second throttle
+    await groups.note_claims(store, "g", claimed)  # the late note
+    await store.subscribe(Q, "g", start="all")
+    assert (await _group(store)).last_claim_at is None
+
+
 async def test_another_store_reads_the_claim_time_and_it_never_moves_back(
     store: TaskStore, store_url: str
 ) -> None:

@@ -15,13 +15,14 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
 from conveyor.errors import ConveyorError, InvalidArgument, NotFound
 from conveyor.models import ConsumerGroup, Task
 from conveyor.schema import deliveries as d
+from conveyor.schema import group_claims as gc
 from conveyor.schema import groups as g
 from conveyor.schema import tasks as t
 from conveyor.store.protocol import codec, streams, texts
@@ -147,6 +148,9 @@ async def subscribe(
                 .where(g.c.queue == queue, g.c.name == group)
                 .values(start_at=begin, created_at=now, active=True)
             )
+            # Started over: no claim yet, even if a claim's note of its earlier life
+            # landed after the unsubscribe deleted it (the row a note locks alone).
+            await conn.execute(delete(gc).where(gc.c.queue == queue, gc.c.grp == group))
         if not new:
             await backfill(st, conn, queue, group, begin)
         return codec.group_row((await conn.execute(found)).one())
