@@ -12,7 +12,14 @@ extra includes it). Two sources:
   report) and ``conveyor_tasks_finished_total{queue,group,name,
   status}`` (a counter of terminal outcomes — succeeded, failed, cancelled,
   evicted — per task name, across every process; it is exact up to the rows
-  finished since the last ``maintain()``, which are counted live).
+  finished since the last ``maintain()``, which are counted live); and from
+  ``groups()``, per subscribed consumer group: ``conveyor_group_lag{queue,group}``,
+  ``conveyor_group_oldest_age_seconds{queue,group}`` (absent when nothing is
+  claimable), ``conveyor_group_last_claim_timestamp_seconds{queue,group}``
+  (absent before its first claim; to about a second),
+  ``conveyor_group_state{queue,group,state}`` (1 for the state it is in, 0 for
+  the other two of ``ok``, ``lagging``, ``stalled``) and
+  ``conveyor_group_stalled{queue,group}`` (1 when stalled: the one to alert on).
 
 * **a worker process** — counted as it works, per task name:
   ``conveyor_worker_claims_total``, ``conveyor_worker_succeeded_total``,
@@ -38,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from conveyor.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from conveyor.models import QueueStats
+    from conveyor.models import ConsumerGroup, QueueStats
     from conveyor.store.base import TaskStore
 
 METRICS_INSTALL = "pip install 'conveyor[metrics]'"
@@ -71,11 +78,20 @@ class StoreSnapshot:
 
     stats: Sequence[QueueStats]
     totals: Sequence[tuple[str, str | None, str, str, int]]
+    groups: Sequence[ConsumerGroup] = ()
+
+
+#: The states of ``conveyor_group_state``, each a series of its own.
+GROUP_STATES = ("ok", "lagging", "stalled")
 
 
 async def snapshot(store: TaskStore) -> StoreSnapshot:
-    """Read the store's roll-ups for one scrape (two cheap reads)."""
-    return StoreSnapshot(stats=await store.stats(), totals=await store.finished_totals())
+    """Read the store's roll-ups for one scrape (three cheap reads)."""
+    return StoreSnapshot(
+        stats=await store.stats(),
+        totals=await store.finished_totals(),
+        groups=await store.groups(),
+    )
 
 
 def store_families(snap: StoreSnapshot) -> Iterator[Any]:
@@ -124,6 +140,50 @@ def store_families(snap: StoreSnapshot) -> Iterator[Any]:
     for queue, grp, name, status, n in snap.totals:
         finished.add_metric([queue, grp or "", name, status], n)
     yield from (tasks, lag, oldest, paused, finished)
+    yield from group_families(snap.groups)
+
+
+def group_families(groups: Iterable[ConsumerGroup]) -> Iterator[Any]:
+    """The health of each subscribed group (an unsubscribed one has none)."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    labels = ["queue", "group"]
+    lag = GaugeMetricFamily(
+        "conveyor_group_lag", "Tasks not yet terminal for the consumer group.", labels=labels
+    )
+    oldest = GaugeMetricFamily(
+        "conveyor_group_oldest_age_seconds",
+        "Seconds since the group's oldest claimable task became claimable.",
+        labels=labels,
+    )
+    last = GaugeMetricFamily(
+        "conveyor_group_last_claim_timestamp_seconds",
+        "When a claim of the group last leased a task (Unix time, to about a second).",
+        labels=labels,
+    )
+    state = GaugeMetricFamily(
+        "conveyor_group_state",
+        "1 for the group's health state (ok, lagging, stalled), 0 for the others.",
+        labels=[*labels, "state"],
+    )
+    stalled = GaugeMetricFamily(
+        "conveyor_group_stalled",
+        "1 when the group's work waits and it has not claimed for as long, else 0.",
+        labels=labels,
+    )
+    for g in groups:
+        if not g.active:
+            continue
+        key = [g.queue, g.name]
+        lag.add_metric(key, g.lag)
+        if g.oldest_age is not None:
+            oldest.add_metric(key, g.oldest_age)
+        if g.last_claim_at is not None:
+            last.add_metric(key, g.last_claim_at.timestamp())
+        for name in GROUP_STATES:
+            state.add_metric([*key, name], 1 if g.state == name else 0)
+        stalled.add_metric(key, 1 if g.state == "stalled" else 0)
+    yield from (lag, oldest, last, state, stalled)
 
 
 class _Families:
@@ -316,7 +376,9 @@ class _StoreReader:
                 if self._store is None:
                     self._store = connect_sync(self.url)
                 sync = self._store
-                snap = StoreSnapshot(stats=sync.stats(), totals=sync.finished_totals())
+                snap = StoreSnapshot(
+                    stats=sync.stats(), totals=sync.finished_totals(), groups=sync.groups()
+                )
             except (ConveyorError, OSError):
                 up.add_metric([], 0)
                 return [up]

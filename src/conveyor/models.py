@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 
 class Status(enum.StrEnum):
@@ -107,15 +107,41 @@ class Page:
     next_cursor: str | None
 
 
+#: The health of a consumer group (:attr:`ConsumerGroup.state`).
+GroupState = Literal["ok", "lagging", "stalled"]
+
+
 @dataclass(frozen=True, slots=True)
 class ConsumerGroup:
-    """A registered consumer group of one queue."""
+    """A registered consumer group of one queue, and its health as
+    :meth:`TaskStore.groups` read it.
+
+    ``lag`` is the number of tasks not yet terminal for the group (queued or
+    running: the same number as ``stats()``'s :attr:`GroupStats.lag`).
+    ``oldest_age`` is how many seconds ago the oldest of its queued, due tasks
+    became claimable for it (its run_at, the moment the group subscribed for a
+    task older than the group, or for a partitioned task the moment it became its
+    stream's free head); ``None`` when none is claimable. ``last_claim_at`` is when
+    a claim of the group last leased a task, to about a second (claims record it
+    at most once a second per store); ``None`` if none has since it subscribed.
+
+    ``state`` is ``"ok"``; ``"lagging"`` when the oldest claimable task has waited
+    longer than the threshold (``groups(lagging_after=...)``, by default ten
+    times the queue's lease) while the group still claims; ``"stalled"`` when it
+    has waited that long and no claim of the group leased anything for that long
+    either (or ever). An unsubscribed group has no work: ``lag`` 0 and ``"ok"``.
+    The defaults are what a group with no work reads as.
+    """
 
     queue: str
     name: str
     start: datetime | None
     created_at: datetime
     active: bool
+    lag: int = 0
+    oldest_age: float | None = None
+    last_claim_at: datetime | None = None
+    state: GroupState = "ok"
     #: Its claims lease nothing: it, or its whole queue, is paused (:meth:`TaskStore.pause`).
     paused: bool = False
 

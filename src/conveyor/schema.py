@@ -253,6 +253,20 @@ groups = Table(
     Column("active", Boolean, nullable=False),
 )
 
+# When each consumer group last leased something, per (queue, group): the
+# ``last_claim_at`` of :meth:`TaskStore.groups`. Written after a claim that leased
+# something, by a statement of its own and at most once a second per (queue,
+# group) per store (so "to about a second"), never inside the claim: the claim
+# leaves conveyor_groups alone (submits share its rows: the lock order) and its
+# hot path pays one short upsert a second at most. Queue mode has no row.
+group_claims = Table(
+    "conveyor_group_claims",
+    metadata,
+    Column("queue", String(NAME), primary_key=True),
+    Column("grp", String(NAME), primary_key=True),
+    Column("claimed_at", BigInteger, nullable=False),
+)
+
 keys = Table(
     "conveyor_keys",
     metadata,

@@ -595,3 +595,65 @@ async def test_children_find_their_parents_by_id(young_db: str) -> None:
     )
     assert plan["Plan"]["Actual Rows"] == n
     assert _rows_read(plan, "conveyor_tasks") <= 2 * n
+
+
+BACKLOG = 50_000
+
+
+def _relation_scans(plan: dict[str, Any], relation: str) -> list[tuple[str, str | None, int]]:
+    """Every scan of ``relation``: node type, index, rows read (kept or filtered
+    out) over all its loops."""
+    return [
+        (
+            node["Node Type"],
+            node.get("Index Name"),
+            (node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0))
+            * node.get("Actual Loops", 1),
+        )
+        for node in _nodes(plan["Plan"])
+        if node.get("Relation Name") == relation and "Scan" in node["Node Type"]
+    ]
+
+
+@pytest.mark.parametrize("analysed", [False, True])
+async def test_a_groups_oldest_claimable_task_is_found_by_index_probes(
+    young_db: str, analysed: bool
+) -> None:
+    """groups()' oldest claimable task of a group with 50,000 queued tasks over
+    three priorities (and 2,000 free streams) is read from the ready index and
+    the streams' index by a handful of probes (a skip scan over the priorities,
+    then each one's first entry), never by reading the backlog, with or without
+    statistics."""
+    from conveyor.store.protocol import health
+    from conveyor.store.protocol import transactions as tx
+
+    async with conveyor.connect(young_db, listen=False) as st:
+        await st.subscribe("q", "g", start="new")
+        for start in range(0, BACKLOG, 5000):
+            await st.submit_many(
+                [
+                    {"name": "t", "queue": "q", "priority": i % 3, "payload": i}
+                    for i in range(start, start + 5000)
+                ]
+            )
+        await st.submit_many(
+            [{"name": "t", "queue": "q", "partition": f"p{i}"} for i in range(2000)]
+        )
+        st.clock_offset = 5.0
+        [group] = await st.groups("q")
+        now = await tx.run(st, lambda conn: tx.now_us(st, conn), write=False)
+    assert group.lag == BACKLOG + 2000
+    assert group.oldest_age is not None and group.oldest_age >= 5.0
+    if analysed:
+        with psycopg.connect(_dsn(young_db), autocommit=True) as conn:
+            conn.execute("ANALYZE")
+    plain, streamed = health.oldest_statements("q", "g", now)
+    scans = _relation_scans(_plan_of(young_db, plain), "conveyor_deliveries")
+    assert scans, "the plan reads no delivery rows"
+    assert {index for _, index, _ in scans} == {"ix_conveyor_deliveries_ready"}, scans
+    assert all(kind != "Seq Scan" for kind, _, _ in scans), scans
+    # Three priorities: four steps of the skip scan, three first entries.
+    assert sum(read for _, _, read in scans) <= 20, scans
+    heads = _relation_scans(_plan_of(young_db, streamed), "conveyor_streams")
+    assert {index for _, index, _ in heads} == {"ix_conveyor_streams_available"}, heads
+    assert sum(read for _, _, read in heads) <= 20, heads

@@ -35,8 +35,15 @@ ConnectionError: smtp.example.com refused the connection
 async def seed(store: TaskStore, *, history: bool = False) -> Seeded:
     """Tasks in every status on queue ``emails``, a group, streams blocked for each
     reason, a parent with a child, and finished work for the throughput plot
-    (``history``: an hour of it, minute by minute)."""
+    (``history``: an hour of it, minute by minute, and two more groups of
+    ``emails`` it left behind: ``search`` stalled, ``billing`` lagging)."""
     if history:
+        # Two groups of emails that the hour of history left behind: one has not
+        # claimed since (stalled), one still claims (lagging, below).
+        store.clock_offset = -3600.0
+        await store.subscribe("emails", "search", start="new")
+        await store.subscribe("emails", "billing", start="new")
+        store.clock_offset = 0.0
         await _history(store)
     await store.configure_queue("emails", max_attempts=2, lease=60)
     await store.configure_queue("reports", max_wait=0.5)
@@ -81,6 +88,9 @@ async def seed(store: TaskStore, *, history: bool = False) -> Seeded:
     await store.submit("sync", {"n": 2}, queue="orders", partition="cust-2")
     await store.submit("sync", {"n": 1}, queue="orders", partition="cust-3")
     assert held.partition == "cust-1"
+    if history:
+        [late] = await store.claim("emails", worker_id="worker-c", group="billing")
+        await store.succeed(late.id, worker_id="worker-c", group="billing")
 
     return Seeded(
         queued=queued.id,

@@ -13,6 +13,7 @@ collect_ignore = (
     else [
         "test_dashboard.py",
         "test_dashboard_bulk.py",
+        "test_dashboard_groups.py",
         "test_browser.py",
         "test_browser_bulk.py",
     ]

@@ -397,3 +397,30 @@ def test_pause_and_resume_a_queue_and_a_group(page: Any, served: Served) -> None
     # Queue mode is not paused by the group's pause.
     taken = _on_store(served.db_url, lambda s: s.claim("held", worker_id="w"))
     assert len(taken) == 1
+
+
+def test_the_groups_page_shows_each_groups_health(page: Any, served: Served) -> None:
+    """The seeded hour of history left two groups of emails behind: ``search``
+    never claimed since (a red "stalled" badge), ``billing`` still claims
+    (``lagging``); ``analytics`` is ok."""
+    page.goto(served.url + "/groups")
+    badges = {
+        name: page.locator(f'tr[data-group="{name}"] span.health')
+        for name in ("search", "billing", "analytics")
+    }
+    playwright_api.expect(badges["search"]).to_have_text("stalled")
+    playwright_api.expect(badges["search"]).to_be_visible()
+    playwright_api.expect(badges["billing"]).to_have_text("lagging")
+    playwright_api.expect(badges["analytics"]).to_have_text("ok")
+    shown = page.evaluate(
+        """() => [...document.querySelectorAll('span.health')].map(b => [
+            b.closest('tr').dataset.group,
+            getComputedStyle(b).backgroundColor,
+            b.closest('tr').querySelector('td[data-last-claim]').textContent.trim(),
+        ])"""
+    )
+    colours = {group: colour for group, colour, _ in shown}
+    assert colours["search"] == "rgb(251, 222, 221)", colours  # the red of a failure
+    assert len(set(colours.values())) == 3, colours
+    last_claims = {group: text for group, _, text in shown}
+    assert last_claims["search"] == "–" and last_claims["billing"].endswith("ago"), last_claims

@@ -11,10 +11,19 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from conveyor.cli._common import JsonOption, UrlOption, cli, open_store, out, print_json, when
+from conveyor.cli._common import (
+    JsonOption,
+    UrlOption,
+    age,
+    cli,
+    open_store,
+    out,
+    print_json,
+    when,
+)
 
 groups_cli = typer.Typer(
-    help="Consumer groups: list them with their state.",
+    help="Consumer groups: list them with their state and health.",
     no_args_is_help=True,
 )
 cli.add_typer(groups_cli, name="groups")
@@ -22,15 +31,31 @@ cli.add_typer(groups_cli, name="groups")
 QueueFilter = Annotated[
     str | None, typer.Option("--queue", "-q", help="Only the groups of this queue.")
 ]
+LaggingAfter = Annotated[
+    float | None,
+    typer.Option(
+        "--lagging-after",
+        help="Seconds the oldest claimable task may wait before a group is lagging "
+        "(or stalled); default: ten times the queue's lease.",
+        show_default=False,
+    ),
+]
+#: How each health state is shown in the table.
+STATE_STYLES = {"ok": "green", "lagging": "yellow", "stalled": "bold red"}
 
 
 @groups_cli.command("list")
 def groups_list(
-    queue: QueueFilter = None, url: UrlOption = None, as_json: JsonOption = False
+    queue: QueueFilter = None,
+    lagging_after: LaggingAfter = None,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
 ) -> None:
-    """List the consumer groups (active and unsubscribed), by queue and name."""
+    """List the consumer groups (active and unsubscribed), by queue and name, with
+    their health: state (ok, lagging, stalled), lag, the age of the oldest
+    claimable task and the last claim (to about a second)."""
     with open_store(url, create=False) as store:
-        found = store.groups(queue)
+        found = store.groups(queue, lagging_after=lagging_after)
     if as_json:
         print_json(
             [
@@ -40,6 +65,12 @@ def groups_list(
                     "start": None if g.start is None else g.start.isoformat(),
                     "created_at": g.created_at.isoformat(),
                     "active": g.active,
+                    "state": g.state,
+                    "lag": g.lag,
+                    "oldest_age": g.oldest_age,
+                    "last_claim_at": None
+                    if g.last_claim_at is None
+                    else g.last_claim_at.isoformat(),
                 }
                 for g in found
             ]
@@ -52,6 +83,8 @@ def groups_list(
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
     for column in ("queue", "group", "active", "start (UTC)", "created (UTC)"):
         table.add_column(column)
+    for column in ("state", "lag", "oldest", "last claim (UTC)"):
+        table.add_column(column, justify="right" if column in ("lag", "oldest") else "left")
     for g in found:
         table.add_row(
             escape(g.queue),
@@ -59,5 +92,9 @@ def groups_list(
             "yes" if g.active else "no",
             when(g.start)[:19],
             when(g.created_at)[:19],
+            f"[{STATE_STYLES[g.state]}]{g.state}[/]",
+            str(g.lag),
+            age(g.oldest_age),
+            when(g.last_claim_at)[:19],
         )
     console.print(table)

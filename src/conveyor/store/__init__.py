@@ -33,7 +33,9 @@ How to read it (five minutes)::
       acks             succeed_many / ack_many
       streams          the FIFO state machine of partitions; the lock order
       groups           consumer groups: subscribe, backfill, unsubscribe, the
-                       claim's check that its group exists
+                       claim's check that its group exists, its claim time
+      health           consumer groups' lag, oldest claimable age, last claim
+                       and state (ok, lagging, stalled)
       upkeep           recovery, eviction, retention, counts, maintain()
       stats            stats(): one statement, one snapshot
       observed         the throughput and totals roll-ups

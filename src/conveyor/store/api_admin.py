@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from conveyor import _values as v
 from conveyor.models import Backoff, ConsumerGroup, QueueStats
-from conveyor.store.protocol import groups, pauses, upkeep, wake
+from conveyor.store.protocol import groups, health, pauses, upkeep, wake
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.protocol.stats import stats_tx
 from conveyor.store.seam import Seam
@@ -73,10 +73,24 @@ class AdminOps(Seam):
             wake.wake(self, queues=[queue])
         return resumed
 
-    async def groups(self, queue: str | None = None) -> builtins.list[ConsumerGroup]:
-        """Registered consumer groups (active and not), optionally of one queue."""
+    async def groups(
+        self, queue: str | None = None, *, lagging_after: v.Duration | None = None
+    ) -> builtins.list[ConsumerGroup]:
+        """Registered consumer groups (active and not), optionally of one queue, each
+        with its health: ``lag``, ``oldest_age``, ``last_claim_at`` and ``state``
+        (see :class:`~conveyor.models.ConsumerGroup`). ``lagging_after`` (seconds
+        or a timedelta) is how long the oldest claimable task may wait before the
+        group is ``"lagging"`` (or ``"stalled"``, when it has not claimed for that
+        long either); by default ten times each queue's lease."""
         name = None if queue is None else v.name("queue", queue)
-        return await tx.run(self, lambda conn: groups.list_tx(conn, name), write=False)
+        after = (
+            None
+            if lagging_after is None
+            else v.duration_seconds("lagging_after", lagging_after, allow_zero=False)
+        )
+        return await tx.run(
+            self, lambda conn: health.groups_tx(self, conn, name, after), write=False
+        )
 
     async def stats(self, queue: str | None = None) -> builtins.list[QueueStats]:
         """Per queue: counts by status (queue mode), age in seconds of the oldest

@@ -55,7 +55,10 @@ class LeaseOps(Seam):
         on its own, so a misspelt name cannot start a new group that replays the
         whole history. ``subscribe`` (``"all"``, ``"new"`` or a datetime, as
         :meth:`subscribe`'s ``start``) asks the claim to subscribe a group never
-        registered, from there; an unsubscribed group stays so either way.
+        registered, from there; an unsubscribed group stays so either way. A
+        group's claim that leased something records when, for
+        :meth:`groups`' ``last_claim_at`` (after the claim committed, at most
+        once a second per queue and store).
         """
         names = v.names("queues", queues)
         worker_id = v.name("worker_id", worker_id)
@@ -77,9 +80,11 @@ class LeaseOps(Seam):
             for queue in names:
                 if (queue, group) not in self._known_groups:
                     await groups.join(self, queue, group, subscribe)
-        return await consumer.claim(
+        claimed = await consumer.claim(
             self, grp, names, worker_id, lease_s, limit, partition, per_stream
         )
+        await groups.note_claims(self, grp, claimed)
+        return claimed
 
     async def heartbeat(
         self,

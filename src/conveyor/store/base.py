@@ -119,6 +119,7 @@ class TaskStore(LeaseOps, InspectReads, WorkerOps, AdminOps, BulkOps):
         self._known_groups: set[tuple[str, str]] = set()
         self._capped: set[str] = set()
         self._busy: set[tuple[str, tuple[str, ...], str | None]] = set()
+        self._claims_noted: dict[tuple[str, str], float] = {}
         self._work_waker: wake.Waker | None = None
         self._done_waker: wake.Waker | None = None
 

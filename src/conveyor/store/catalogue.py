@@ -298,6 +298,16 @@ STATEMENTS: tuple[Statement, ...] = (
         """``pairs``: ``refresh_streams`` of
         those streams in queue mode and every active group of the queue.""",
     ),
+    # -------------------------------------------------------------- groups
+    _s(
+        "note_group_claims",
+        "groups",
+        """``queues`` (a JSON array, sorted) and ``grp``: the group's
+        ``conveyor_group_claims`` row of each queue set to the store's clock, created
+        where missing and never moved back (an older reading leaves it alone), the
+        rows written in the order of ``queues``; run by itself after a claim that
+        leased something (never inside the claim), no row returned.""",
+    ),
     # ---------------------------------------------------------------- acks
     _s(
         "succeed_plain",

@@ -113,6 +113,10 @@ class Seam(abc.ABC):
     #: Queues this store last saw with a max_depth: their submits go step by step
     #: (:mod:`conveyor.store.protocol.depth`).
     _capped: set[str]
+    #: When this store last wrote each (queue, group)'s claim time (its clock, in
+    #: seconds): a group's claims write it at most once a second
+    #: (:func:`conveyor.store.protocol.groups.note_claims`).
+    _claims_noted: dict[tuple[str, str], float]
 
     async def open(self) -> None:  # pragma: no cover - TaskStore implements it
         """Connect and migrate (see :meth:`conveyor.store.base.TaskStore.open`)."""

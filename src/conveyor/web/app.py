@@ -72,6 +72,17 @@ def _since(value: datetime | None) -> str:
     return f"{_age(delta)} ago" if delta >= 0 else f"in {_age(-delta)}"
 
 
+def _seconds(request: Request, name: str) -> float | None:
+    """The query parameter ``name`` as seconds (the store checks the range)."""
+    given = request.query_params.get(name)
+    if not given:
+        return None
+    try:
+        return float(given)
+    except ValueError:
+        raise InvalidArgument(name, f"must be a number of seconds, got {given!r}") from None
+
+
 def _pretty(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
 
@@ -154,7 +165,8 @@ class Dashboard:
 
     async def groups(self, request: Request) -> Response:
         stats = {s.queue: s for s in await self.store.stats()}
-        registered = await self.store.groups()
+        lagging_after = _seconds(request, "lagging_after")
+        registered = await self.store.groups(lagging_after=lagging_after)
         by_queue: dict[str, list[Any]] = {}
         for group in registered:
             by_queue.setdefault(group.queue, []).append(group)
@@ -162,6 +174,7 @@ class Dashboard:
             request,
             "groups.html",
             page="groups",
+            lagging_after=lagging_after,
             by_queue=dict(sorted(by_queue.items())),
             stats=stats,
             queues=sorted(stats),

@@ -10,26 +10,34 @@ retained history and runs every old task again.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
-from conveyor.errors import InvalidArgument, NotFound
-from conveyor.models import ConsumerGroup
+from conveyor.errors import ConveyorError, InvalidArgument, NotFound
+from conveyor.models import ConsumerGroup, Task
 from conveyor.schema import deliveries as d
+from conveyor.schema import group_claims as gc
 from conveyor.schema import groups as g
 from conveyor.schema import tasks as t
-from conveyor.store.protocol import codec, pauses, streams
+from conveyor.store.protocol import codec, pauses, streams, texts
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.seam import Seam
 
 BACKFILL_CHUNK = 20_000  # tasks per backfill statement (all in one transaction)
 NAMES_SHOWN = 10  # groups of the queue named in the error for a missing one
+#: Seconds between two writes of a (queue, group)'s claim time by one store: what
+#: last_claim_at is precise to.
+NOTE_EVERY = 1.0
+
+log = logging.getLogger("conveyor.store")
 
 
 def parse_start(field: str, start: Any) -> tuple[bool, int | None]:
@@ -141,6 +149,9 @@ async def subscribe(
                 .where(g.c.queue == queue, g.c.name == group)
                 .values(start_at=begin, created_at=now, active=True)
             )
+            # Started over: no claim yet, even if a claim's note of its earlier life
+            # landed after the unsubscribe deleted it (the row a note locks alone).
+            await conn.execute(delete(gc).where(gc.c.queue == queue, gc.c.grp == group))
         if not new:
             await backfill(st, conn, queue, group, begin)
         return codec.group_row((await conn.execute(found)).one())
@@ -215,3 +226,42 @@ async def list_tx(conn: AsyncConnection, queue: str | None) -> list[ConsumerGrou
     return [
         replace(x, paused=True) if pauses.is_paused(held, x.queue, x.name) else x for x in found
     ]
+
+
+async def note_claims(st: Seam, grp: str, claimed: Sequence[Task]) -> None:
+    """Record that ``grp`` leased ``claimed`` (``groups()``' ``last_claim_at``):
+    one short statement of its own after the claim committed, for the queues whose
+    time this store last wrote a second or more ago (by its clock, so a test's
+    ``clock_offset`` moves it too; a clock that went back writes again). Queue
+    mode records nothing.
+
+    Never inside the claim: that would lock a row every claim of the group
+    meets, and the claim stays one statement. A failure here is logged and
+    forgotten (the next claim writes again): the claim's tasks are leased already
+    and must reach the caller."""
+    if not grp or not claimed:
+        return
+    now = v.now_us() / v.US + st.clock_offset
+    noted = st._claims_noted
+    due = sorted(
+        {
+            task.queue
+            for task in claimed
+            if not 0 <= now - noted.get((task.queue, grp), -NOTE_EVERY) < NOTE_EVERY
+        }
+    )
+    if not due:
+        return
+    before = {queue: noted.get((queue, grp)) for queue in due}
+    for queue in due:  # set first: claims running meanwhile skip the write
+        noted[(queue, grp)] = now
+    try:
+        text = (await texts.of(st))["note_group_claims"]
+        await texts.alone(st, text, {"queues": due, "grp": grp}, inline=True)
+    except ConveyorError as exc:
+        log.warning("could not record the claim time of group %r on %s: %s", grp, due, exc)
+        for queue, at in before.items():
+            if at is None:
+                noted.pop((queue, grp), None)
+            else:
+                noted[(queue, grp)] = at

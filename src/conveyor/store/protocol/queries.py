@@ -38,6 +38,7 @@ from sqlalchemy.sql.functions import FunctionElement
 
 from conveyor.schema import counts as cn
 from conveyor.schema import deliveries as d
+from conveyor.schema import group_claims as gc
 from conveyor.schema import pauses as pz
 from conveyor.schema import streams as s
 from conveyor.schema import tasks as t
@@ -299,12 +300,14 @@ def active() -> ColumnElement[bool]:
 
 
 def delete_group(queue: str, grp: str) -> list[Delete]:
-    """Remove a group's stream, delivery and count rows (stream rows first: the
-    lock order)."""
+    """Remove a group's stream, delivery, count and claim-time rows (stream rows
+    first: the lock order; the claim-time row last, which a claim's note locks
+    alone, waiting on nothing else)."""
     return [
         delete(s).where(s.c.queue == queue, s.c.grp == grp),
         delete(d).where(d.c.queue == queue, d.c.grp == grp),
         delete(cn).where(cn.c.queue == queue, cn.c.grp == grp),
+        delete(gc).where(gc.c.queue == queue, gc.c.grp == grp),
     ]
 
 

@@ -63,8 +63,9 @@ def _zero() -> Any:
     return cast(literal_column("0"), BigInteger).label("n")
 
 
-def snapshot_statement(queue: str | None, now: int) -> Any:
-    """The one statement behind :func:`stats_tx`: rows ``(kind, queue, grp, status, n)``."""
+def snapshot_statement(queue: str | None, now: int, *, oldest_age: bool = True) -> Any:
+    """The one statement behind :func:`stats_tx`: rows ``(kind, queue, grp, status, n)``
+    (without the oldest claimable ages where ``oldest_age`` is false)."""
     live = (
         select(_kind(COUNT), d.c.queue, d.c.grp, d.c.status, func.count().label("n"))
         .where(*q.unrolled())
@@ -97,11 +98,32 @@ def snapshot_statement(queue: str | None, now: int) -> Any:
         oldest = oldest.where(d.c.queue == queue)
         active = active.where(g.c.queue == queue)
         off = off.where(qs.c.queue == queue)
+    if not oldest_age:
+        return union_all(live, leased, rolled, active, off, paused)
     return union_all(live, leased, rolled, oldest, active, off, paused)
 
 
 def _zeros() -> dict[str, int]:
     return {x.value: 0 for x in Status}
+
+
+def lag(counts: dict[str, int]) -> int:
+    """A view's lag from its counts: the tasks not yet terminal for it."""
+    return counts["queued"] + counts["running"]
+
+
+async def group_counts(
+    conn: AsyncConnection, queue: str | None, now: int
+) -> dict[tuple[str, str], dict[str, int]]:
+    """The counts by status of every (queue, group) with rows, queue mode's too, as
+    :func:`stats_tx` reads them (the same statement, less the oldest ages)."""
+    counts: dict[tuple[str, str], dict[str, int]] = {}
+    for kind, qn, grp, status, n in await conn.execute(
+        snapshot_statement(queue, now, oldest_age=False)
+    ):
+        if kind == COUNT:
+            counts.setdefault((qn, grp), _zeros())[status] += int(n)
+    return counts
 
 
 async def stats_tx(st: Seam, conn: AsyncConnection, queue: str | None) -> list[QueueStats]:
@@ -149,7 +171,7 @@ async def stats_tx(st: Seam, conn: AsyncConnection, queue: str | None) -> list[Q
             c = counts.get((qn, grp), _zeros())
             out[qn].groups[grp] = GroupStats(
                 counts=c,
-                lag=c["queued"] + c["running"],
+                lag=lag(c),
                 oldest_claimable_age=oldest.get((qn, grp)),
                 paused=(qn, grp) in paused or (qn, q.QUEUE_MODE) in paused,
             )

@@ -136,9 +136,7 @@ async def all_settings_tx(conn: AsyncConnection) -> list[dict[str, Any]]:
     """The stored settings of every configured queue, by name."""
     rows = list(await conn.execute(select(qs).order_by(qs.c.queue)))
     held = await pauses.paused_tx(conn)
-    return [
-        settings_dict(row.queue, row, (row.queue, pauses.WHOLE_QUEUE) in held) for row in rows
-    ]
+    return [settings_dict(row.queue, row, (row.queue, pauses.WHOLE_QUEUE) in held) for row in rows]
 
 
 def settings_dict(queue: str, row: Any, paused: bool) -> dict[str, Any]:
