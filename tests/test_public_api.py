@@ -43,6 +43,7 @@ EXPORTS = [
     "Permanent",
     "ProtocolVersionMismatch",
     "QueueStats",
+    "SeekResult",
     "Snooze",
     "Status",
     "StoreError",
@@ -85,6 +86,7 @@ def test_status_values() -> None:
         "failed",
         "cancelled",
         "evicted",
+        "skipped",
     ]
     assert isinstance(Status.QUEUED, str)
     assert Status("failed") is Status.FAILED

@@ -22,7 +22,16 @@ from conveyor.errors import (
     StoreUnavailable,
     TaskCancelled,
 )
-from conveyor.models import Backoff, ConsumerGroup, GroupStats, Page, QueueStats, Status, Task
+from conveyor.models import (
+    Backoff,
+    ConsumerGroup,
+    GroupStats,
+    Page,
+    QueueStats,
+    SeekResult,
+    Status,
+    Task,
+)
 from conveyor.outcomes import Permanent, Snooze
 
 if TYPE_CHECKING:
@@ -71,6 +80,7 @@ __all__ = [
     "Permanent",
     "ProtocolVersionMismatch",
     "QueueStats",
+    "SeekResult",
     "Snooze",
     "Status",
     "StoreError",

@@ -50,6 +50,7 @@ _STATUS_STYLE = {
     Status.FAILED: "red",
     Status.CANCELLED: "dim",
     Status.EVICTED: "magenta",
+    Status.SKIPPED: "blue",
 }
 
 

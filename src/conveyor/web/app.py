@@ -41,7 +41,7 @@ HERE = Path(__file__).parent
 STATUSES = [s.value for s in Status]
 PAGE_SIZE = 50
 MAX_TRAIL = 50  # previous-page cursors carried in the address
-RETRYABLE = {Status.FAILED, Status.CANCELLED, Status.EVICTED}
+RETRYABLE = {Status.FAILED, Status.CANCELLED, Status.EVICTED, Status.SKIPPED}
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -340,8 +340,8 @@ class Dashboard:
             if after is None or before.status not in RETRYABLE or after.status is not Status.QUEUED:
                 status = before.status if after is None else after.status
                 return (
-                    f"task {task_id} is {status}: only failed, cancelled or evicted tasks can "
-                    "be retried",
+                    f"task {task_id} is {status}: only failed, cancelled, evicted or skipped tasks "
+                    "can be retried",
                     False,
                 )
             return f"task {task_id} queued again", True
