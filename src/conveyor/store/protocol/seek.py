@@ -162,11 +162,12 @@ async def _check_group(conn: AsyncConnection, sk: Seek) -> None:
 
 async def _first_replayed(sk: Seek, upto: int, conn: AsyncConnection) -> int | None:
     """The first task of the queue created at or after the point: where the
-    replay's walk starts (the tasks index in submit order, read until the first)."""
-    stmt = select(func.min(t.c.seq)).where(t.c.queue == sk.queue, t.c.seq <= upto)
+    replay's walk starts (the tasks index in submit order, read until the first;
+    written as ORDER BY ... LIMIT 1, which both planners stop early on)."""
+    stmt = select(t.c.seq).where(t.c.queue == sk.queue, t.c.seq <= upto)
     if sk.point > START:
         stmt = stmt.where(t.c.created_at >= sk.point)
-    found = (await conn.execute(stmt)).scalar()
+    found = (await conn.execute(stmt.order_by(t.c.seq).limit(1))).scalar()
     return None if found is None else int(found)
 
 
@@ -210,8 +211,11 @@ def _rows(
     cond: list[ColumnElement[bool]] = [
         d.c.grp == sk.group,
         d.c.queue == sk.queue,
-        # Inline, not bound: both planners then match the partial status indexes.
-        d.c.status.in_([literal(s, literal_execute=True) for s in statuses]),
+        # Inline, not bound: both planners then match the partial status indexes
+        # (one status as ``=``, which SQLite matches to an index's WHERE).
+        q.is_status(statuses[0])
+        if len(statuses) == 1
+        else d.c.status.in_([literal(s, literal_execute=True) for s in statuses]),
         d.c.task_seq > cursor,
         d.c.task_seq <= upto,
     ]
@@ -229,16 +233,31 @@ def _joined() -> Any:
 
 async def _candidates(
     conn: AsyncConnection, cond: Sequence[ColumnElement[bool]], size: int
-) -> list[tuple[int, str]]:
-    """The next ``size`` rows ``cond`` selects, in submit order: (seq, status)."""
+) -> list[int]:
+    """The next ``size`` rows ``cond`` selects, in submit order."""
     rows = await conn.execute(
-        select(d.c.task_seq, d.c.status)
-        .select_from(_joined())
-        .where(*cond)
-        .order_by(d.c.task_seq)
-        .limit(size)
+        select(d.c.task_seq).select_from(_joined()).where(*cond).order_by(d.c.task_seq).limit(size)
     )
-    return [(int(row.task_seq), str(row.status)) for row in rows]
+    return [int(seq) for seq in rows.scalars()]
+
+
+async def _running(
+    conn: AsyncConnection,
+    sk: Seek,
+    cursor: int,
+    found: Sequence[int],
+    size: int,
+    upto: int,
+    created: ColumnElement[bool] | None,
+) -> tuple[int, int, bool]:
+    """Where a batch that read ``found`` ends — ``(last seq, whether more may
+    follow)`` — and how many rows of its range are leased, which the seek leaves
+    to finish (counted from the leased rows' index: few, whatever the history)."""
+    more = len(found) == size
+    last = found[-1] if more else upto
+    cond = _rows(sk, cursor, last, (q.RUNNING,), created)
+    busy = await conn.execute(select(func.count()).select_from(_joined()).where(*cond))
+    return int(busy.scalar_one()), last, more
 
 
 def _skipping(st: Seam) -> Batch:
@@ -248,11 +267,8 @@ def _skipping(st: Seam) -> Batch:
         conn: AsyncConnection, sk: Seek, cursor: int, size: int, upto: int
     ) -> tuple[int, int, int, bool]:
         before = t.c.created_at < sk.point if sk.point < END else None
-        found = await _candidates(conn, _rows(sk, cursor, upto, q.ACTIVE, before), size)
-        if not found:
-            return 0, 0, cursor, False
-        seqs = [seq for seq, status in found if status == q.QUEUED]
-        running = len(found) - len(seqs)
+        seqs = await _candidates(conn, _rows(sk, cursor, upto, (q.QUEUED,), before), size)
+        running, last, more = await _running(conn, sk, cursor, seqs, size, upto, before)
         changed = 0
         if seqs:
             await streams.lock_seq_streams(st, conn, seqs, sk.group)  # the lock order
@@ -268,7 +284,7 @@ def _skipping(st: Seam) -> Batch:
                 # Finished for the group: a wait() for it returns.
                 await st._notify(conn, {sk.queue}, done=True)
             changed = len(done)
-        return changed, running, found[-1][0], len(found) == size
+        return changed, running, last, more
 
     return batch
 
@@ -281,13 +297,8 @@ def _replaying(st: Seam, start: int) -> Batch:
         conn: AsyncConnection, sk: Seek, cursor: int, size: int, upto: int
     ) -> tuple[int, int, int, bool]:
         since = t.c.created_at >= sk.point if sk.point > START else None
-        statuses = (*upkeep.TERMINAL, q.RUNNING)
-        found = await _candidates(conn, _rows(sk, cursor, upto, statuses, since), size)
-        if not found:
-            return 0, 0, cursor, False
-        seqs = [seq for seq, status in found if status != q.RUNNING]
-        running = len(found) - len(seqs)
-        more = len(found) == size
+        seqs = await _candidates(conn, _rows(sk, cursor, upto, upkeep.TERMINAL, since), size)
+        running, last, more = await _running(conn, sk, cursor, seqs, size, upto, since)
         changed = 0
         if seqs:
             alone = cursor == start and not more
@@ -299,7 +310,7 @@ def _replaying(st: Seam, start: int) -> Batch:
             changed = await withdraw.requeue(
                 st, conn, sk.group, seqs, terminal, True, fresh=True, run_at=run_at
             )
-        return changed, running, found[-1][0], more
+        return changed, running, last, more
 
     return batch
 
@@ -311,10 +322,9 @@ def _releasing(st: Seam) -> Batch:
         conn: AsyncConnection, sk: Seek, cursor: int, size: int, upto: int
     ) -> tuple[int, int, int, bool]:
         cond = [*_rows(sk, cursor, upto, (q.QUEUED,), None), d.c.run_at == PARKED]
-        found = await _candidates(conn, cond, size)
-        if not found:
+        seqs = await _candidates(conn, cond, size)
+        if not seqs:
             return 0, 0, cursor, False
-        seqs = [seq for seq, _ in found]
         await streams.lock_seq_streams(st, conn, seqs, sk.group)  # the lock order
         rows = await conn.execute(
             update(d)
@@ -332,7 +342,7 @@ def _releasing(st: Seam) -> Batch:
         await streams.refresh_moved_up(st, conn, keys)
         if done:
             await st._notify(conn, {sk.queue}, done=False)
-        return len(done), 0, found[-1][0], len(found) == size
+        return len(done), 0, seqs[-1], len(seqs) == size
 
     return batch
 
