@@ -396,3 +396,25 @@ def test_the_sync_store_seeks(sync_store: conveyor.SyncStore) -> None:
     assert got.skipped == 1 and got.as_dict()["skipped"] == 1
     assert sync_store.get(task.id, group="g").status is Status.SKIPPED  # type: ignore[union-attr]
     assert sync_store.internal.preview_seek(Q, "g", to="start").requeued == 1
+
+
+async def test_an_unsubscribe_during_a_seek_ends_it_cleanly(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The group rows are shared by each batch: an unsubscribe waits for the
+    batch in flight, and the seek's next batch finds the group gone."""
+    monkeypatch.setattr(seek, "BATCH", 1)
+    async with conveyor.connect(store_url) as operator, conveyor.connect(store_url) as other:
+        await operator.subscribe(Q, "g")
+        await operator.submit_many([{"name": "job", "queue": Q} for _ in range(300)])
+        running = asyncio.create_task(operator.seek(Q, "g", to="end"))
+        await asyncio.sleep(0.05)
+        assert await other.unsubscribe(Q, "g")
+        try:
+            got = await asyncio.wait_for(running, 60)
+        except NotFound as exc:
+            assert "unsubscribed" in str(exc)
+        else:  # it was quicker than the unsubscribe
+            assert got.skipped == 300
+        [report] = await operator.stats(Q)
+        assert "g" not in report.groups and report.counts["queued"] == 300
