@@ -117,25 +117,24 @@ def target(queue: Any, group: Any, to: Any, partition: Any) -> Seek:
 async def run(st: Seam, sk: Seek) -> SeekResult:
     """Run the seek ``sk`` (see the module docs); what it did."""
     upto = await tx.run(st, functools.partial(_start, sk), write=False)
-    skipped = left = requeued = 0
+    skipped = requeued = held = busy = 0
     if upto is not None:
         if sk.point > START:
-            n, running = await _walk(st, sk, 0, upto, _skipping(st))
-            skipped, left = skipped + n, left + running
+            skipped, held = await _walk(st, sk, 0, upto, _skipping(st), work=False)
         if sk.point < END:
             first = await tx.run(st, functools.partial(_first_replayed, sk, upto), write=False)
             if first is not None:
-                n, running = await _walk(st, sk, first - 1, upto, _replaying(st, first - 1))
-                requeued, left = requeued + n, left + running
+                replay = _replaying(st, first - 1)
+                requeued, busy = await _walk(st, sk, first - 1, upto, replay, work=True)
         # Not counted: the rows it releases were counted as requeued when parked.
-        await _walk(st, sk, 0, upto, _releasing(st))
+        await _walk(st, sk, 0, upto, _releasing(st), work=True)
     return SeekResult(
         queue=sk.queue,
         group=sk.group,
         partition=sk.partition,
         requeued=requeued,
         skipped=skipped,
-        left_running=left,
+        left_running=held + busy,
     )
 
 
@@ -178,16 +177,19 @@ Batch = Callable[
 ]
 
 
-async def _walk(st: Seam, sk: Seek, cursor: int, upto: int, batch: Batch) -> tuple[int, int]:
+async def _walk(
+    st: Seam, sk: Seek, cursor: int, upto: int, batch: Batch, *, work: bool
+) -> tuple[int, int]:
     """Apply ``batch`` from ``cursor`` until the walk reaches ``upto``; the rows
-    changed and the rows left running."""
+    changed and the rows left running. ``work``: whether the rows it changes
+    are work for idle workers here (else only ``wait()`` calls look again)."""
     changed = running = 0
     while True:
-        work = functools.partial(_batch, st, batch, sk, cursor, upto)
-        n, busy, cursor, more = await tx.run(st, work)
+        step = functools.partial(_batch, st, batch, sk, cursor, upto)
+        n, busy, cursor, more = await tx.run(st, step)
         changed, running = changed + n, running + busy
         if n:
-            wake.wake_local(st, work=True)
+            wake.wake_local(st, work=work)
         if not more:
             return changed, running
 
