@@ -45,6 +45,7 @@ EXPORTS = [
     "ProtocolVersionMismatch",
     "QueueFull",
     "QueueStats",
+    "SeekResult",
     "Snooze",
     "Status",
     "StoreError",
@@ -88,6 +89,7 @@ def test_status_values() -> None:
         "failed",
         "cancelled",
         "evicted",
+        "skipped",
     ]
     assert isinstance(Status.QUEUED, str)
     assert Status("failed") is Status.FAILED

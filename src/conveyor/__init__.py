@@ -23,7 +23,16 @@ from conveyor.errors import (
     StoreUnavailable,
     TaskCancelled,
 )
-from conveyor.models import Backoff, ConsumerGroup, GroupStats, Page, QueueStats, Status, Task
+from conveyor.models import (
+    Backoff,
+    ConsumerGroup,
+    GroupStats,
+    Page,
+    QueueStats,
+    SeekResult,
+    Status,
+    Task,
+)
 from conveyor.outcomes import Permanent, Snooze
 
 if TYPE_CHECKING:
@@ -73,6 +82,7 @@ __all__ = [
     "ProtocolVersionMismatch",
     "QueueFull",
     "QueueStats",
+    "SeekResult",
     "Snooze",
     "Status",
     "StoreError",

@@ -11,7 +11,7 @@ extra includes it). Two sources:
   is empty for queue mode, which a queue consumed by groups only does not
   report) and ``conveyor_tasks_finished_total{queue,group,name,
   status}`` (a counter of terminal outcomes — succeeded, failed, cancelled,
-  evicted — per task name, across every process; it is exact up to the rows
+  evicted, skipped — per task name, across every process; it is exact up to the rows
   finished since the last ``maintain()``, which are counted live); and from
   ``groups()``, per subscribed consumer group: ``conveyor_group_lag{queue,group}``,
   ``conveyor_group_oldest_age_seconds{queue,group}`` (absent when nothing is

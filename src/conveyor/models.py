@@ -17,6 +17,9 @@ class Status(enum.StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
     EVICTED = "evicted"
+    #: Passed over for a group by :meth:`~conveyor.TaskStore.seek`: queued for the
+    #: group before the point it moved to, and never delivered there since.
+    SKIPPED = "skipped"
 
     def __str__(self) -> str:
         return self.value
@@ -144,6 +147,34 @@ class ConsumerGroup:
     state: GroupState = "ok"
     #: Its claims lease nothing: it, or its whole queue, is paused (:meth:`TaskStore.pause`).
     paused: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SeekResult:
+    """What :meth:`~conveyor.TaskStore.seek` did to one group's rows.
+
+    ``requeued``: finished rows from the seek point on, queued again afresh;
+    ``skipped``: rows queued before it, now ``skipped``; ``left_running``: rows
+    leased to a worker when the seek came to them, left to finish as they were.
+    """
+
+    queue: str
+    group: str
+    partition: str | None
+    requeued: int
+    skipped: int
+    left_running: int
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "queue": self.queue,
+            "group": self.group,
+            "partition": self.partition,
+            "requeued": self.requeued,
+            "skipped": self.skipped,
+            "left_running": self.left_running,
+        }
 
 
 @dataclass(frozen=True, slots=True)

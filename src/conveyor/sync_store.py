@@ -15,6 +15,7 @@ from concurrent.futures import Future
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
 from conveyor.errors import ConfigurationError
+from conveyor.models import SeekResult
 from conveyor.store.api_internal import ScheduleInfo
 from conveyor.store.base import TaskStore
 
@@ -58,6 +59,13 @@ class SyncInternal:
         How many rows the bulk action would change now (see
         :meth:`conveyor.store.api_internal.Internal.count_where`)."""
         found: int = self._call(self._store.internal.count_where(action, **filters))
+        return found
+
+    def preview_seek(self, queue: str, group: str, **options: Any) -> SeekResult:
+        """Internal, for a seek's confirmation; not covered by semver. What the
+        seek would do now (see
+        :meth:`conveyor.store.api_internal.Internal.preview_seek`)."""
+        found: SeekResult = self._call(self._store.internal.preview_seek(queue, group, **options))
         return found
 
 
@@ -159,6 +167,7 @@ class SyncStore:
     release = _blocking(TaskStore.release)
     snooze = _blocking(TaskStore.snooze)
     subscribe = _blocking(TaskStore.subscribe)
+    seek = _blocking(TaskStore.seek)
     unsubscribe = _blocking(TaskStore.unsubscribe)
     pause = _blocking(TaskStore.pause)
     resume = _blocking(TaskStore.resume)

@@ -8,7 +8,15 @@ from datetime import UTC, datetime, timedelta
 from conveyor.models import QueueStats
 from conveyor.store.base import TaskStore
 
-ZERO = {"queued": 0, "running": 0, "succeeded": 0, "failed": 0, "cancelled": 0, "evicted": 0}
+ZERO = {
+    "queued": 0,
+    "running": 0,
+    "succeeded": 0,
+    "failed": 0,
+    "cancelled": 0,
+    "evicted": 0,
+    "skipped": 0,
+}
 
 
 def counts(**nonzero: int) -> dict[str, int]:

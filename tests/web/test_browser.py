@@ -279,7 +279,7 @@ def test_a_failing_action_shows_an_error_and_changes_nothing(page: Any, served: 
     retry.click()
     error = page.locator("#flash .flash.error")
     playwright_api.expect(error).to_contain_text("succeeded")
-    playwright_api.expect(error).to_contain_text("only failed, cancelled or evicted")
+    playwright_api.expect(error).to_contain_text("only failed, cancelled, evicted or skipped")
     page.screenshot(path=str(served.shots / "dashboard-action-error.png"), full_page=False)
     after = _task(served.db_url, ids.cancelled)
     assert after == before and after.status is Status.SUCCEEDED

@@ -8,10 +8,11 @@ Commands::
     conveyor get ID                       show one task
     conveyor list                         list tasks, a page at a time
     conveyor cancel ID                    cancel a task
-    conveyor retry ID                     queue a failed, cancelled or evicted task again
+    conveyor retry ID                     queue a failed, cancelled, evicted or skipped task again
     conveyor tasks retry|cancel|purge     act on every task a filter selects (--dry-run)
     conveyor stats                        counts, oldest claimable age, group lag per queue
     conveyor groups list                  the consumer groups of each queue
+    conveyor groups seek QUEUE GROUP      replay or skip a group's tasks from a point (--to)
     conveyor workers                      the live workers, busy or idle, and what they hold
     conveyor schedules                    periodic tasks with their last and next run
     conveyor demo                         a self-contained tour on a throwaway SQLite file

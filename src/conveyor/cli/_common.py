@@ -51,6 +51,7 @@ _STATUS_STYLE = {
     Status.FAILED: "red",
     Status.CANCELLED: "dim",
     Status.EVICTED: "magenta",
+    Status.SKIPPED: "blue",
 }
 
 

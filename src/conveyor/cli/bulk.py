@@ -75,7 +75,9 @@ def tasks_retry(
     queue: QueueOption,
     status: Annotated[
         str,
-        typer.Option("--status", "-s", help="failed, cancelled, evicted, or any (all three)."),
+        typer.Option(
+            "--status", "-s", help="failed, cancelled, evicted, skipped, or any (all four)."
+        ),
     ] = "failed",
     name: NameOption = None,
     group: GroupOption = None,
@@ -145,7 +147,11 @@ def tasks_purge(
     queue: QueueOption,
     status: Annotated[
         str,
-        typer.Option("--status", "-s", help="succeeded, failed, cancelled, evicted, or any (all)."),
+        typer.Option(
+            "--status",
+            "-s",
+            help="succeeded, failed, cancelled, evicted, skipped, or any (all).",
+        ),
     ] = "any",
     name: NameOption = None,
     group: GroupOption = None,

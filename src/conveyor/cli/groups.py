@@ -4,7 +4,8 @@
 # typer reads every command's, and would compile and evaluate each string, twice,
 # on every command line (some 20 ms).
 
-from typing import Annotated
+from datetime import datetime
+from typing import Annotated, Literal
 
 import typer
 from rich import box
@@ -12,6 +13,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from conveyor.cli._common import (
+    EXIT_USAGE,
+    CliError,
     JsonOption,
     UrlOption,
     age,
@@ -23,7 +26,7 @@ from conveyor.cli._common import (
 )
 
 groups_cli = typer.Typer(
-    help="Consumer groups: list them with their state and health.",
+    help="Consumer groups: list them with their state and health; seek one to replay or skip.",
     no_args_is_help=True,
 )
 cli.add_typer(groups_cli, name="groups")
@@ -98,3 +101,58 @@ def groups_list(
             when(g.last_claim_at)[:19],
         )
     console.print(table)
+
+
+# ------------------------------------------------------------------ seek
+@groups_cli.command("seek")
+def groups_seek(
+    queue: Annotated[str, typer.Argument(help="The queue.", show_default=False)],
+    group: Annotated[str, typer.Argument(help="The consumer group.", show_default=False)],
+    to: Annotated[
+        str,
+        typer.Option(
+            "--to",
+            metavar="TIME|start|end",
+            help="Replay the group's tasks created at or after TIME (ISO 8601 with a "
+            "zone, e.g. 2026-12-01T00:00Z) and skip those queued before it; start: "
+            "replay every retained task; end: skip every queued task.",
+            show_default=False,
+        ),
+    ],
+    partition: Annotated[
+        str | None, typer.Option("--partition", help="Only this partition's tasks.")
+    ] = None,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Move a consumer group's position: finished tasks from the point on are
+    queued again for it, tasks still queued before it are skipped, deliveries in
+    progress finish as they are. Queue mode and the other groups are untouched."""
+    point = _seek_point(to)
+    with open_store(url, create=False) as store:
+        done = store.seek(queue, group, to=point, partition=partition)
+    if as_json:
+        print_json({**done.as_dict(), "to": to})
+        return
+    scope = f" (partition {escape(partition)})" if partition is not None else ""
+    out().print(
+        f"group [bold]{escape(group)}[/] of queue [bold]{escape(queue)}[/]{scope} moved to "
+        f"{escape(to)}: [green]requeued {done.requeued}[/], skipped {done.skipped}, "
+        f"left running {done.left_running}"
+    )
+
+
+def _seek_point(value: str) -> datetime | Literal["start", "end"]:
+    """``--to``: start, end, or an ISO 8601 moment with a zone (else a CliError)."""
+    if value in ("start", "end"):
+        return value  # type: ignore[return-value]
+    example = "e.g. --to 2026-12-01T00:00Z, --to start or --to end"
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise CliError(
+            EXIT_USAGE, f"--to is not start, end or an ISO 8601 time: {value!r}", example
+        ) from None
+    if moment.tzinfo is None:
+        raise CliError(EXIT_USAGE, f"--to needs a time zone: {value!r}", example)
+    return moment

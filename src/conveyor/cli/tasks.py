@@ -293,8 +293,8 @@ def retry(
     url: UrlOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Queue a failed, cancelled or evicted task again. Any other task stays as it
-    is (exit 3)."""
+    """Queue a failed, cancelled, evicted or skipped task again. Any other task
+    stays as it is (exit 3)."""
     with open_store(url, create=False) as store:
         before = store.get(task_id, group=group)
         if before is None:
@@ -303,10 +303,10 @@ def retry(
     if task is None:
         raise missing(task_id, group)
     show_task(task, as_json)
-    if before.status not in (Status.FAILED, Status.CANCELLED, Status.EVICTED):
+    if before.status not in (Status.FAILED, Status.CANCELLED, Status.EVICTED, Status.SKIPPED):
         _unchanged(
-            f"the task {_state(before.status)}: unchanged (only failed, cancelled "
-            "or evicted tasks are retried)"
+            f"the task {_state(before.status)}: unchanged (only failed, cancelled, "
+            "evicted or skipped tasks are retried)"
         )
         raise typer.Exit(EXIT_CONFLICT)
 
@@ -323,6 +323,7 @@ _STATES = {
     Status.FAILED: "has already failed",
     Status.CANCELLED: "is already cancelled",
     Status.EVICTED: "was already evicted",
+    Status.SKIPPED: "was skipped",
 }
 
 

@@ -1,6 +1,6 @@
 """The store's public API for bus mode, queue settings and upkeep (a base of
 :class:`~conveyor.store.base.TaskStore`): subscribe, unsubscribe, groups, stats,
-configure_queue, get_queue, recover, maintain, maintenance_history."""
+seek, configure_queue, get_queue, recover, maintain, maintenance_history."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from datetime import datetime
 from typing import Any, Literal
 
 from conveyor import _values as v
-from conveyor.models import Backoff, ConsumerGroup, QueueStats
-from conveyor.store.protocol import groups, health, pauses, upkeep, wake
+from conveyor.models import Backoff, ConsumerGroup, QueueStats, SeekResult
+from conveyor.store.protocol import groups, health, pauses, seek, upkeep, wake
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.protocol.stats import stats_tx
 from conveyor.store.seam import Seam
@@ -49,6 +49,38 @@ class AdminOps(Seam):
         group = v.name("group", group)
         self._known_groups.discard((queue, group))
         return await tx.run(self, lambda conn: groups.unsubscribe_tx(self, conn, queue, group))
+
+    async def seek(
+        self,
+        queue: str,
+        group: str,
+        *,
+        to: datetime | Literal["start", "end"],
+        partition: str | None = None,
+    ) -> SeekResult:
+        """Move ``group``'s position in ``queue``: replay its tasks from ``to``, or
+        skip what waits before it. Queue mode and the other groups are untouched.
+
+        Tasks created at or after ``to`` (an aware datetime; ``"start"``: every
+        retained task) that have finished for the group are queued again for it
+        afresh: a new budget of attempts (attempt numbers keep counting), result,
+        error and progress cleared. Tasks created before ``to`` (``"end"``:
+        every task) still queued for the group become ``skipped``, a terminal
+        status (:meth:`retry` or ``retry_where`` queue them again). A delivery a
+        worker holds is left to finish as it was: neither queued again nor
+        skipped, counted in ``left_running``. ``partition`` limits the seek to
+        that partition's tasks.
+
+        FIFO holds across it: once it returns, each partition is delivered to the
+        group in submit order from its earliest replayed task (a partition's
+        running delivery holds it, as ever, until it finishes). The seek runs in
+        batches of 500 rows, one transaction each, over the tasks the queue had
+        when it started (later ones are queued as usual); a run cut short leaves
+        the rest of a replay held back and is finished by calling it again. Run
+        one seek of a group at a time. ``NotFound`` if the group is not
+        subscribed to the queue."""
+        sk = seek.target(queue, group, to, partition)
+        return await seek.run(self, sk)
 
     async def pause(self, queue: str, *, group: str | None = None) -> bool:
         """Pause ``queue`` (every consumer of it: queue mode and each group), or

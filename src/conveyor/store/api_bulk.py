@@ -47,8 +47,8 @@ class BulkOps(Seam):
         """Queue again, as :meth:`retry` does one task, every row of ``queue`` for
         queue mode (``group=None``) or ``group`` that the filters select; how many.
 
-        ``status`` is ``"failed"``, ``"cancelled"`` or ``"evicted"``, or ``None`` for
-        all three; ``name`` and ``partition`` match the task's;
+        ``status`` is ``"failed"``, ``"cancelled"``, ``"evicted"`` or ``"skipped"``,
+        or ``None`` for all four; ``name`` and ``partition`` match the task's;
         ``finished_after <= finished_at < finished_before`` (aware datetimes);
         ``limit`` caps the rows changed. Tasks submitted after the call started are
         left alone. Rows go back in batches of 500, each its own transaction, in

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from conveyor import _values as v
 from conveyor.errors import ConveyorError, InvalidArgument
-from conveyor.models import Task
-from conveyor.store.protocol import acks, bulk, codec, groups, schedules, upkeep
+from conveyor.models import SeekResult, Task
+from conveyor.store.protocol import acks, bulk, codec, groups, schedules, seek, upkeep
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.protocol.schedules import Handled, Registration, ScheduleInfo
 
@@ -125,6 +125,20 @@ class Internal:
             limit=limit,
         )
         return await tx.run(self._store, lambda conn: bulk.count_tx(conn, sel), write=False)
+
+    async def preview_seek(
+        self,
+        queue: str,
+        group: str,
+        *,
+        to: datetime | Literal["start", "end"],
+        partition: str | None = None,
+    ) -> SeekResult:
+        """Internal, for the dashboard's confirmation of a seek; not covered by
+        semver. What :meth:`~TaskStore.seek` with these arguments would do now
+        (rows queued again, skipped, left running); writes nothing."""
+        sk = seek.target(queue, group, to, partition)
+        return await tx.run(self._store, lambda conn: seek.preview_tx(sk, conn), write=False)
 
     # ----------------------------------------------------------- scheduler
     async def schedules(self) -> builtins.list[ScheduleInfo]:

@@ -378,8 +378,8 @@ class TaskStore(LeaseOps, InspectReads, WorkerOps, AdminOps, BulkOps):
     async def retry(
         self, task_id: str, *, reset_attempts: bool = False, group: str | None = None
     ) -> Task | None:
-        """Put a failed, cancelled or evicted task back in the queue (for queue mode
-        or ``group``). It runs at least once more. ``reset_attempts`` grants a fresh
+        """Put a failed, cancelled, evicted or skipped task back in the queue (for
+        queue mode or ``group``). It runs at least once more. ``reset_attempts`` grants a fresh
         budget of the task's ``max_attempts`` from here (``max_attempts`` grows;
         attempt numbers keep counting, so ``attempt=`` fencing stays sound). Other
         statuses are left unchanged. ``None`` if unknown.

@@ -4,8 +4,9 @@ Every page reads through the store's public API (``stats``, ``list``, ``get``,
 ``workers``, ``streams``, ``throughput``, ...); nothing here writes SQL. Pages
 are rendered on the server; htmx re-fetches the live part of each page every
 few seconds and swaps it in, and posts the actions (cancel, retry, subscribe,
-unsubscribe, and on the tasks list the bulk actions of :mod:`conveyor.web.bulk`),
-which exist only when the dashboard was made with ``allow_actions=True``.
+unsubscribe, a group's seek of :mod:`conveyor.web.seek`, and on the tasks list
+the bulk actions of :mod:`conveyor.web.bulk`), which exist only when the
+dashboard was made with ``allow_actions=True``.
 
 Actions must come from the dashboard's own page: they need the ``HX-Request``
 header, which a cross-site form cannot send, so another site cannot make a
@@ -34,14 +35,14 @@ from conveyor.connect import display_url
 from conveyor.errors import ConveyorError, InvalidArgument
 from conveyor.models import Status
 from conveyor.store.base import TaskStore
-from conveyor.web import bulk
+from conveyor.web import bulk, seek
 from conveyor.web.plot import throughput_svg
 
 HERE = Path(__file__).parent
 STATUSES = [s.value for s in Status]
 PAGE_SIZE = 50
 MAX_TRAIL = 50  # previous-page cursors carried in the address
-RETRYABLE = {Status.FAILED, Status.CANCELLED, Status.EVICTED}
+RETRYABLE = {Status.FAILED, Status.CANCELLED, Status.EVICTED, Status.SKIPPED}
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -178,6 +179,7 @@ class Dashboard:
             by_queue=dict(sorted(by_queue.items())),
             stats=stats,
             queues=sorted(stats),
+            active_names=sorted({group.name for group in registered if group.active}),
         )
 
     async def partitions(self, request: Request) -> Response:
@@ -325,7 +327,12 @@ class Dashboard:
             if name == "preview":
                 shown = await bulk.preview(self.store, form)
                 return self.render(request, "bulk_confirm.html", **shown)
-            if name in bulk.ROUTES:
+            if name == "seek_preview":
+                would = await seek.preview(self.store, form)
+                return self.render(request, "seek_confirm.html", **would)
+            if name == "seek":
+                message, ok = await seek.act(self.store, form)
+            elif name in bulk.ROUTES:
                 message, ok = await bulk.act(self.store, name, form)
             else:
                 message, ok = await self._act(name, form)
@@ -353,8 +360,8 @@ class Dashboard:
             if after is None or before.status not in RETRYABLE or after.status is not Status.QUEUED:
                 status = before.status if after is None else after.status
                 return (
-                    f"task {task_id} is {status}: only failed, cancelled or evicted tasks can "
-                    "be retried",
+                    f"task {task_id} is {status}: only failed, cancelled, evicted or skipped tasks "
+                    "can be retried",
                     False,
                 )
             return f"task {task_id} queued again", True

@@ -18,9 +18,9 @@ Action = Literal["retry", "cancel", "purge"]
 
 #: The statuses of the list's filter each action applies to ("": any status).
 APPLIES: dict[Action, tuple[str, ...]] = {
-    "retry": ("", "failed", "cancelled", "evicted"),
+    "retry": ("", "failed", "cancelled", "evicted", "skipped"),
     "cancel": ("", "queued", "running"),
-    "purge": ("", "succeeded", "failed", "cancelled", "evicted"),
+    "purge": ("", "succeeded", "failed", "cancelled", "evicted", "skipped"),
 }
 #: The action routes (``/actions/<name>``) and the action each runs.
 ROUTES: dict[str, Action] = {

@@ -48,9 +48,10 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import ColumnElement, select
+from sqlalchemy import ColumnElement, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from conveyor.schema import streams as s
 from conveyor.schema import tasks as t
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import texts
@@ -150,3 +151,21 @@ async def refresh(st: Seam, conn: AsyncConnection, keys: Iterable[tuple[Any, ...
     await texts.execute(conn, st, built["lock_streams"], params)
     rows = await texts.execute(conn, st, built["refresh_streams"], params)
     return any(row.available_at is not None for row in rows)
+
+
+async def refresh_moved_up(
+    st: Seam, conn: AsyncConnection, keys: Iterable[tuple[Any, ...]]
+) -> bool:
+    """:func:`refresh` for locked streams whose head may have been made due
+    earlier than its run_at was (a seek's parked rows released): ``refresh``
+    keeps the ``available_at`` of a stream whose head did not change, as fair
+    order needs when a head's wait only grows, so these streams' is cleared
+    first and recomputed from their head's run_at now."""
+    ordered = sorted({(grp, queue, p) for queue, grp, p in keys})
+    if ordered:
+        await conn.execute(
+            update(s)
+            .where(tuple_(s.c.grp, s.c.queue, s.c.partition).in_(ordered))
+            .values(available_at=None)
+        )
+    return await refresh(st, conn, keys)

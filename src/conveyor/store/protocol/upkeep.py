@@ -31,7 +31,7 @@ from conveyor.store.seam import Seam
 PURGE_BATCH = 1_000
 IDLE_STREAM_BATCH = 1_000
 ROLLUP_BATCH = 5_000
-TERMINAL = ("succeeded", "failed", "cancelled", "evicted")
+TERMINAL = ("succeeded", "failed", "cancelled", "evicted", "skipped")
 LEASE_EXPIRED = json.dumps(
     {
         "type": "LeaseExpired",

@@ -24,8 +24,9 @@ from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.seam import Seam
 
-#: The statuses retry() queues again.
-RETRYABLE = ("failed", "cancelled", "evicted")
+#: The statuses retry() queues again (``skipped``, like ``cancelled``: an
+#: operator's decision that another can undo).
+RETRYABLE = ("failed", "cancelled", "evicted", "skipped")
 
 
 async def cancel_tx(st: Seam, conn: AsyncConnection, task_ids: Sequence[str]) -> None:
@@ -64,7 +65,7 @@ async def withdraw_rows(
 async def retry_tx(
     st: Seam, conn: AsyncConnection, task_id: str, grp: str, reset_attempts: bool
 ) -> Task | None:
-    """Queue a failed, cancelled or evicted row of ``grp`` again; the task as ``grp``
+    """Queue a failed, cancelled, evicted or skipped row of ``grp`` again; the task as ``grp``
     sees it afterwards (``None`` if unknown)."""
     seq = (await conn.execute(select(t.c.seq).where(t.c.id == task_id))).scalar()
     if seq is None:
@@ -80,18 +81,29 @@ async def requeue(
     seqs: Sequence[int],
     where: Sequence[ColumnElement[bool]],
     reset_attempts: bool,
+    *,
+    fresh: bool = False,
+    run_at: ColumnElement[Any] | None = None,
 ) -> int:
     """Queue again the rows of ``grp`` of the tasks ``seqs`` that meet ``where``
     (finished rows: the caller's conditions say which); how many changed. Locks
-    their streams, then the rows, and recomputes the streams after."""
+    their streams, then the rows, and recomputes the streams after.
+
+    ``fresh`` also clears what the earlier deliveries left (result, error,
+    progress, first start), as a seek's replay does; ``run_at`` (SQL) replaces
+    the default of now."""
     now = tx.now(st)
     values: dict[str, Any] = {
         "status": q.QUEUED,
-        "run_at": now,
+        "run_at": now if run_at is None else run_at,
         "finished_at": None,
         "lease_expires_at": None,
         "worker_id": None,
     }
+    if fresh:
+        values.update(
+            result=None, error=None, progress=None, progress_message=None, started_at=None
+        )
     if reset_attempts:
         # A fresh budget of the task's max_attempts, counted on from the current
         # attempt: attempt numbers never repeat, so the fence of a stale run can
