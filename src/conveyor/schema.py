@@ -219,6 +219,9 @@ streams = Table(
     Column("head_seq", BigInteger, nullable=True),
     Column("priority", Integer, nullable=True),
     Column("available_at", BigInteger, nullable=True),
+    # A debounced queue's partition: not claimable before this moment (its newest
+    # task's submit plus the queue's debounce), whatever its head (NULL: no wait).
+    Column("quiet_until", BigInteger, nullable=True),
 )
 # Free streams in claim order (fairest first: priority, then the head that waited
 # longest): a claim reads the streams it takes and stops, however many partitions
@@ -298,6 +301,9 @@ queues = Table(
     # The most tasks the queue may hold queued (queue mode); a submit beyond it
     # raises QueueFull (NULL: no limit).
     Column("max_depth", BigInteger, nullable=True),
+    # Seconds of quiet: a partition's head is claimable only once its newest task
+    # is this old; an unpartitioned task once it is itself (NULL: none).
+    Column("debounce", Float, nullable=True),
 )
 
 maintenance = Table(

@@ -161,3 +161,20 @@ def test_queue_max_depth_refuses_a_submit_with_exit_3(store_url: str) -> None:
     assert cleared["max_depth"] is None
     again = ok_json("submit", "t", "--queue", "orders", url=store_url)
     assert again["id"] != first["id"]
+
+
+def test_queue_debounce_is_set_shown_and_cleared(store_url: str) -> None:
+    settings = ok_json("queue", "set", "docs", "--debounce", "5", url=store_url)
+    assert settings["debounce"] == 5
+    shown, bad = run_all(
+        ("queue", "show", "docs"),
+        ("queue", "set", "docs", "--debounce", "-1"),
+        url=store_url,
+    )
+    assert shown.returncode == 0 and "debounce" in shown.stdout and "5s" in shown.stdout
+    assert "debounce" in assert_one_line_error(bad, EXIT_USAGE)
+    with conveyor.connect_sync(store_url) as store:
+        task = store.submit("t", queue="docs", partition="d")
+        assert task.run_at is not None and task.created_at is not None
+        assert (task.run_at - task.created_at).total_seconds() == 5
+    assert ok_json("queue", "set", "docs", "--debounce", "0", url=store_url)["debounce"] is None

@@ -224,6 +224,16 @@ def queue_set(
             show_default=False,
         ),
     ] = None,
+    debounce: Annotated[
+        float | None,
+        typer.Option(
+            "--debounce",
+            metavar="SECONDS",
+            help="Quiet period: a partition is claimable once its newest task is this "
+            "old (0 clears).",
+            show_default=False,
+        ),
+    ] = None,
     max_depth: Annotated[
         int | None,
         typer.Option(
@@ -252,6 +262,7 @@ def queue_set(
             dead_letter=dead_letter,
             delay=delay,
             max_depth=max_depth,
+            debounce=debounce,
         )
     _show_settings(settings, as_json)
 

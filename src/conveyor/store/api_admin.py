@@ -149,6 +149,7 @@ class AdminOps(Seam):
         dead_letter: str | None = None,
         delay: v.Duration | None = None,
         max_depth: int | None = None,
+        debounce: v.Duration | None = None,
     ) -> dict[str, Any]:
         """Store defaults for ``queue``; arguments left ``None`` keep their value.
 
@@ -168,7 +169,10 @@ class AdminOps(Seam):
         (``0`` sets no delay). ``max_depth`` is the most tasks the queue may hold
         queued (in queue mode, delayed ones included): a submit beyond it raises
         :class:`~conveyor.QueueFull` and writes nothing (``0`` clears it; not on a
-        queue consumed by groups only).
+        queue consumed by groups only). ``debounce`` is a quiet period: a
+        partition's head is claimable only once the partition's newest task is
+        that old (a burst to one partition is handled together), an unpartitioned
+        task once it is itself that old (``0`` clears it).
         """
         queue = v.name("queue", queue)
         values = upkeep.queue_settings(
@@ -182,6 +186,7 @@ class AdminOps(Seam):
             queue=queue,
             delay=delay,
             max_depth=max_depth,
+            debounce=debounce,
         )
         await tx.run(self, lambda conn: upkeep.configure_tx(self, conn, queue, values))
         return await self.get_queue(queue)

@@ -71,6 +71,15 @@ def _s(name: str, role: str, contract: str) -> Statement:
 
 
 STATEMENTS: tuple[Statement, ...] = (
+    _s(
+        "quiet_streams",
+        "streams",
+        """``pairs`` (a JSON array of ``[queue, partition]``), after a
+        step-by-step submit wrote tasks there and recomputed their streams: the
+        streams of those partitions (every group's) whose queue has a
+        ``debounce`` get ``quiet_until`` now plus it, and ``available_at`` no
+        sooner where it is set; no row of a queue without one changes.""",
+    ),
     # --------------------------------------------------------------- depth
     _s(
         "depth_lock",
@@ -295,8 +304,10 @@ STATEMENTS: tuple[Statement, ...] = (
     _s(
         "refresh_group_streams",
         "submit_together",
-        """``pairs``: ``refresh_streams`` of
-        those streams in queue mode and every active group of the queue.""",
+        """``pairs``, after a submit wrote tasks there: ``refresh_streams`` of
+        those streams in queue mode and every active group of the queue, and, on
+        a queue with a ``debounce``, what ``quiet_streams`` writes (one statement
+        of the submit sent together, not two).""",
     ),
     # -------------------------------------------------------------- groups
     _s(

@@ -279,7 +279,7 @@ def task_row(r: Request, now: int, conf: Any, root: str) -> dict[str, Any]:
         "max_attempts": max_attempts or DEFAULT_MAX_ATTEMPTS,
         "backoff": r.backoff or (conf.backoff if conf is not None else None),
         "created_at": now,
-        "run_at": r.run_at_us if r.run_at_us is not None else now + _delay_us(r, conf),
+        "run_at": _run_at_us(r, now, conf),
         "key": r.key,
         "parent_id": r.parent_id,
         "root_id": root,
@@ -295,6 +295,16 @@ def _delay_us(r: Request, conf: Any) -> int:
         seconds: float = conf.delay
         return round(seconds * v.US)
     return 0
+
+
+def _run_at_us(r: Request, now: int, conf: Any) -> int:
+    """When request ``r`` is due (µs): its run_at, else now plus its delay (its own
+    or its queue's), and never sooner than now plus the queue's debounce."""
+    due = r.run_at_us if r.run_at_us is not None else now + _delay_us(r, conf)
+    if conf is not None and conf.debounce:
+        seconds: float = conf.debounce
+        due = max(due, now + round(seconds * v.US))
+    return due
 
 
 async def share_groups(st: Seam, conn: AsyncConnection, queues: list[str]) -> None:
@@ -376,6 +386,7 @@ async def insert_tasks(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> 
     touched = list(await texts.execute(conn, st, built["insert_rows"], {"rows": encoded}))
     if touched:
         await streams.refresh(st, conn, [tuple(row) for row in touched])
+        await streams.quiet(st, conn, {(row.queue, row.partition) for row in touched})
     return out
 
 

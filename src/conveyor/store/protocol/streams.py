@@ -153,6 +153,16 @@ async def refresh(st: Seam, conn: AsyncConnection, keys: Iterable[tuple[Any, ...
     return any(row.available_at is not None for row in rows)
 
 
+async def quiet(st: Seam, conn: AsyncConnection, pairs: Iterable[tuple[str, str]]) -> None:
+    """After a submit wrote tasks to the ``(queue, partition)`` pairs and locked
+    their streams: those of a queue with a ``debounce`` wait out its quiet period
+    from now (``quiet_streams``); the recompute keeps them waiting until then."""
+    ordered = sorted(set(pairs))
+    if ordered:
+        params = {"pairs": json.dumps([list(pair) for pair in ordered])}
+        await texts.execute(conn, st, texts.on(st, conn)["quiet_streams"], params)
+
+
 async def refresh_moved_up(
     st: Seam, conn: AsyncConnection, keys: Iterable[tuple[Any, ...]]
 ) -> bool:

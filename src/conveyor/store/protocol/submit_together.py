@@ -343,9 +343,9 @@ def _stream_steps(
     """The statements a write of partitioned ``reqs`` goes between: before it, the
     queues' active groups shared and the partitions' queue-mode streams locked
     (created as needed); after it, the partitions' streams of queue mode and every
-    active group locked and recomputed. With ``parents`` (the requests' parent
-    ids), the locks are taken, and the rows created, only if every parent is a
-    task."""
+    active group locked and recomputed (a debounced queue's set to wait out its
+    quiet period). With ``parents`` (the requests' parent ids), the locks are
+    taken, and the rows created, only if every parent is a task."""
     guard = "_if_parents" if parents is not None else ""
     share, refresh = built["share_groups"], built["refresh_group_streams"]
     lock, lock_all = built[f"lock_streams{guard}"], built[f"lock_group_streams{guard}"]

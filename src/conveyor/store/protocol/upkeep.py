@@ -89,9 +89,12 @@ def queue_settings(
     queue: str | None = None,
     delay: v.Duration | None = None,
     max_depth: int | None = None,
+    debounce: v.Duration | None = None,
 ) -> dict[str, Any]:
     """Validate configure_queue()'s arguments: the column values to store."""
     values: dict[str, Any] = {}
+    if debounce is not None:
+        values["debounce"] = v.duration_seconds("debounce", debounce) or None
     if max_depth is not None:
         if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 0:
             raise InvalidArgument(
@@ -154,6 +157,7 @@ def settings_dict(queue: str, row: Any, paused: bool) -> dict[str, Any]:
         "dead_letter": None,
         "delay": None,
         "max_depth": None,
+        "debounce": None,
     }
     if row is not None:
         out.update(
@@ -166,6 +170,7 @@ def settings_dict(queue: str, row: Any, paused: bool) -> dict[str, Any]:
             dead_letter=row.dead_letter,
             delay=row.delay,
             max_depth=row.max_depth,
+            debounce=row.debounce,
         )
     out["paused"] = paused
     return out

@@ -190,8 +190,8 @@ UPDATE conveyor_streams AS s SET
     priority = h.priority,
     available_at = CASE WHEN h.status = 'queued' AND NOT h.leased THEN
             CASE WHEN s.head_seq = h.task_seq AND s.available_at IS NOT NULL
-                 THEN greatest(s.available_at, h.run_at)
-                 ELSE greatest((floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us), h.run_at)
+                 THEN greatest(s.available_at, h.run_at, s.quiet_until)
+                 ELSE greatest((floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us), h.run_at, s.quiet_until)
             END
         END
 FROM heads AS h

@@ -133,16 +133,16 @@ UPDATE conveyor_streams AS s SET
     priority = h.priority,
     available_at = CASE WHEN h.status = 'queued' AND NOT h.leased THEN
             CASE WHEN s.head_seq = h.task_seq AND s.available_at IS NOT NULL
-                 THEN greatest(s.available_at, h.run_at)
-                 ELSE greatest((floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us), h.run_at)
+                 THEN greatest(s.available_at, h.run_at, s.quiet_until)
+                 ELSE greatest((floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us), h.run_at, s.quiet_until)
             END
         END
 FROM heads AS h
 WHERE s.queue = h.queue AND s.grp = h.grp AND s.partition = h.partition
   AND (s.head_seq IS DISTINCT FROM h.task_seq OR s.available_at IS DISTINCT FROM CASE WHEN h.status = 'queued' AND NOT h.leased THEN
             CASE WHEN s.head_seq = h.task_seq AND s.available_at IS NOT NULL
-                 THEN greatest(s.available_at, h.run_at)
-                 ELSE greatest((floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us), h.run_at)
+                 THEN greatest(s.available_at, h.run_at, s.quiet_until)
+                 ELSE greatest((floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us), h.run_at, s.quiet_until)
             END
         END)
 

@@ -96,9 +96,15 @@ busy AS MATERIALIZED (
       AND r.partition = ANY(ARRAY(SELECT partition FROM keys))
 ),
 heads AS MATERIALIZED (
+    -- quiet: a debounced queue's streams wait its quiet period from this submit
+    -- (this statement runs only after a submit wrote to them); NULL otherwise.
     SELECT k.queue, k.grp, k.partition, h.task_seq, h.status, h.run_at, h.priority,
-           ROW(k.grp::text, k.queue::text, k.partition::text) = ANY(b.keys) AS leased
-    FROM keys AS k CROSS JOIN busy AS b LEFT JOIN LATERAL (
+           ROW(k.grp::text, k.queue::text, k.partition::text) = ANY(b.keys) AS leased,
+           (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us)
+               + round(q.debounce * 1000000)::bigint AS quiet
+    FROM keys AS k CROSS JOIN busy AS b
+    LEFT JOIN conveyor_queues AS q ON q.queue = k.queue AND q.debounce > 0
+    LEFT JOIN LATERAL (
         SELECT y.task_seq, y.status, y.run_at, y.priority
         FROM conveyor_deliveries AS y
         WHERE y.grp = k.grp AND y.queue = k.queue AND y.partition = k.partition
@@ -108,20 +114,21 @@ heads AS MATERIALIZED (
     ) AS h ON true
 )
 UPDATE conveyor_streams AS s SET
+    quiet_until = coalesce(h.quiet, s.quiet_until),
     head_seq = h.task_seq,
     priority = h.priority,
     available_at = CASE WHEN h.status = 'queued' AND NOT h.leased THEN
             CASE WHEN s.head_seq = h.task_seq AND s.available_at IS NOT NULL
-                 THEN greatest(s.available_at, h.run_at)
-                 ELSE greatest((floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us), h.run_at)
+                 THEN greatest(s.available_at, h.run_at, s.quiet_until, h.quiet)
+                 ELSE greatest((floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us), h.run_at, s.quiet_until, h.quiet)
             END
         END
 FROM heads AS h
 WHERE s.queue = h.queue AND s.grp = h.grp AND s.partition = h.partition
-  AND (s.head_seq IS DISTINCT FROM h.task_seq OR s.available_at IS DISTINCT FROM CASE WHEN h.status = 'queued' AND NOT h.leased THEN
+  AND (h.quiet IS NOT NULL OR s.head_seq IS DISTINCT FROM h.task_seq OR s.available_at IS DISTINCT FROM CASE WHEN h.status = 'queued' AND NOT h.leased THEN
             CASE WHEN s.head_seq = h.task_seq AND s.available_at IS NOT NULL
-                 THEN greatest(s.available_at, h.run_at)
-                 ELSE greatest((floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us), h.run_at)
+                 THEN greatest(s.available_at, h.run_at, s.quiet_until, h.quiet)
+                 ELSE greatest((floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us), h.run_at, s.quiet_until, h.quiet)
             END
         END)
 
@@ -162,16 +169,16 @@ UPDATE conveyor_streams AS s SET
     priority = h.priority,
     available_at = CASE WHEN h.status = 'queued' AND NOT h.leased THEN
             CASE WHEN s.head_seq = h.task_seq AND s.available_at IS NOT NULL
-                 THEN greatest(s.available_at, h.run_at)
-                 ELSE greatest((floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us), h.run_at)
+                 THEN greatest(s.available_at, h.run_at, s.quiet_until)
+                 ELSE greatest((floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us), h.run_at, s.quiet_until)
             END
         END
 FROM heads AS h
 WHERE s.queue = h.queue AND s.grp = h.grp AND s.partition = h.partition
   AND (s.head_seq IS DISTINCT FROM h.task_seq OR s.available_at IS DISTINCT FROM CASE WHEN h.status = 'queued' AND NOT h.leased THEN
             CASE WHEN s.head_seq = h.task_seq AND s.available_at IS NOT NULL
-                 THEN greatest(s.available_at, h.run_at)
-                 ELSE greatest((floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us), h.run_at)
+                 THEN greatest(s.available_at, h.run_at, s.quiet_until)
+                 ELSE greatest((floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us), h.run_at, s.quiet_until)
             END
         END)
 RETURNING s.available_at
@@ -181,3 +188,22 @@ SELECT 1 FROM conveyor_groups
 WHERE queue IN (SELECT json_array_elements_text(:queues::json)) AND active
 ORDER BY queue, name
 FOR SHARE
+
+-- name: quiet_streams
+-- After a submit wrote tasks to these partitions, each of their streams (queue
+-- mode's and every group's, locked by the submit already) of a queue with a
+-- debounce waits until the quiet period after this submit has passed: its
+-- quiet_until moves on, and an available stream's available_at with it. The
+-- recompute statements keep available_at at or after quiet_until. A queue
+-- without a debounce matches no row.
+UPDATE conveyor_streams AS s SET
+    quiet_until = c.now + round(q.debounce * 1000000)::bigint,
+    available_at = CASE WHEN s.available_at IS NOT NULL
+        THEN greatest(s.available_at, c.now + round(q.debounce * 1000000)::bigint) END
+FROM (
+    SELECT DISTINCT e.v ->> 0 AS queue, e.v ->> 1 AS partition
+    FROM json_array_elements(:pairs::json) AS e(v)
+) AS p
+JOIN conveyor_queues AS q ON q.queue = p.queue AND q.debounce > 0
+CROSS JOIN (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now) AS c
+WHERE s.queue = p.queue AND s.partition = p.partition

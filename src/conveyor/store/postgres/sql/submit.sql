@@ -1,3 +1,6 @@
+-- A task's run_at is its own (run_at, or now + delay), else now + the queue's
+-- delay, and never before now + the queue's debounce (greatest ignores NULL).
+--
 -- A queue with a max_depth (conveyor.store.protocol.depth): every submit below
 -- refuses it, and the protocol submits to it step by step instead, counting the
 -- queue's depth under a lock. The store's own statements raise (conveyor_capped,
@@ -62,7 +65,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), NULL, r.parent_id, coalesce(p.root_id, r.id),
+        greatest(coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), c.now + round(s.debounce * 1000000)::bigint), NULL, r.parent_id, coalesce(p.root_id, r.id),
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     LEFT JOIN conveyor_tasks AS p ON p.id = r.parent_id
@@ -113,7 +116,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3),
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), NULL, r.parent_id, coalesce(p.root_id, r.id),
+        greatest(coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), c.now + round(s.debounce * 1000000)::bigint), NULL, r.parent_id, coalesce(p.root_id, r.id),
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     LEFT JOIN conveyor_tasks AS p ON p.id = r.parent_id
@@ -166,7 +169,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), NULL, r.parent_id, coalesce(p.root_id, r.id),
+        greatest(coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), c.now + round(s.debounce * 1000000)::bigint), NULL, r.parent_id, coalesce(p.root_id, r.id),
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     LEFT JOIN conveyor_tasks AS p ON p.id = r.parent_id
@@ -218,7 +221,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3),
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), NULL, r.parent_id, coalesce(p.root_id, r.id),
+        greatest(coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), c.now + round(s.debounce * 1000000)::bigint), NULL, r.parent_id, coalesce(p.root_id, r.id),
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     LEFT JOIN conveyor_tasks AS p ON p.id = r.parent_id
@@ -251,7 +254,7 @@ UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, o.parent_id FROM orphans AS o
 
 -- name: submit_context
-SELECT c.now, s.queue, s.max_attempts, s.backoff, s.delay
+SELECT c.now, s.queue, s.max_attempts, s.backoff, s.delay, s.debounce
 FROM (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now) AS c
 LEFT JOIN conveyor_queues AS s ON s.queue = ANY(:queues::text[])
 
@@ -271,7 +274,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), r.key, NULL, r.id,
+        greatest(coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), c.now + round(s.debounce * 1000000)::bigint), r.key, NULL, r.id,
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     WHERE r.key IS NULL OR EXISTS (
@@ -315,7 +318,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), r.key, NULL, r.id,
+        greatest(coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), c.now + round(s.debounce * 1000000)::bigint), r.key, NULL, r.id,
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     WHERE r.key IS NULL OR EXISTS (
@@ -363,7 +366,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), r.key, NULL, r.id,
+        greatest(coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), c.now + round(s.debounce * 1000000)::bigint), r.key, NULL, r.id,
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     WHERE EXISTS (SELECT 1 FROM k)
@@ -414,7 +417,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), r.key, r.parent_id, coalesce(p.root_id, r.id),
+        greatest(coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), c.now + round(s.debounce * 1000000)::bigint), r.key, r.parent_id, coalesce(p.root_id, r.id),
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     LEFT JOIN conveyor_tasks AS p ON p.id = r.parent_id
@@ -470,7 +473,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), r.key, r.parent_id, coalesce(p.root_id, r.id),
+        greatest(coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), c.now + round(s.debounce * 1000000)::bigint), r.key, r.parent_id, coalesce(p.root_id, r.id),
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     LEFT JOIN conveyor_tasks AS p ON p.id = r.parent_id
@@ -521,7 +524,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), r.key, NULL, r.id,
+        greatest(coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), c.now + round(s.debounce * 1000000)::bigint), r.key, NULL, r.id,
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     WHERE EXISTS (SELECT 1 FROM k)
@@ -564,7 +567,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), r.key, NULL, r.id,
+        greatest(coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), c.now + round(s.debounce * 1000000)::bigint), r.key, NULL, r.id,
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     WHERE r.key IS NULL OR EXISTS (
@@ -609,7 +612,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), r.key, NULL, r.id,
+        greatest(coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), c.now + round(s.debounce * 1000000)::bigint), r.key, NULL, r.id,
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     WHERE r.key IS NULL OR EXISTS (
@@ -654,7 +657,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, r.partition, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), r.key, NULL, r.id,
+        greatest(coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), c.now + round(s.debounce * 1000000)::bigint), r.key, NULL, r.id,
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     WHERE r.key IS NULL OR EXISTS (
@@ -699,7 +702,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, r.partition, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), r.key, NULL, r.id,
+        greatest(coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), c.now + round(s.debounce * 1000000)::bigint), r.key, NULL, r.id,
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     WHERE r.key IS NULL OR EXISTS (
@@ -743,7 +746,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), NULL, NULL, r.id,
+        greatest(coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), c.now + round(s.debounce * 1000000)::bigint), NULL, NULL, r.id,
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     ORDER BY r.n
@@ -784,7 +787,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3),
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), NULL, NULL, r.id,
+        greatest(coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), c.now + round(s.debounce * 1000000)::bigint), NULL, NULL, r.id,
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     WHERE NOT EXISTS (SELECT 1 FROM req AS x JOIN conveyor_queues AS y ON y.queue = x.queue WHERE y.max_depth IS NOT NULL)
@@ -827,7 +830,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, r.partition, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), NULL, NULL, r.id,
+        greatest(coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), c.now + round(s.debounce * 1000000)::bigint), NULL, NULL, r.id,
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     ORDER BY r.n
@@ -873,7 +876,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, r.partition, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), NULL, r.parent_id, coalesce(p.root_id, r.id),
+        greatest(coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), c.now + round(s.debounce * 1000000)::bigint), NULL, r.parent_id, coalesce(p.root_id, r.id),
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     LEFT JOIN conveyor_tasks AS p ON p.id = r.parent_id
@@ -925,7 +928,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, r.partition, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), NULL, r.parent_id, coalesce(p.root_id, r.id),
+        greatest(coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), c.now + round(s.debounce * 1000000)::bigint), NULL, r.parent_id, coalesce(p.root_id, r.id),
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     LEFT JOIN conveyor_tasks AS p ON p.id = r.parent_id
@@ -973,7 +976,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, r.partition, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), NULL, NULL, r.id,
+        greatest(coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), c.now + round(s.debounce * 1000000)::bigint), NULL, NULL, r.id,
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     ORDER BY r.n
@@ -1015,7 +1018,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), NULL, NULL, r.id,
+        greatest(coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), c.now + round(s.debounce * 1000000)::bigint), NULL, NULL, r.id,
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     ORDER BY r.n
@@ -1057,7 +1060,7 @@ ins AS (
     SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
         coalesce(r.max_attempts, s.max_attempts, 3),
         coalesce(r.backoff, s.backoff), c.now,
-        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), NULL, NULL, r.id,
+        greatest(coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), c.now + round(s.debounce * 1000000)::bigint), NULL, NULL, r.id,
         r.correlation_id
     FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
     WHERE NOT EXISTS (SELECT 1 FROM req AS x JOIN conveyor_queues AS y ON y.queue = x.queue WHERE y.max_depth IS NOT NULL)

@@ -170,8 +170,8 @@ ON CONFLICT (queue, grp, "partition") DO UPDATE SET
         THEN max(conveyor_streams.available_at, (
             SELECT y.run_at FROM conveyor_deliveries AS y
             WHERE y.task_seq = excluded.head_seq AND y.grp = excluded.grp
-        ))
-        ELSE excluded.available_at
+        ), coalesce(conveyor_streams.quiet_until, 0))
+        ELSE max(excluded.available_at, coalesce(conveyor_streams.quiet_until, 0))
     END;
 -- The report, from one look at each item's row: whether it is finished, and its
 -- stream.

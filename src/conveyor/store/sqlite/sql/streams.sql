@@ -46,8 +46,8 @@ ON CONFLICT (queue, grp, "partition") DO UPDATE SET
         THEN max(conveyor_streams.available_at, (
             SELECT y.run_at FROM conveyor_deliveries AS y
             WHERE y.task_seq = excluded.head_seq AND y.grp = excluded.grp
-        ))
-        ELSE excluded.available_at
+        ), coalesce(conveyor_streams.quiet_until, 0))
+        ELSE max(excluded.available_at, coalesce(conveyor_streams.quiet_until, 0))
     END
 RETURNING available_at
 
@@ -116,13 +116,20 @@ h AS (
     ) AS head
     FROM k
 )
-INSERT INTO conveyor_streams (queue, grp, "partition", head_seq, priority, available_at)
+INSERT INTO conveyor_streams (queue, grp, "partition", head_seq, priority, available_at,
+    quiet_until)
 SELECT h.queue, h.grp, h.part, h.head, x.priority,
        CASE WHEN x.status = 'queued' AND NOT EXISTS (
            SELECT 1 FROM conveyor_deliveries AS r
            WHERE r.grp = h.grp AND r.queue = h.queue AND r."partition" = h.part
              AND r.status = 'running'
-       ) THEN max(:now_us, x.run_at) END
+       ) THEN max(:now_us, x.run_at) END,
+       -- A debounced queue's streams wait its quiet period from this submit (this
+       -- statement runs only after a submit wrote to them); NULL otherwise.
+       :now_us + CAST(round((
+           SELECT q.debounce FROM conveyor_queues AS q
+           WHERE q.queue = h.queue AND q.debounce > 0
+       ) * 1000000) AS INTEGER)
 FROM h LEFT JOIN conveyor_deliveries AS x ON x.task_seq = h.head AND x.grp = h.grp
 -- Only the streams that exist, as an UPDATE would (the locks before created
 -- them; a submit that wrote nothing, a child of an unknown parent, created none).
@@ -131,6 +138,7 @@ WHERE EXISTS (
     WHERE e.queue = h.queue AND e.grp = h.grp AND e."partition" = h.part
 )
 ON CONFLICT (queue, grp, "partition") DO UPDATE SET
+    quiet_until = coalesce(excluded.quiet_until, conveyor_streams.quiet_until),
     head_seq = excluded.head_seq,
     priority = excluded.priority,
     available_at = CASE
@@ -139,7 +147,27 @@ ON CONFLICT (queue, grp, "partition") DO UPDATE SET
         THEN max(conveyor_streams.available_at, (
             SELECT y.run_at FROM conveyor_deliveries AS y
             WHERE y.task_seq = excluded.head_seq AND y.grp = excluded.grp
-        ))
-        ELSE excluded.available_at
+        ), coalesce(excluded.quiet_until, conveyor_streams.quiet_until, 0))
+        ELSE max(excluded.available_at, coalesce(excluded.quiet_until, conveyor_streams.quiet_until, 0))
     END
 RETURNING available_at
+
+-- name: quiet_streams
+-- After a submit wrote tasks to these partitions, each of their streams (queue
+-- mode's and every group's) of a queue with a debounce waits until the quiet
+-- period after this submit has passed: its quiet_until moves on, and an
+-- available stream's available_at with it. The recompute statements keep
+-- available_at at or after quiet_until. A queue without a debounce matches no row.
+WITH p AS MATERIALIZED (
+    SELECT DISTINCT json_extract(e.value, '$[0]') AS queue,
+           json_extract(e.value, '$[1]') AS part,
+           :now_us + CAST(round(q.debounce * 1000000) AS INTEGER) AS quiet
+    FROM json_each(:pairs) AS e
+    JOIN conveyor_queues AS q ON q.queue = json_extract(e.value, '$[0]') AND q.debounce > 0
+)
+UPDATE conveyor_streams SET
+    quiet_until = p.quiet,
+    available_at = CASE WHEN conveyor_streams.available_at IS NOT NULL
+        THEN max(conveyor_streams.available_at, p.quiet) END
+FROM p
+WHERE conveyor_streams.queue = p.queue AND conveyor_streams."partition" = p.part

@@ -9,6 +9,8 @@
 -- which SQLite indexes for the join (two json_each joined directly cost a scan
 -- of one per row of the other: 1.8 ms per task at 1,000 tasks, against 6 µs).
 -- No announcement: other processes hear a commit through PRAGMA data_version.
+-- A task's run_at is its own (run_at, or now + delay), else now + the queue's
+-- delay, and never before now + the queue's debounce.
 -- A queue with a max_depth (conveyor.store.protocol.depth) makes the task INSERT
 -- of every submit raise, through conveyor_capped (a function the store's
 -- connections, and a caller's, register): the statement writes nothing, and the
@@ -16,7 +18,7 @@
 
 -- name: submit_context
 SELECT :now_us AS now, s.queue AS queue, s.max_attempts AS max_attempts,
-    s.backoff AS backoff, s.delay AS delay
+    s.backoff AS backoff, s.delay AS delay, s.debounce AS debounce
 FROM (SELECT 1) AS one
 LEFT JOIN conveyor_queues AS s ON s.queue IN (SELECT value FROM json_each(:queues))
 
@@ -60,7 +62,7 @@ INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, pri
     max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id)
 SELECT :id, :name, :queue, NULL, :payload, :metadata, :priority,
     coalesce(:max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END, coalesce(:backoff, s.backoff), :now_us,
-    coalesce(:run_at, :now_us + coalesce(:delay, CAST(round(s.delay * 1000000) AS INTEGER), 0)), NULL, NULL, :id, :correlation_id
+    max(coalesce(:run_at, :now_us + coalesce(:delay, CAST(round(s.delay * 1000000) AS INTEGER), 0)), coalesce(:now_us + CAST(round(s.debounce * 1000000) AS INTEGER), 0)), NULL, NULL, :id, :correlation_id
 FROM (SELECT 1) AS one LEFT JOIN conveyor_queues AS s ON s.queue = :queue;
 INSERT INTO conveyor_deliveries (task_seq, grp, queue, "partition", priority, max_attempts,
     status, attempt, run_at)
@@ -83,7 +85,7 @@ INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, pri
     max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id)
 SELECT :id, :name, :queue, NULL, :payload, :metadata, :priority,
     coalesce(:max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END, coalesce(:backoff, s.backoff), :now_us,
-    coalesce(:run_at, :now_us + coalesce(:delay, CAST(round(s.delay * 1000000) AS INTEGER), 0)), NULL, :parent_id,
+    max(coalesce(:run_at, :now_us + coalesce(:delay, CAST(round(s.delay * 1000000) AS INTEGER), 0)), coalesce(:now_us + CAST(round(s.debounce * 1000000) AS INTEGER), 0)), NULL, :parent_id,
     coalesce(p.root_id, :id), :correlation_id
 FROM (SELECT 1) AS one LEFT JOIN conveyor_queues AS s ON s.queue = :queue
 LEFT JOIN conveyor_tasks AS p ON p.id = :parent_id
@@ -124,7 +126,7 @@ INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, pri
     max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id)
 SELECT i.value, n.v, q.v, NULL, p.v, m.v, r.v,
     coalesce(a.v, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END, coalesce(b.v, s.backoff), :now_us,
-    coalesce(ra.v, :now_us + coalesce(d.v, CAST(round(s.delay * 1000000) AS INTEGER), 0)), NULL, NULL, i.value, c.v
+    max(coalesce(ra.v, :now_us + coalesce(d.v, CAST(round(s.delay * 1000000) AS INTEGER), 0)), coalesce(:now_us + CAST(round(s.debounce * 1000000) AS INTEGER), 0)), NULL, NULL, i.value, c.v
 FROM json_each(:ids) AS i
 JOIN names AS n ON n.k = i.key
 JOIN queues AS q ON q.k = i.key
@@ -172,7 +174,7 @@ INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, pri
     max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id)
 SELECT i.value, n.v, q.v, NULL, p.v, m.v, r.v,
     coalesce(a.v, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END, coalesce(b.v, s.backoff), :now_us,
-    coalesce(ra.v, :now_us + coalesce(d.v, CAST(round(s.delay * 1000000) AS INTEGER), 0)), NULL, f.v, coalesce(pt.root_id, i.value),
+    max(coalesce(ra.v, :now_us + coalesce(d.v, CAST(round(s.delay * 1000000) AS INTEGER), 0)), coalesce(:now_us + CAST(round(s.debounce * 1000000) AS INTEGER), 0)), NULL, f.v, coalesce(pt.root_id, i.value),
     c.v
 FROM json_each(:ids) AS i
 JOIN names AS n ON n.k = i.key
@@ -239,7 +241,7 @@ INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, pri
     max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id)
 SELECT i.value, n.v, q.v, pa.v, p.v, m.v, r.v,
     coalesce(a.v, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END, coalesce(b.v, s.backoff), :now_us,
-    coalesce(ra.v, :now_us + coalesce(d.v, CAST(round(s.delay * 1000000) AS INTEGER), 0)), ky.v, f.v, coalesce(pt.root_id, i.value),
+    max(coalesce(ra.v, :now_us + coalesce(d.v, CAST(round(s.delay * 1000000) AS INTEGER), 0)), coalesce(:now_us + CAST(round(s.debounce * 1000000) AS INTEGER), 0)), ky.v, f.v, coalesce(pt.root_id, i.value),
     c.v
 FROM json_each(:ids) AS i
 JOIN names AS n ON n.k = i.key
@@ -317,7 +319,7 @@ INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, pri
     max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id)
 SELECT :id, :name, :queue, NULL, :payload, :metadata, :priority,
     coalesce(:max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END, coalesce(:backoff, s.backoff), :now_us,
-    coalesce(:run_at, :now_us + coalesce(:delay, CAST(round(s.delay * 1000000) AS INTEGER), 0)), :key, :parent_id,
+    max(coalesce(:run_at, :now_us + coalesce(:delay, CAST(round(s.delay * 1000000) AS INTEGER), 0)), coalesce(:now_us + CAST(round(s.debounce * 1000000) AS INTEGER), 0)), :key, :parent_id,
     coalesce(p.root_id, :id), :correlation_id
 FROM (SELECT 1) AS one LEFT JOIN conveyor_queues AS s ON s.queue = :queue
 LEFT JOIN conveyor_tasks AS p ON p.id = :parent_id
@@ -354,7 +356,7 @@ INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, pri
     max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id)
 SELECT :id, :name, :queue, NULL, :payload, :metadata, :priority,
     coalesce(:max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END, coalesce(:backoff, s.backoff), :now_us,
-    coalesce(:run_at, :now_us + coalesce(:delay, CAST(round(s.delay * 1000000) AS INTEGER), 0)), :key, NULL, :id, :correlation_id
+    max(coalesce(:run_at, :now_us + coalesce(:delay, CAST(round(s.delay * 1000000) AS INTEGER), 0)), coalesce(:now_us + CAST(round(s.debounce * 1000000) AS INTEGER), 0)), :key, NULL, :id, :correlation_id
 FROM (SELECT 1) AS one LEFT JOIN conveyor_queues AS s ON s.queue = :queue
 WHERE EXISTS (SELECT 1 FROM conveyor_keys WHERE key = :key AND task_id = :id);
 INSERT INTO conveyor_deliveries (task_seq, grp, queue, "partition", priority, max_attempts,
