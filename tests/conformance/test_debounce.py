@@ -112,3 +112,21 @@ async def test_bad_values_are_refused(store: TaskStore) -> None:
         with pytest.raises(InvalidArgument, match="debounce"):
             await store.configure_queue("q", debounce=bad)  # type: ignore[arg-type]
     assert (await store.get_queue("q"))["debounce"] is None
+
+
+async def test_a_step_by_step_submit_holds_the_partition_the_same(store: TaskStore) -> None:
+    """A batch refusing keys is written step by step (its own statements): the
+    partition waits the same quiet period."""
+    await store.configure_queue("q", debounce=D)
+    first = await store.submit("t", queue="q", partition="p")
+    store.clock_offset = 6
+    later = await store.submit_many(
+        [
+            {"name": "t", "queue": "q", "partition": "p", "key": f"k{i}", "conflict": "reject"}
+            for i in range(2)
+        ]
+    )
+    store.clock_offset = 12
+    assert await _ids(store) == []
+    store.clock_offset = 16.5
+    assert await _ids(store) == [first.id, *(t.id for t in later)]

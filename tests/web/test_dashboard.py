@@ -320,3 +320,13 @@ async def test_pause_and_resume_actions(store: TaskStore) -> None:
         refused = await http.post("/actions/pause", data={"queue": "jobs"}, headers=HX)
         assert refused.status_code == 403
     assert (await store.stats("jobs"))[0].groups["g"].paused is True
+
+
+async def test_the_queues_page_shows_debounce_and_max_depth(store: TaskStore) -> None:
+    await store.configure_queue("jobs", debounce=5, max_depth=100)
+    async with client(dashboard(store)) as http:
+        page = (await http.get("/")).text
+    row = page[page.index('data-queue="jobs"') :]
+    row = row[: row.index("</tr>")]
+    assert "<dt>debounce</dt><dd>5.0s</dd>" in row or "<dt>debounce</dt>" in row
+    assert "<dt>max_depth</dt><dd>100</dd>" in row
