@@ -328,5 +328,5 @@ async def test_the_queues_page_shows_debounce_and_max_depth(store: TaskStore) ->
         page = (await http.get("/")).text
     row = page[page.index('data-queue="jobs"') :]
     row = row[: row.index("</tr>")]
-    assert "<dt>debounce</dt><dd>5.0s</dd>" in row
+    assert "<dt>debounce</dt><dd>5.0 s</dd>" in row
     assert "<dt>max_depth</dt><dd>100</dd>" in row
