@@ -13,6 +13,7 @@ from conveyor.errors import (
     AlreadyExists,
     ConfigurationError,
     ConveyorError,
+    DecryptionError,
     InvalidArgument,
     LostLease,
     MigrationRequired,
@@ -22,6 +23,7 @@ from conveyor.errors import (
     StoreUnavailable,
     TaskCancelled,
 )
+from conveyor.encryption import Encryption
 from conveyor.models import Backoff, ConsumerGroup, GroupStats, Page, QueueStats, Status, Task
 from conveyor.outcomes import Permanent, Snooze
 
@@ -62,6 +64,8 @@ __all__ = [
     "ConsumerGroup",
     "Context",
     "ConveyorError",
+    "DecryptionError",
+    "Encryption",
     "GroupStats",
     "InvalidArgument",
     "LostLease",

@@ -79,6 +79,7 @@ class AdminOps(Seam):
         queue_mode: bool | None = None,
         dead_letter: str | None = None,
         delay: v.Duration | None = None,
+        encrypt: bool | None = None,
     ) -> dict[str, Any]:
         """Store defaults for ``queue``; arguments left ``None`` keep their value.
 
@@ -95,7 +96,11 @@ class AdminOps(Seam):
         happened, the original (its ``parent_id``) left failed or evicted; one per
         task and group. ``""`` clears it. ``delay`` is added to the run_at of
         every submit to the queue that gives neither ``delay`` nor ``run_at``
-        (``0`` sets no delay).
+        (``0`` sets no delay). ``encrypt=True`` stores the payload, metadata,
+        result, error and progress message of the queue's tasks sealed with
+        AES-256-GCM from then on (see :mod:`conveyor.encryption`): a store without
+        keys then refuses to submit to or claim from it (:class:`ConfigurationError`);
+        ``conveyor rekey`` seals what was stored before.
         """
         queue = v.name("queue", queue)
         values = upkeep.queue_settings(
@@ -108,8 +113,11 @@ class AdminOps(Seam):
             dead_letter=dead_letter,
             queue=queue,
             delay=delay,
+            encrypt=encrypt,
         )
         await tx.run(self, lambda conn: upkeep.configure_tx(self, conn, queue, values))
+        if encrypt is not None:
+            self._keyring.learn([queue], [queue] if encrypt else [])
         return await self.get_queue(queue)
 
     async def get_queue(self, queue: str) -> dict[str, Any]:

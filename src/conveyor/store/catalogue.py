@@ -59,6 +59,9 @@ _IN = (
     " Its ``_in`` variant is the same statement for a caller's transaction "
     "(``submit(..., connection=...)``): it announces whether or not anyone listens, "
     "holding no lock until the caller commits."
+    " Like every submit statement but ``insert_rows``, it writes plain rows only: when "
+    "a queue of its tasks is encrypted (``conveyor_queues.encrypt``) it writes no task "
+    "and returns no row for any (conveyor.store.protocol.sealing)."
 )
 _ITEMS = (
     "``items``: one JSON array of ``[id, worker_id, grp, attempt, result]`` per item "
@@ -137,19 +140,21 @@ STATEMENTS: tuple[Statement, ...] = (
         "submit_context",
         "producer",
         """``queues`` (a list): the clock reading (``now``)
-        and the stored settings (``queue``, ``max_attempts``, ``backoff``) of those
-        queues; at least one row.""",
+        and the stored settings (``queue``, ``max_attempts``, ``backoff``, ``delay``,
+        ``encrypt``) of those queues; at least one row.""",
     ),
     _s(
         "insert_rows",
         "producer",
         """``rows``: one JSON array of ``[id, name, queue,
         partition, payload, metadata, priority, max_attempts, backoff, created_at,
-        run_at, key, parent_id, root_id, correlation_id]`` in request order: the task
-        rows, inserted in that order, and their delivery rows for queue mode and every
-        active group of the queue (those whose ``start_at`` is not after the task's
-        ``created_at``); no announcement. Returns the ``(queue, grp,
-        partition)`` of every stream the new delivery rows joined, once each.""",
+        run_at, key, parent_id, root_id, correlation_id, key_id]`` in request order: the
+        task rows, inserted in that order, and their delivery rows for queue mode and
+        every active group of the queue (those whose ``start_at`` is not after the
+        task's ``created_at``); no announcement. Returns the ``(queue, grp,
+        partition, refused)`` of every stream the new delivery rows joined, once each
+        (``refused`` false). A row without ``key_id`` (plain) whose queue is
+        encrypted: nothing written, and one row with ``refused`` true.""",
     ),
     _s(
         "parent_roots",

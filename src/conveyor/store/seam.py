@@ -27,6 +27,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 if TYPE_CHECKING:
+    from conveyor.store.protocol.sealing import Keyring
     from conveyor.store.protocol.texts import Texts
     from conveyor.store.protocol.wake import Waker
 
@@ -110,6 +111,9 @@ class Seam(abc.ABC):
     _known_groups: set[tuple[str, str]]
     #: Claim keys whose last claim found work: the next one skips the probe.
     _busy: set[tuple[str, tuple[str, ...], str | None]]
+    #: The encryption keys and what the store remembers about sealed queues and
+    #: tasks (:mod:`conveyor.store.protocol.sealing`).
+    _keyring: Keyring
 
     async def open(self) -> None:  # pragma: no cover - TaskStore implements it
         """Connect and migrate (see :meth:`conveyor.store.base.TaskStore.open`)."""

@@ -107,7 +107,7 @@ async def succeed(
     rows = await texts.alone(st, _need(built, "succeed_plain"), params)
     if rows:
         wake.wake_local(st, work=False)
-        return codec.row_to_task(rows[0])
+        return codec.row_to_task(rows[0], st._keyring)
     found, freed = await tx.run(st, lambda conn: finish_tx(st, conn, built, [item]))
     outcome = found[0]
     if isinstance(outcome, ConveyorError):
@@ -194,7 +194,7 @@ async def finish_tx(
         found = await texts.execute(
             conn, st, views, {"ids": json.dumps(sorted(set(ids))), "grp": grp}
         )
-        tasks.update({(grp, row.id): codec.row_to_task(row) for row in found})
+        tasks.update({(grp, row.id): codec.row_to_task(row, st._keyring) for row in found})
     out: dict[int, Outcome] = {}
     for n, item in enumerate(todo, 1):
         out[item[0]] = await _why(conn, item) if n in lost else tasks.get((item[3], item[1]))

@@ -68,7 +68,7 @@ async def claim(
         await tx.run(st, lambda conn: upkeep.recover_tx(st, conn, grp, names))
         rows = await st._claim(wanted)
     # Built after the commit: no lock is held meanwhile.
-    claimed = [codec.row_to_task(row) for row in rows or ()]
+    claimed = [codec.row_to_task(row, st._keyring) for row in rows or ()]
     if claimed:
         st._busy.add(busy_key)
     else:
@@ -215,7 +215,7 @@ async def owned_update(
     if (done and row.partition is not None) or values.get("status") == q.QUEUED:
         # New work: a retry, or the stream's next task may be claimable now.
         await st._notify(conn, {row.queue}, done=False)
-    return codec.row_to_task(row)
+    return codec.row_to_task(row, st._keyring)
 
 
 async def fail_tx(

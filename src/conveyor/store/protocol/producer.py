@@ -5,19 +5,21 @@ replaced key's holder is withdrawn (:mod:`conveyor.store.protocol.withdraw`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import delete, exists, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
-from conveyor.errors import AlreadyExists, InvalidArgument
+from conveyor.errors import AlreadyExists, ConfigurationError, InvalidArgument
 from conveyor.models import Task
+from conveyor.schema import keys as k
 from conveyor.schema import tasks as t
-from conveyor.store.protocol import codec, streams, texts, withdraw
+from conveyor.store.protocol import codec, sealing, streams, texts, withdraw
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.protocol.requests import Request
@@ -182,7 +184,11 @@ def settle(tasks: list[Task], rows: Iterable[Any]) -> list[Task]:
     # unless delayed), so each distinct value becomes a datetime once.
     moments: dict[int, datetime] = {}
     for task in tasks:
-        row = stored[task.id]
+        row = stored.get(task.id)
+        if row is None:
+            # A plain submit statement writes every task or, when a queue of them is
+            # encrypted, none (sealing): never some.
+            raise sealing.Refused(task.queue)
         created_at, run_at = int(row.created_at), int(row.run_at)
         created = moments.get(created_at)
         if created is None:
@@ -228,6 +234,10 @@ async def submit_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> lis
                 break
             rows = await texts.execute(conn, st, built["lock_keys"], {"keys": lost})
             existing.update({row.key: row.task_id for row in rows})
+            # A key naming this very request's task, which does not exist: a plain
+            # statement of this submit claimed it, then refused to write the task
+            # to an encrypted queue (sealing). The key is this request's.
+            won |= {key for key in lost if existing.get(key) == first[key].id}
             pending = [key for key in lost if key not in existing]
         for key, r in first.items():
             if key in won:
@@ -253,7 +263,7 @@ async def submit_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> lis
     ids = [r.id if r.key is None else chosen[r.key] for r in reqs]
     reused = [i for i in ids if i not in found]
     if reused:
-        found.update(await codec.fetch_tasks(conn, q.QUEUE_MODE, ids=reused))
+        found.update(await codec.fetch_tasks(conn, q.QUEUE_MODE, ids=reused, keyring=st._keyring))
     if new:
         await st._notify(conn, {r.queue for r in new}, done=False)
     return [found[i] for i in ids]
@@ -270,6 +280,7 @@ def task_row(r: Request, now: int, conf: Any, root: str) -> dict[str, Any]:
         "partition": r.partition,
         "payload": r.payload,
         "metadata": r.metadata,
+        "key_id": r.key_id,
         "priority": r.priority,
         "max_attempts": max_attempts or DEFAULT_MAX_ATTEMPTS,
         "backoff": r.backoff or (conf.backoff if conf is not None else None),
@@ -352,9 +363,11 @@ async def insert_tasks(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> 
     context = list(await texts.execute(conn, st, built["submit_context"], {"queues": queues}))
     now = int(context[0].now)
     settings = {row.queue: row for row in context if row.queue is not None}
+    encrypted = {row.queue for row in settings.values() if row.encrypt}
+    st._keyring.learn(queues, encrypted)
     params = [
         task_row(
-            r,
+            seal_request(st, r) if r.queue in encrypted else r,
             now,
             settings.get(r.queue),
             r.id if r.parent_id is None else parents.get(r.parent_id, r.parent_id),
@@ -369,13 +382,73 @@ async def insert_tasks(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> 
     # streams the new rows joined (``insert_rows``).
     encoded = json.dumps([[row[c] for c in _ROW_COLUMNS] for row in params])
     touched = list(await texts.execute(conn, st, built["insert_rows"], {"rows": encoded}))
+    if any(row.refused for row in touched):
+        # A queue became encrypted since submit_context read it: nothing was
+        # written; the caller rolls back and submits again.
+        raise sealing.Refused(*queues)
     if touched:
-        await streams.refresh(st, conn, [tuple(row) for row in touched])
+        await streams.refresh(st, conn, [(row.queue, row.grp, row.partition) for row in touched])
     return out
+
+
+def seal_request(st: Seam, r: Request) -> Request:
+    """``r`` with its payload and metadata sealed (the store's current key), for an
+    encrypted queue; ConfigurationError when this store has no keys."""
+    enc = st._keyring.require(r.queue)
+    return dataclasses.replace(
+        r,
+        payload=enc.seal(r.payload, task_id=r.id, field="payload"),
+        metadata=enc.seal(r.metadata, task_id=r.id, field="metadata"),
+        key_id=enc.current,
+    )
+
+
+def touches(reqs: list[Request], queues: set[str]) -> bool:
+    """Whether a request of ``reqs`` goes to one of ``queues``."""
+    return any(r.queue in queues for r in reqs)
+
+
+#: How many times :func:`submit_sealed` runs while settings keep changing under it.
+SEALED_TRIES = 5
+
+
+async def submit_sealed(
+    st: Seam, reqs: list[Request], conn: AsyncConnection | None = None
+) -> list[Task]:
+    """Submit ``reqs`` step by step (:func:`submit_tx`), which reads the queues'
+    settings in its transaction and seals the tasks of encrypted queues: the path
+    of a batch that touches a queue this store knows encrypted, and of one a plain
+    statement refused (:class:`~.sealing.Refused`). On ``conn`` (a caller's), in a
+    savepoint. Tried again while a queue turns encrypted meanwhile."""
+    for attempt in range(SEALED_TRIES):
+        try:
+            if conn is None:
+                return await tx.run(st, lambda c: submit_tx(st, c, reqs))
+            async with conn.begin_nested():
+                return await submit_tx(st, conn, reqs)
+        except sealing.Refused:
+            if attempt == SEALED_TRIES - 1:
+                raise
+        except ConfigurationError:
+            if conn is None and any(r.key is not None for r in reqs):
+                await tx.run(st, lambda c: drop_orphan_keys(c, [r.id for r in reqs]))
+            raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def drop_orphan_keys(conn: AsyncConnection, ids: list[str]) -> None:
+    """Delete the keys naming ``ids`` whose task does not exist: what a plain
+    statement claimed before it refused to write the task to an encrypted queue,
+    when the sealed submit then cannot go on (this store has no key)."""
+    await conn.execute(
+        delete(k).where(
+            k.c.task_id.in_(sorted(ids)), ~exists(select(t.c.seq).where(t.c.id == k.c.task_id))
+        )
+    )
 
 
 #: The columns of a task row (:func:`task_row`) in the order ``insert_rows`` reads.
 _ROW_COLUMNS = (
     "id name queue partition payload metadata priority max_attempts backoff created_at "
-    "run_at key parent_id root_id correlation_id"
+    "run_at key parent_id root_id correlation_id key_id"
 ).split()

@@ -49,7 +49,7 @@ async def submit(st: Seam, preparing: Preparing) -> list[Task] | None:
         return None
     text = (st._texts or await texts.of(st))["submit_plain"]
     first = preparing.take(FIRST)
-    if not producer.is_plain(first):
+    if not producer.is_plain(first) or producer.touches(first, st._keyring.encrypted):
         return None
     runner = st._batch_runner()
     done = preparing.done
@@ -85,4 +85,14 @@ async def submit(st: Seam, preparing: Preparing) -> list[Task] | None:
         rows = await tx.run(st, work, together=lambda: runner(text.statements, runs()))
     except _NotPlain:
         return None
+    written = {row.id for row in rows}
+    if len(written) < len(done):
+        # A run refused to write plain rows to an encrypted queue (each run writes
+        # all its tasks or none: sealing). Its requests go again, sealed; the runs
+        # written stay (their queues were plain when they were written).
+        left = [r for r in done if r.id not in written]
+        again = {task.id: task for task in await producer.submit_sealed(st, left)}
+        kept = producer.settle([task for task in tasks if task.id in written], rows)
+        by_id = {task.id: task for task in kept} | again
+        return [by_id[r.id] for r in done]
     return producer.settle(tasks, rows)

@@ -88,9 +88,14 @@ def queue_settings(
     dead_letter: str | None = None,
     queue: str | None = None,
     delay: v.Duration | None = None,
+    encrypt: bool | None = None,
 ) -> dict[str, Any]:
     """Validate configure_queue()'s arguments: the column values to store."""
     values: dict[str, Any] = {}
+    if encrypt is not None:
+        if not isinstance(encrypt, bool):
+            raise InvalidArgument("encrypt", f"must be True or False, got {encrypt!r}")
+        values["encrypt"] = encrypt
     if delay is not None:
         values["delay"] = v.duration_seconds("delay", delay)
     if dead_letter is not None:
@@ -131,6 +136,7 @@ async def get_queue_tx(conn: AsyncConnection, queue: str) -> dict[str, Any]:
         "queue_mode": True,
         "dead_letter": None,
         "delay": None,
+        "encrypt": False,
     }
     if row is not None:
         out.update(
@@ -142,6 +148,7 @@ async def get_queue_tx(conn: AsyncConnection, queue: str) -> dict[str, Any]:
             queue_mode=row.queue_mode is not False,
             dead_letter=row.dead_letter,
             delay=row.delay,
+            encrypt=bool(row.encrypt),
         )
     return out
 

@@ -1,18 +1,29 @@
 -- name: insert_rows
+-- Each row may be sealed (its key_id given) or plain (NULL). A plain row of an
+-- encrypted queue writes nothing at all and returns one row, refused: the queue's
+-- settings changed since submit_context read them, and the protocol rolls back and
+-- submits again (conveyor.store.protocol.sealing).
 WITH r AS (
     SELECT e.v ->> 0 AS id, e.v ->> 1 AS name, e.v ->> 2 AS queue, e.v ->> 3 AS partition,
         e.v ->> 4 AS payload, e.v ->> 5 AS metadata, (e.v ->> 6)::int AS priority,
         (e.v ->> 7)::int AS max_attempts, e.v ->> 8 AS backoff,
         (e.v ->> 9)::bigint AS created_at, (e.v ->> 10)::bigint AS run_at, e.v ->> 11 AS key,
-        e.v ->> 12 AS parent_id, e.v ->> 13 AS root_id, e.v ->> 14 AS correlation_id, e.n
+        e.v ->> 12 AS parent_id, e.v ->> 13 AS root_id, e.v ->> 14 AS correlation_id,
+        e.v ->> 15 AS key_id, e.n
     FROM json_array_elements(:rows::json) WITH ORDINALITY AS e(v, n)
+),
+refused AS (
+    SELECT 1 FROM r JOIN conveyor_queues AS e ON e.queue = r.queue
+    WHERE e.encrypt AND r.key_id IS NULL
+    LIMIT 1
 ),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
-        max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
+        max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id,
+        key_id)
     SELECT id, name, queue, partition, payload, metadata, priority, max_attempts, backoff,
-        created_at, run_at, key, parent_id, root_id, correlation_id
-    FROM r ORDER BY n
+        created_at, run_at, key, parent_id, root_id, correlation_id, key_id
+    FROM r WHERE NOT EXISTS (SELECT 1 FROM refused) ORDER BY n
     RETURNING seq, queue, partition, priority, max_attempts, created_at, run_at
 ),
 fan AS (
@@ -28,7 +39,9 @@ fan AS (
         AND (g.start_at IS NULL OR g.start_at <= i.created_at)
     RETURNING queue, grp, partition
 )
-SELECT DISTINCT queue, grp, partition FROM fan WHERE partition IS NOT NULL
+SELECT DISTINCT queue, grp, partition, false AS refused FROM fan WHERE partition IS NOT NULL
+UNION ALL
+SELECT NULL, NULL, NULL, true FROM refused
 
 -- name: parent_roots
 SELECT t.id, t.root_id FROM conveyor_tasks AS t
@@ -47,7 +60,15 @@ orphans AS (
     SELECT r.parent_id FROM req AS r WHERE r.parent_id IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM conveyor_tasks AS p WHERE p.id = r.parent_id)
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -98,7 +119,15 @@ orphans AS (
     SELECT r.parent_id FROM req AS r WHERE r.parent_id IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM conveyor_tasks AS p WHERE p.id = r.parent_id)
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -150,7 +179,15 @@ orphans AS (
     SELECT r.parent_id FROM req AS r WHERE r.parent_id IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM conveyor_tasks AS p WHERE p.id = r.parent_id)
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -202,7 +239,15 @@ orphans AS (
     SELECT r.parent_id FROM req AS r WHERE r.parent_id IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM conveyor_tasks AS p WHERE p.id = r.parent_id)
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -241,7 +286,7 @@ UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, o.parent_id FROM orphans AS o
 
 -- name: submit_context
-SELECT c.now, s.queue, s.max_attempts, s.backoff, s.delay
+SELECT c.now, s.queue, s.max_attempts, s.backoff, s.delay, s.encrypt
 FROM (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now) AS c
 LEFT JOIN conveyor_queues AS s ON s.queue = ANY(:queues::text[])
 
@@ -254,7 +299,15 @@ WITH req AS (
         :run_at::bigint AS run_at_us, :correlation_id::text AS correlation_id,
         :key::text AS key, 1 AS n
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -298,7 +351,15 @@ WITH req AS (
         :run_at::bigint AS run_at_us, :correlation_id::text AS correlation_id,
         :key::text AS key, 1 AS n
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -346,7 +407,15 @@ k AS (
     INSERT INTO conveyor_keys (key, task_id) SELECT r.key, r.id FROM req AS r
     ON CONFLICT (key) DO NOTHING RETURNING key
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -397,7 +466,15 @@ k AS (
     SELECT r.key, r.id FROM req AS r WHERE NOT EXISTS (SELECT 1 FROM orphans)
     ON CONFLICT (key) DO NOTHING RETURNING key
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -453,7 +530,15 @@ k AS (
     SELECT r.key, r.id FROM req AS r WHERE NOT EXISTS (SELECT 1 FROM orphans)
     ON CONFLICT (key) DO NOTHING RETURNING key
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -504,7 +589,15 @@ k AS (
     INSERT INTO conveyor_keys (key, task_id) SELECT r.key, r.id FROM req AS r
     ON CONFLICT (key) DO NOTHING RETURNING key
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -547,7 +640,15 @@ WITH req AS (
     ) WITH ORDINALITY AS r(id, name, queue, payload, metadata, priority, max_attempts,
                            backoff, delay_us, run_at_us, correlation_id, key, n)
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -592,7 +693,15 @@ WITH req AS (
     ) WITH ORDINALITY AS r(id, name, queue, payload, metadata, priority, max_attempts,
                            backoff, delay_us, run_at_us, correlation_id, key, n)
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -637,7 +746,15 @@ WITH req AS (
     ) WITH ORDINALITY AS r(id, name, queue, payload, metadata, priority, max_attempts,
                            backoff, delay_us, run_at_us, correlation_id, partition, key, n)
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -682,7 +799,15 @@ WITH req AS (
     ) WITH ORDINALITY AS r(id, name, queue, payload, metadata, priority, max_attempts,
                            backoff, delay_us, run_at_us, correlation_id, partition, key, n)
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -726,7 +851,15 @@ WITH req AS (
         :run_at::bigint AS run_at_us, :correlation_id::text AS correlation_id,
         1 AS n
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -767,7 +900,15 @@ WITH req AS (
         :run_at::bigint AS run_at_us, :correlation_id::text AS correlation_id,
         1 AS n
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -809,7 +950,15 @@ WITH req AS (
     ) WITH ORDINALITY AS r(id, name, queue, payload, metadata, priority, max_attempts,
                            backoff, delay_us, run_at_us, correlation_id, partition, n)
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -855,7 +1004,15 @@ orphans AS (
     SELECT r.parent_id FROM req AS r WHERE r.parent_id IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM conveyor_tasks AS p WHERE p.id = r.parent_id)
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -907,7 +1064,15 @@ orphans AS (
     SELECT r.parent_id FROM req AS r WHERE r.parent_id IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM conveyor_tasks AS p WHERE p.id = r.parent_id)
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -955,7 +1120,15 @@ WITH req AS (
     ) WITH ORDINALITY AS r(id, name, queue, payload, metadata, priority, max_attempts,
                            backoff, delay_us, run_at_us, correlation_id, partition, n)
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -997,7 +1170,15 @@ WITH req AS (
     ) WITH ORDINALITY AS r(id, name, queue, payload, metadata, priority, max_attempts,
                            backoff, delay_us, run_at_us, correlation_id, n)
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -1039,7 +1220,15 @@ WITH req AS (
     ) WITH ORDINALITY AS r(id, name, queue, payload, metadata, priority, max_attempts,
                            backoff, delay_us, run_at_us, correlation_id, n)
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)

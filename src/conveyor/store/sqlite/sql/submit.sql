@@ -12,7 +12,7 @@
 
 -- name: submit_context
 SELECT :now_us AS now, s.queue AS queue, s.max_attempts AS max_attempts,
-    s.backoff AS backoff, s.delay AS delay
+    s.backoff AS backoff, s.delay AS delay, s.encrypt AS encrypt
 FROM (SELECT 1) AS one
 LEFT JOIN conveyor_queues AS s ON s.queue IN (SELECT value FROM json_each(:queues))
 
@@ -21,8 +21,13 @@ SELECT t.id AS id, t.root_id AS root_id
 FROM json_each(:ids) AS j JOIN conveyor_tasks AS t ON t.id = j.value
 
 -- name: insert_rows
+-- Each row may be sealed (its key_id given) or plain (NULL). A plain row of an
+-- encrypted queue writes nothing at all and returns one row, refused: the queue's
+-- settings changed since submit_context read them, and the protocol rolls back and
+-- submits again (conveyor.store.protocol.sealing).
 INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, priority,
-    max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id)
+    max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id,
+    key_id)
 SELECT json_extract(e.value, '$[0]'), json_extract(e.value, '$[1]'),
     json_extract(e.value, '$[2]'), json_extract(e.value, '$[3]'),
     json_extract(e.value, '$[4]'), json_extract(e.value, '$[5]'),
@@ -30,8 +35,13 @@ SELECT json_extract(e.value, '$[0]'), json_extract(e.value, '$[1]'),
     json_extract(e.value, '$[8]'), json_extract(e.value, '$[9]'),
     json_extract(e.value, '$[10]'), json_extract(e.value, '$[11]'),
     json_extract(e.value, '$[12]'), json_extract(e.value, '$[13]'),
-    json_extract(e.value, '$[14]')
+    json_extract(e.value, '$[14]'), json_extract(e.value, '$[15]')
 FROM json_each(:rows) AS e
+WHERE NOT EXISTS (
+    SELECT 1 FROM json_each(:rows) AS x
+    JOIN conveyor_queues AS q ON q.queue = json_extract(x.value, '$[2]')
+    WHERE q.encrypt AND json_extract(x.value, '$[15]') IS NULL
+)
 ORDER BY e.key;
 INSERT INTO conveyor_deliveries (task_seq, grp, queue, "partition", priority, max_attempts,
     status, attempt, run_at)
@@ -46,10 +56,13 @@ FROM conveyor_tasks AS t JOIN conveyor_groups AS g ON g.queue = t.queue AND g.ac
 WHERE t.seq >= (SELECT seq FROM conveyor_tasks WHERE id = json_extract(:rows, '$[0][0]'));
 -- From the new task rows (by seq) to their delivery rows (by primary key), in
 -- that order (CROSS JOIN): left to choose, the planner scans every delivery row.
-SELECT DISTINCT d.queue AS queue, d.grp AS grp, d."partition" AS "partition"
+SELECT DISTINCT d.queue AS queue, d.grp AS grp, d."partition" AS "partition", 0 AS refused
 FROM conveyor_tasks AS t CROSS JOIN conveyor_deliveries AS d ON d.task_seq = t.seq
 WHERE t.seq >= (SELECT seq FROM conveyor_tasks WHERE id = json_extract(:rows, '$[0][0]'))
   AND t."partition" IS NOT NULL
+UNION ALL
+SELECT NULL, NULL, NULL, 1
+WHERE NOT EXISTS (SELECT 1 FROM conveyor_tasks WHERE id = json_extract(:rows, '$[0][0]'))
 
 -- name: submit_one
 INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, priority,
@@ -57,7 +70,11 @@ INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, pri
 SELECT :id, :name, :queue, NULL, :payload, :metadata, :priority,
     coalesce(:max_attempts, s.max_attempts, 3), coalesce(:backoff, s.backoff), :now_us,
     coalesce(:run_at, :now_us + coalesce(:delay, CAST(round(s.delay * 1000000) AS INTEGER), 0)), NULL, NULL, :id, :correlation_id
-FROM (SELECT 1) AS one LEFT JOIN conveyor_queues AS s ON s.queue = :queue;
+-- Nothing written when the queue is encrypted: plain rows never go to one,
+-- whatever this store believes (conveyor.store.protocol.sealing).
+FROM (SELECT 1 AS one WHERE NOT EXISTS (
+    SELECT 1 FROM conveyor_queues AS e WHERE e.queue = :queue AND e.encrypt
+)) AS one LEFT JOIN conveyor_queues AS s ON s.queue = :queue;
 INSERT INTO conveyor_deliveries (task_seq, grp, queue, "partition", priority, max_attempts,
     status, attempt, run_at)
 SELECT t.seq, '', t.queue, NULL, t.priority, t.max_attempts, 'queued', 0, t.run_at
@@ -81,7 +98,11 @@ SELECT :id, :name, :queue, NULL, :payload, :metadata, :priority,
     coalesce(:max_attempts, s.max_attempts, 3), coalesce(:backoff, s.backoff), :now_us,
     coalesce(:run_at, :now_us + coalesce(:delay, CAST(round(s.delay * 1000000) AS INTEGER), 0)), NULL, :parent_id,
     coalesce(p.root_id, :id), :correlation_id
-FROM (SELECT 1) AS one LEFT JOIN conveyor_queues AS s ON s.queue = :queue
+-- Nothing written when the queue is encrypted: plain rows never go to one,
+-- whatever this store believes (conveyor.store.protocol.sealing).
+FROM (SELECT 1 AS one WHERE NOT EXISTS (
+    SELECT 1 FROM conveyor_queues AS e WHERE e.queue = :queue AND e.encrypt
+)) AS one LEFT JOIN conveyor_queues AS s ON s.queue = :queue
 LEFT JOIN conveyor_tasks AS p ON p.id = :parent_id
 WHERE :parent_id IS NULL OR p.id IS NOT NULL;
 INSERT INTO conveyor_deliveries (task_seq, grp, queue, "partition", priority, max_attempts,
@@ -121,7 +142,12 @@ INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, pri
 SELECT i.value, n.v, q.v, NULL, p.v, m.v, r.v,
     coalesce(a.v, s.max_attempts, 3), coalesce(b.v, s.backoff), :now_us,
     coalesce(ra.v, :now_us + coalesce(d.v, CAST(round(s.delay * 1000000) AS INTEGER), 0)), NULL, NULL, i.value, c.v
-FROM json_each(:ids) AS i
+-- Nothing written when a queue of the rows is encrypted: plain rows never go to
+-- one, whatever this store believes (conveyor.store.protocol.sealing).
+FROM (SELECT 1 AS one WHERE NOT EXISTS (
+    SELECT 1 FROM conveyor_queues AS e WHERE e.encrypt AND e.queue IN (SELECT v FROM queues)
+)) AS sealed
+CROSS JOIN json_each(:ids) AS i
 JOIN names AS n ON n.k = i.key
 JOIN queues AS q ON q.k = i.key
 JOIN payloads AS p ON p.k = i.key
@@ -170,7 +196,12 @@ SELECT i.value, n.v, q.v, NULL, p.v, m.v, r.v,
     coalesce(a.v, s.max_attempts, 3), coalesce(b.v, s.backoff), :now_us,
     coalesce(ra.v, :now_us + coalesce(d.v, CAST(round(s.delay * 1000000) AS INTEGER), 0)), NULL, f.v, coalesce(pt.root_id, i.value),
     c.v
-FROM json_each(:ids) AS i
+-- Nothing written when a queue of the rows is encrypted: plain rows never go to
+-- one, whatever this store believes (conveyor.store.protocol.sealing).
+FROM (SELECT 1 AS one WHERE NOT EXISTS (
+    SELECT 1 FROM conveyor_queues AS e WHERE e.encrypt AND e.queue IN (SELECT v FROM queues)
+)) AS sealed
+CROSS JOIN json_each(:ids) AS i
 JOIN names AS n ON n.k = i.key
 JOIN queues AS q ON q.k = i.key
 JOIN payloads AS p ON p.k = i.key
@@ -237,7 +268,12 @@ SELECT i.value, n.v, q.v, pa.v, p.v, m.v, r.v,
     coalesce(a.v, s.max_attempts, 3), coalesce(b.v, s.backoff), :now_us,
     coalesce(ra.v, :now_us + coalesce(d.v, CAST(round(s.delay * 1000000) AS INTEGER), 0)), ky.v, f.v, coalesce(pt.root_id, i.value),
     c.v
-FROM json_each(:ids) AS i
+-- Nothing written when a queue of the rows is encrypted: plain rows never go to
+-- one, whatever this store believes (conveyor.store.protocol.sealing).
+FROM (SELECT 1 AS one WHERE NOT EXISTS (
+    SELECT 1 FROM conveyor_queues AS e WHERE e.encrypt AND e.queue IN (SELECT v FROM queues)
+)) AS sealed
+CROSS JOIN json_each(:ids) AS i
 JOIN names AS n ON n.k = i.key
 JOIN queues AS q ON q.k = i.key
 JOIN payloads AS p ON p.k = i.key
@@ -315,7 +351,11 @@ SELECT :id, :name, :queue, NULL, :payload, :metadata, :priority,
     coalesce(:max_attempts, s.max_attempts, 3), coalesce(:backoff, s.backoff), :now_us,
     coalesce(:run_at, :now_us + coalesce(:delay, CAST(round(s.delay * 1000000) AS INTEGER), 0)), :key, :parent_id,
     coalesce(p.root_id, :id), :correlation_id
-FROM (SELECT 1) AS one LEFT JOIN conveyor_queues AS s ON s.queue = :queue
+-- Nothing written when the queue is encrypted: plain rows never go to one,
+-- whatever this store believes (conveyor.store.protocol.sealing).
+FROM (SELECT 1 AS one WHERE NOT EXISTS (
+    SELECT 1 FROM conveyor_queues AS e WHERE e.queue = :queue AND e.encrypt
+)) AS one LEFT JOIN conveyor_queues AS s ON s.queue = :queue
 LEFT JOIN conveyor_tasks AS p ON p.id = :parent_id
 WHERE EXISTS (SELECT 1 FROM conveyor_keys WHERE key = :key AND task_id = :id);
 INSERT INTO conveyor_deliveries (task_seq, grp, queue, "partition", priority, max_attempts,
@@ -351,7 +391,11 @@ INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, pri
 SELECT :id, :name, :queue, NULL, :payload, :metadata, :priority,
     coalesce(:max_attempts, s.max_attempts, 3), coalesce(:backoff, s.backoff), :now_us,
     coalesce(:run_at, :now_us + coalesce(:delay, CAST(round(s.delay * 1000000) AS INTEGER), 0)), :key, NULL, :id, :correlation_id
-FROM (SELECT 1) AS one LEFT JOIN conveyor_queues AS s ON s.queue = :queue
+-- Nothing written when the queue is encrypted: plain rows never go to one,
+-- whatever this store believes (conveyor.store.protocol.sealing).
+FROM (SELECT 1 AS one WHERE NOT EXISTS (
+    SELECT 1 FROM conveyor_queues AS e WHERE e.queue = :queue AND e.encrypt
+)) AS one LEFT JOIN conveyor_queues AS s ON s.queue = :queue
 WHERE EXISTS (SELECT 1 FROM conveyor_keys WHERE key = :key AND task_id = :id);
 INSERT INTO conveyor_deliveries (task_seq, grp, queue, "partition", priority, max_attempts,
     status, attempt, run_at)
