@@ -9,6 +9,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from conveyor.connect import connect, connect_sync
+from conveyor.encryption import Encryption
 from conveyor.errors import (
     AlreadyExists,
     ConfigurationError,
@@ -23,7 +24,6 @@ from conveyor.errors import (
     StoreUnavailable,
     TaskCancelled,
 )
-from conveyor.encryption import Encryption
 from conveyor.models import Backoff, ConsumerGroup, GroupStats, Page, QueueStats, Status, Task
 from conveyor.outcomes import Permanent, Snooze
 

@@ -150,7 +150,7 @@ class Encryption:
         """``text`` sealed under the current key, bound to the task ``task_id`` and
         the value's ``field`` (``"payload"``, ``"result"``, ...)."""
         nonce = os.urandom(NONCE_BYTES)
-        sealed = _aead()(self._raw[self.current]).encrypt(
+        sealed: bytes = _aead()(self._raw[self.current]).encrypt(
             nonce, text.encode(), _bound(task_id, field)
         )
         return f"{MARK}{self.current}:{base64.b64encode(nonce + sealed).decode()}"
@@ -166,7 +166,7 @@ class Encryption:
         body = text[len(MARK) + len(key_id) + 1 :]
         try:
             blob = base64.b64decode(body, validate=True)
-            plain = _aead()(key).decrypt(
+            plain: bytes = _aead()(key).decrypt(
                 blob[:NONCE_BYTES], blob[NONCE_BYTES:], _bound(task_id, field)
             )
         except Exception:  # InvalidTag, bad base64, a blob too short

@@ -115,7 +115,7 @@ class LeaseOps(Seam):
             ):
                 raise InvalidArgument("progress", f"must be a number in [0, 1], got {progress!r}")
         if message is not None:
-            message = v.text("message", message)
+            message = self._keyring.sealed_write(task_id, "progress", v.text("message", message))
 
         values = consumer.progress_values(progress, message)
         return await consumer.owned_write(self, task_id, worker_id, group, attempt, values)
@@ -131,7 +131,11 @@ class LeaseOps(Seam):
     ) -> Task:
         """Finish a leased task as ``succeeded`` with ``result`` (JSON)."""
         encoded = v.to_json("result", result, max_size=self.max_result_size)
-        return await acks.succeed(self, task_id, worker_id, group, attempt, encoded)
+        sealed = self._keyring.sealed_write(task_id, "result", encoded)
+        assert sealed is not None
+        task = await acks.succeed(self, task_id, worker_id, group, attempt, sealed)
+        self._keyring.release([task_id])
+        return task
 
     async def fail(
         self,
@@ -147,7 +151,8 @@ class LeaseOps(Seam):
         """Record a failed attempt. With ``retryable`` and attempts left the task is
         queued again after ``delay`` (default: its backoff); otherwise ``failed``."""
         envelope = v.error_envelope(error, retryable=bool(retryable))
-        encoded = v.to_json("error", envelope)
+        encoded = self._keyring.sealed_write(task_id, "error", v.to_json("error", envelope))
+        assert encoded is not None
         delay_s = None if delay is None else v.duration_seconds("delay", delay)
         grp = codec.group_key(group)
         worker_id = v.name("worker_id", worker_id)
@@ -161,6 +166,7 @@ class LeaseOps(Seam):
             ),
         )
         wake.wake_local(self, work=again)
+        self._keyring.release([task_id])
         return task
 
     async def release(
@@ -223,7 +229,7 @@ class LeaseOps(Seam):
         outcomes, todo = acks.validate_acks(items, max_size=self.max_result_size)
         if not todo:
             return [o for o in outcomes if o is not None]
-        return await acks.succeed_many(self, outcomes, todo)
+        return await acks.succeed_many(self, outcomes, acks.sealed(self, todo))
 
     async def ack_many(
         self, items: Iterable[Mapping[str, Any]], *, partitioned: bool | None = None
@@ -239,4 +245,5 @@ class LeaseOps(Seam):
         outcomes, todo = acks.validate_acks(items, max_size=self.max_result_size)
         if not todo:
             return [o if isinstance(o, ConveyorError) else None for o in outcomes]
+        todo = acks.sealed(self, todo)
         return await acks.ack_many(self, outcomes, todo, partitioned=partitioned is True)

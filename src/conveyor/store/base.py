@@ -286,9 +286,8 @@ class TaskStore(LeaseOps, InspectReads, WorkerOps, AdminOps, BulkOps):
             tasks = await producer.submit_sealed(self, prepared)
         else:
             try:
-                tasks = await submit_together.submit(self, prepared)
-                if tasks is None:
-                    tasks = await producer.submit(self, prepared)
+                sent = await submit_together.submit(self, prepared)
+                tasks = sent if sent is not None else await producer.submit(self, prepared)
             except sealing.Refused:
                 # A queue of the batch is encrypted: nothing was written.
                 tasks = await producer.submit_sealed(self, prepared)
@@ -300,7 +299,8 @@ class TaskStore(LeaseOps, InspectReads, WorkerOps, AdminOps, BulkOps):
         grp = codec.group_key(group)
         task_id = v.name("task_id", task_id)
         found = await self._run(
-            lambda conn: codec.fetch_tasks(conn, grp, ids=[task_id], keyring=self._keyring), write=False
+            lambda conn: codec.fetch_tasks(conn, grp, ids=[task_id], keyring=self._keyring),
+            write=False,
         )
         return found.get(task_id)
 
@@ -312,7 +312,9 @@ class TaskStore(LeaseOps, InspectReads, WorkerOps, AdminOps, BulkOps):
             task_id = (await conn.execute(select(k.c.task_id).where(k.c.key == key))).scalar()
             if task_id is None:
                 return None
-            return (await codec.fetch_tasks(conn, q.QUEUE_MODE, ids=[task_id], keyring=self._keyring)).get(task_id)
+            keyring = self._keyring
+            found = await codec.fetch_tasks(conn, q.QUEUE_MODE, ids=[task_id], keyring=keyring)
+            return found.get(task_id)
 
         return await self._run(work, write=False)
 
@@ -373,7 +375,9 @@ class TaskStore(LeaseOps, InspectReads, WorkerOps, AdminOps, BulkOps):
 
         async def work(conn: AsyncConnection) -> Task | None:
             await withdraw.cancel_tx(self, conn, [task_id])
-            return (await codec.fetch_tasks(conn, q.QUEUE_MODE, ids=[task_id], keyring=self._keyring)).get(task_id)
+            keyring = self._keyring
+            found = await codec.fetch_tasks(conn, q.QUEUE_MODE, ids=[task_id], keyring=keyring)
+            return found.get(task_id)
 
         task = await self._run(work)
         wake.wake_local(self, work=False)

@@ -352,7 +352,10 @@ HOOKS: dict[str, str] = {
     "claim": " ".join(
         f"""``Seam._claim(ask)`` (``ask`` a ``seam.Claim``: ``grp``, ``queues``,
         ``worker_id``, ``lease``, ``limit``, ``partition``, ``per_stream``), its own
-        transaction: when a lease of ``grp`` in ``queues`` has
+        transaction: when a queue of ``queues`` is encrypted and the store has no
+        keys, nothing leased or written and ``ConfigurationError`` raised
+        (``sealing.claimed_from``, told the encrypted queues before any lease);
+        when a lease of ``grp`` in ``queues`` has
         expired, nothing leased or written and ``None`` returned (the protocol
         recovers, ``upkeep.recover_tx``, and asks again); else the rows
         ``claim_order.claim_order`` chooses leased to the worker (running, attempt +

@@ -255,6 +255,10 @@ class Seam(abc.ABC):
         tasks of ``ask.queues`` in group ``ask.grp`` to ``ask.worker_id`` (see
         :class:`Claim`), in one transaction of its own, committed before it returns.
 
+        * It reads which of ``queues`` are encrypted and hands them to
+          :func:`conveyor.store.protocol.sealing.claimed_from` before it leases:
+          a store without keys raises ``ConfigurationError`` there, having leased
+          and written nothing.
         * If a lease of ``grp`` in ``queues`` has expired, it leases nothing,
           writes nothing and returns ``None``: the caller recovers the expired
           leases (:func:`conveyor.store.protocol.upkeep.recover_tx`) and asks again.

@@ -75,6 +75,23 @@ def validate_acks(
     return outcomes, todo
 
 
+def sealed(st: Seam, todo: list[AckItem]) -> list[AckItem]:
+    """``todo`` with the result of each task held sealed sealed (:mod:`.sealing`),
+    and those tasks forgotten: their outcome is being written. As it was when this
+    store holds no sealed task."""
+    keyring = st._keyring
+    held = keyring.held
+    if not held:
+        return todo
+    out: list[AckItem] = []
+    for i, task_id, worker_id, grp, attempt, encoded in todo:
+        if task_id in held:
+            encoded = keyring.seal(encoded, task_id, "result")
+            del held[task_id]
+        out.append((i, task_id, worker_id, grp, attempt, encoded))
+    return out
+
+
 async def succeed(
     st: Seam,
     task_id: str,

@@ -16,11 +16,11 @@ from sqlalchemy import Select, select, union_all
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
+from conveyor.encryption import MARK
 from conveyor.errors import InvalidArgument
 from conveyor.models import ConsumerGroup, Status, Task
 from conveyor.schema import deliveries as d
 from conveyor.schema import tasks as t
-from conveyor.encryption import MARK
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import sealing
 

@@ -121,6 +121,17 @@ class Keyring:
         return plain if isinstance(plain, Encrypted) else json.loads(plain)
 
 
+def claimed_from(st: Any, queues: Iterable[str], sealed: Iterable[str]) -> None:
+    """What a claim of ``queues`` read before leasing: ``sealed``, the encrypted
+    ones. Remembered (their tasks' values are sealed when written); with no keys,
+    ConfigurationError (the claim hook leased nothing)."""
+    found = sorted(set(sealed))
+    keyring: Keyring = st._keyring
+    keyring.learn(queues, found)
+    if found:
+        keyring.require(found[0])
+
+
 #: What a store without keys reads with (nothing opens).
 NO_KEYS = Keyring(None)
 

@@ -142,12 +142,7 @@ INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, pri
 SELECT i.value, n.v, q.v, NULL, p.v, m.v, r.v,
     coalesce(a.v, s.max_attempts, 3), coalesce(b.v, s.backoff), :now_us,
     coalesce(ra.v, :now_us + coalesce(d.v, CAST(round(s.delay * 1000000) AS INTEGER), 0)), NULL, NULL, i.value, c.v
--- Nothing written when a queue of the rows is encrypted: plain rows never go to
--- one, whatever this store believes (conveyor.store.protocol.sealing).
-FROM (SELECT 1 AS one WHERE NOT EXISTS (
-    SELECT 1 FROM conveyor_queues AS e WHERE e.encrypt AND e.queue IN (SELECT v FROM queues)
-)) AS sealed
-CROSS JOIN json_each(:ids) AS i
+FROM json_each(:ids) AS i
 JOIN names AS n ON n.k = i.key
 JOIN queues AS q ON q.k = i.key
 JOIN payloads AS p ON p.k = i.key
@@ -159,6 +154,13 @@ LEFT JOIN delays AS d ON d.k = i.key
 LEFT JOIN run_ats AS ra ON ra.k = i.key
 LEFT JOIN correlations AS c ON c.k = i.key
 LEFT JOIN conveyor_queues AS s ON s.queue = q.v
+-- Nothing written when a queue of the rows is encrypted: plain rows never go to
+-- one, whatever this store believes (conveyor.store.protocol.sealing). Uncorrelated:
+-- asked once per statement.
+WHERE NOT EXISTS (
+    SELECT 1 FROM conveyor_queues AS e
+    WHERE e.encrypt AND e.queue IN (SELECT value FROM json_each(:queues))
+)
 ORDER BY i.key;
 INSERT INTO conveyor_deliveries (task_seq, grp, queue, "partition", priority, max_attempts,
     status, attempt, run_at)
@@ -196,12 +198,7 @@ SELECT i.value, n.v, q.v, NULL, p.v, m.v, r.v,
     coalesce(a.v, s.max_attempts, 3), coalesce(b.v, s.backoff), :now_us,
     coalesce(ra.v, :now_us + coalesce(d.v, CAST(round(s.delay * 1000000) AS INTEGER), 0)), NULL, f.v, coalesce(pt.root_id, i.value),
     c.v
--- Nothing written when a queue of the rows is encrypted: plain rows never go to
--- one, whatever this store believes (conveyor.store.protocol.sealing).
-FROM (SELECT 1 AS one WHERE NOT EXISTS (
-    SELECT 1 FROM conveyor_queues AS e WHERE e.encrypt AND e.queue IN (SELECT v FROM queues)
-)) AS sealed
-CROSS JOIN json_each(:ids) AS i
+FROM json_each(:ids) AS i
 JOIN names AS n ON n.k = i.key
 JOIN queues AS q ON q.k = i.key
 JOIN payloads AS p ON p.k = i.key
@@ -215,7 +212,14 @@ LEFT JOIN correlations AS c ON c.k = i.key
 LEFT JOIN parents AS f ON f.k = i.key
 LEFT JOIN conveyor_tasks AS pt ON pt.id = f.v
 LEFT JOIN conveyor_queues AS s ON s.queue = q.v
+-- Nothing written when a queue of the rows is encrypted: plain rows never go to
+-- one, whatever this store believes (conveyor.store.protocol.sealing). Uncorrelated:
+-- asked once per statement.
 WHERE NOT EXISTS (
+    SELECT 1 FROM conveyor_queues AS e
+    WHERE e.encrypt AND e.queue IN (SELECT value FROM json_each(:queues))
+)
+  AND NOT EXISTS (
     SELECT 1 FROM json_each(:parent_ids) AS o
     WHERE o.value IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM conveyor_tasks AS x WHERE x.id = o.value)
@@ -268,12 +272,7 @@ SELECT i.value, n.v, q.v, pa.v, p.v, m.v, r.v,
     coalesce(a.v, s.max_attempts, 3), coalesce(b.v, s.backoff), :now_us,
     coalesce(ra.v, :now_us + coalesce(d.v, CAST(round(s.delay * 1000000) AS INTEGER), 0)), ky.v, f.v, coalesce(pt.root_id, i.value),
     c.v
--- Nothing written when a queue of the rows is encrypted: plain rows never go to
--- one, whatever this store believes (conveyor.store.protocol.sealing).
-FROM (SELECT 1 AS one WHERE NOT EXISTS (
-    SELECT 1 FROM conveyor_queues AS e WHERE e.encrypt AND e.queue IN (SELECT v FROM queues)
-)) AS sealed
-CROSS JOIN json_each(:ids) AS i
+FROM json_each(:ids) AS i
 JOIN names AS n ON n.k = i.key
 JOIN queues AS q ON q.k = i.key
 JOIN payloads AS p ON p.k = i.key
@@ -289,7 +288,14 @@ LEFT JOIN keys AS ky ON ky.k = i.key
 LEFT JOIN parents AS f ON f.k = i.key
 LEFT JOIN conveyor_tasks AS pt ON pt.id = f.v
 LEFT JOIN conveyor_queues AS s ON s.queue = q.v
-WHERE (ky.v IS NULL OR EXISTS (
+-- Nothing written when a queue of the rows is encrypted: plain rows never go to
+-- one, whatever this store believes (conveyor.store.protocol.sealing). Uncorrelated:
+-- asked once per statement.
+WHERE NOT EXISTS (
+    SELECT 1 FROM conveyor_queues AS e
+    WHERE e.encrypt AND e.queue IN (SELECT value FROM json_each(:queues))
+)
+  AND (ky.v IS NULL OR EXISTS (
         SELECT 1 FROM conveyor_keys AS kr WHERE kr.key = ky.v AND kr.task_id = i.value
     ))
   AND NOT EXISTS (
