@@ -76,7 +76,7 @@ def _key_bytes(key_id: str, key: Any) -> bytes:
     raise InvalidArgument(
         f"keys[{key_id!r}]",
         f"must be {KEY_BYTES} bytes or the base64 text of {KEY_BYTES} bytes "
-        "(make one with: python -c \"import base64, os; "
+        '(make one with: python -c "import base64, os; '
         'print(base64.b64encode(os.urandom(32)).decode())")',
     )
 

@@ -53,6 +53,13 @@ class SyncInternal:
         found: list[ScheduleInfo] = self._call(self._store.internal.schedules())
         return found
 
+    def count_rekey(self, queue: str | None = None) -> int:
+        """Internal, for ``conveyor rekey``; not covered by semver. How many tasks
+        a rekey would rewrite now (see
+        :meth:`conveyor.store.api_internal.Internal.count_rekey`)."""
+        found: int = self._call(self._store.internal.count_rekey(queue))
+        return found
+
     def count_where(self, action: Literal["retry", "cancel", "purge"], **filters: Any) -> int:
         """Internal, for ``conveyor tasks ... --dry-run``; not covered by semver.
         How many rows the bulk action would change now (see
@@ -164,6 +171,7 @@ class SyncStore:
     stats = _blocking(TaskStore.stats)
     configure_queue = _blocking(TaskStore.configure_queue)
     get_queue = _blocking(TaskStore.get_queue)
+    rekey = _blocking(TaskStore.rekey)
     recover = _blocking(TaskStore.recover)
     maintain = _blocking(TaskStore.maintain)
     maintenance_history = _blocking(TaskStore.maintenance_history)

@@ -5,12 +5,14 @@ configure_queue, get_queue, recover, maintain, maintenance_history."""
 from __future__ import annotations
 
 import builtins
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Literal
 
 from conveyor import _values as v
+from conveyor.errors import InvalidArgument
 from conveyor.models import Backoff, ConsumerGroup, QueueStats
-from conveyor.store.protocol import groups, upkeep
+from conveyor.store.protocol import groups, rekey, upkeep
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.protocol.stats import stats_tx
 from conveyor.store.seam import Seam
@@ -125,6 +127,31 @@ class AdminOps(Seam):
         queue = v.name("queue", queue)
 
         return await tx.run(self, lambda conn: upkeep.get_queue_tx(conn, queue), write=False)
+
+    async def rekey(
+        self,
+        queue: str | None = None,
+        *,
+        batch: int = 500,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> int:
+        """Seal again under the current key (:class:`~conveyor.Encryption`'s
+        ``current``) every task sealed under another one, and every task of an
+        encrypted queue stored plain (submitted before the queue was set
+        ``encrypt=True``), with their results, errors and progress messages; of
+        ``queue`` alone when given. How many tasks were rewritten.
+
+        In batches of ``batch`` tasks in submit order, one transaction each: a run
+        cut short keeps the batches it committed, and running it again does the
+        rest. ``on_batch(n)`` is called after each batch with the tasks it
+        rewrote (a progress bar). Needs the keys of what it opens:
+        :class:`~conveyor.DecryptionError` for a value sealed under a key this
+        store lacks, :class:`~conveyor.ConfigurationError` without keys."""
+        name = None if queue is None else v.name("queue", queue)
+        size = v.positive_int("batch", batch)
+        if on_batch is not None and not callable(on_batch):
+            raise InvalidArgument("on_batch", f"must be a callable or None, got {on_batch!r}")
+        return await rekey.run(self, name, size, on_batch)
 
     async def recover(self) -> tuple[int, int]:
         """Recover every expired lease now: ``(requeued, failed)`` counts."""

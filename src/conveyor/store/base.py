@@ -44,7 +44,7 @@ from conveyor import _values as v
 from conveyor import tracing
 from conveyor.collector import settle_collector
 from conveyor.encryption import Encryption
-from conveyor.errors import ConveyorError, InvalidArgument, NotFound
+from conveyor.errors import ConfigurationError, ConveyorError, InvalidArgument, NotFound
 from conveyor.models import Backoff, Page, Status, Task
 from conveyor.schema import keys as k
 from conveyor.store.api_admin import AdminOps
@@ -281,16 +281,22 @@ class TaskStore(LeaseOps, InspectReads, WorkerOps, AdminOps, BulkOps):
         if connection is not None:
             return await caller_tx.submit(self, connection, prepared)
         encrypted = self._keyring.encrypted
-        if encrypted and producer.touches(prepared, encrypted):
-            # Known encrypted: straight to the submit that seals (see sealing).
-            tasks = await producer.submit_sealed(self, prepared)
-        else:
-            try:
-                sent = await submit_together.submit(self, prepared)
-                tasks = sent if sent is not None else await producer.submit(self, prepared)
-            except sealing.Refused:
-                # A queue of the batch is encrypted: nothing was written.
+        try:
+            if encrypted and producer.touches(prepared, encrypted):
+                # Known encrypted: straight to the submit that seals (see sealing).
                 tasks = await producer.submit_sealed(self, prepared)
+            else:
+                try:
+                    sent = await submit_together.submit(self, prepared)
+                    tasks = sent if sent is not None else await producer.submit(self, prepared)
+                except sealing.Refused:
+                    # A queue of the batch is encrypted: nothing was written.
+                    tasks = await producer.submit_sealed(self, prepared)
+        except ConfigurationError:
+            # An encrypted queue and no keys: nothing written but, maybe, the keys a
+            # plain statement claimed before it refused (their tasks do not exist).
+            await producer.drop_orphan_keys(self, prepared)
+            raise
         wake.wake_local(self, work=True)
         return tasks
 

@@ -15,7 +15,7 @@ from sqlalchemy import delete, exists, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
-from conveyor.errors import AlreadyExists, ConfigurationError, InvalidArgument
+from conveyor.errors import AlreadyExists, InvalidArgument
 from conveyor.models import Task
 from conveyor.schema import keys as k
 from conveyor.schema import tasks as t
@@ -429,17 +429,19 @@ async def submit_sealed(
         except sealing.Refused:
             if attempt == SEALED_TRIES - 1:
                 raise
-        except ConfigurationError:
-            if conn is None and any(r.key is not None for r in reqs):
-                await tx.run(st, lambda c: drop_orphan_keys(c, [r.id for r in reqs]))
-            raise
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-async def drop_orphan_keys(conn: AsyncConnection, ids: list[str]) -> None:
-    """Delete the keys naming ``ids`` whose task does not exist: what a plain
+async def drop_orphan_keys(st: Seam, reqs: list[Request]) -> None:
+    """Delete the keys naming a task of ``reqs`` that does not exist: what a plain
     statement claimed before it refused to write the task to an encrypted queue,
-    when the sealed submit then cannot go on (this store has no key)."""
+    when the submit then cannot go on (this store has no key)."""
+    ids = [r.id for r in reqs if r.key is not None]
+    if ids:
+        await tx.run(st, lambda conn: _drop_orphan_keys(conn, ids))
+
+
+async def _drop_orphan_keys(conn: AsyncConnection, ids: list[str]) -> None:
     await conn.execute(
         delete(k).where(
             k.c.task_id.in_(sorted(ids)), ~exists(select(t.c.seq).where(t.c.id == k.c.task_id))

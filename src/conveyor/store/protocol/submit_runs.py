@@ -38,7 +38,8 @@ FIRST = 50
 
 
 class _NotPlain(Exception):
-    """A request with a key, partition or parent turned up: the usual path takes over."""
+    """A request with a key, partition or parent, or to a queue the first run did
+    not have, turned up: the usual path takes over."""
 
 
 async def submit(st: Seam, preparing: Preparing) -> list[Task] | None:
@@ -54,6 +55,12 @@ async def submit(st: Seam, preparing: Preparing) -> list[Task] | None:
     runner = st._batch_runner()
     done = preparing.done
     tasks: list[Task] = []
+    # Every run's statement writes nothing when one of its queues is encrypted
+    # (sealing), and the first run's queues are checked first: a later request to
+    # another queue ends this attempt (the usual path then checks the whole batch
+    # in one statement), so an encrypted queue cannot refuse a later run after
+    # earlier runs to other queues were written.
+    queues = {r.queue for r in first}
 
     def runs() -> Iterator[dict[str, Any]]:
         # The requests already taken first (a transaction retried after a transient
@@ -63,8 +70,10 @@ async def submit(st: Seam, preparing: Preparing) -> list[Task] | None:
         while True:
             step = FIRST if sent == 0 else RUN
             missing = sent + step - len(done)
-            if missing > 0 and not producer.is_plain(preparing.take(missing)):
-                raise _NotPlain
+            if missing > 0:
+                more = preparing.take(missing)
+                if not producer.is_plain(more) or any(r.queue not in queues for r in more):
+                    raise _NotPlain
             part = done[sent : sent + step]
             if not part:
                 return
@@ -87,9 +96,10 @@ async def submit(st: Seam, preparing: Preparing) -> list[Task] | None:
         return None
     written = {row.id for row in rows}
     if len(written) < len(done):
-        # A run refused to write plain rows to an encrypted queue (each run writes
-        # all its tasks or none: sealing). Its requests go again, sealed; the runs
-        # written stay (their queues were plain when they were written).
+        # A run refused to write plain rows to a queue that became encrypted after
+        # the runs before it were written (each run writes all its tasks or none:
+        # sealing). Its requests go again, sealed; the runs written stay, plain,
+        # as a submit committed just before the change would have.
         left = [r for r in done if r.id not in written]
         again = {task.id: task for task in await producer.submit_sealed(st, left)}
         kept = producer.settle([task for task in tasks if task.id in written], rows)
