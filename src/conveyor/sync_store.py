@@ -14,6 +14,7 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
+from conveyor.encryption import Encryption
 from conveyor.errors import ConfigurationError
 from conveyor.store.api_internal import ScheduleInfo
 from conveyor.store.base import TaskStore
@@ -83,6 +84,11 @@ class SyncStore:
         self._lock = threading.Lock()
         #: The blocking twin of ``store.internal`` (conveyor's CLI; not covered by semver).
         self.internal = SyncInternal(store, self._call)
+
+    @property
+    def encryption(self) -> Encryption | None:
+        """The store's encryption keys (see :attr:`TaskStore.encryption`)."""
+        return self.store.encryption
 
     def _call(self, coro: Coroutine[Any, Any, R]) -> R:
         loop = self._ensure_loop()

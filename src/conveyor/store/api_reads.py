@@ -159,6 +159,7 @@ class InspectReads(Seam):
                 "queue_mode": row.queue_mode is not False,
                 "dead_letter": row.dead_letter,
                 "delay": row.delay,
+                "encrypt": bool(row.encrypt),
             }
             for row in await tx.run(self, work, write=False)
         ]
