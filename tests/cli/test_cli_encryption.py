@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 
 import pytest
-from test_cli_commands import EXIT_UNAVAILABLE, assert_one_line_error, ok_json, run_all, run_cli
+from test_cli_commands import EXIT_UNAVAILABLE, assert_one_line_error, ok_json, run_cli
 
 import conveyor
 
@@ -17,9 +17,7 @@ K2 = base64.b64encode(b"2" * 32).decode()
 def test_encrypt_is_set_shown_and_cleared(store_url: str) -> None:
     settings = ok_json("queue", "set", "vault", "--encrypt", url=store_url)
     assert settings["encrypt"] is True
-    shown, as_json = run_all(
-        ("queue", "show", "vault"), ("queue", "show", "vault", "--json"), url=store_url
-    )
+    shown = run_cli("queue", "show", "vault", url=store_url)
     assert shown.returncode == 0, shown.stderr
     assert "encrypt" in shown.stdout and "yes" in shown.stdout
     assert ok_json("queue", "show", "vault", url=store_url)["encrypt"] is True
