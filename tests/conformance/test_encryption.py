@@ -365,3 +365,20 @@ def test_connect_reads_the_keys_from_the_environment(
     monkeypatch.setenv("CONVEYOR_ENCRYPTION_KEYS", f"2026-12={K2},2026-06={K1}")
     st = conveyor.connect(f"sqlite:///{tmp_path / 'e.db'}")
     assert st.encryption == BOTH
+
+
+async def test_a_dead_letter_of_a_sealed_task_is_sealed_too(store_url: str) -> None:
+    """The letter in a plain dead-letter queue holds the original's payload and
+    error sealed (under its own id), and reads back whole."""
+    async with conveyor.connect(store_url, encryption=BOTH) as st:
+        await st.configure_queue("q", encrypt=True, dead_letter="dlq")
+        task = await st.submit("t", {"s": "pay-s3cret"}, queue="q", max_attempts=1)
+        [held] = await st.claim("q", worker_id="w")
+        await st.fail(held.id, worker_id="w", error=ValueError("err-s3cret"), retryable=False)
+        [letter] = (await st.list(queue="dlq")).items
+        assert letter.parent_id == task.id and letter.payload == {"s": "pay-s3cret"}
+        assert letter.metadata["dead_letter"]["error"]["message"] == "err-s3cret"
+        rows = await _rows(st, "SELECT key_id FROM conveyor_tasks WHERE id = :id", id=letter.id)
+        assert rows[0].key_id == "2026-12"
+        raw = await _raw_text(st)
+        assert "pay-s3cret" not in raw and "err-s3cret" not in raw

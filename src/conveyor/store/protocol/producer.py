@@ -367,7 +367,7 @@ async def insert_tasks(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> 
     st._keyring.learn(queues, encrypted)
     params = [
         task_row(
-            seal_request(st, r) if r.queue in encrypted else r,
+            seal_request(st, r) if r.queue in encrypted or r.seal else r,
             now,
             settings.get(r.queue),
             r.id if r.parent_id is None else parents.get(r.parent_id, r.parent_id),
