@@ -95,6 +95,8 @@ class Encryption:
     keys: Mapping[str, bytes | str]
     current: str
     _raw: dict[str, bytes] = field(init=False, repr=False, compare=False)
+    #: One AES-GCM cipher per key, made once: making one costs as much as sealing.
+    _ciphers: dict[str, Any] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.keys, Mapping) or not self.keys:
@@ -114,7 +116,8 @@ class Encryption:
         # The keys as bytes, frozen with the rest (the mapping given may change later).
         object.__setattr__(self, "keys", dict(raw))
         object.__setattr__(self, "_raw", raw)
-        _aead()  # the cryptography package is there, or a clear error now
+        aead = _aead()  # the cryptography package is there, or a clear error now
+        object.__setattr__(self, "_ciphers", {key_id: aead(key) for key_id, key in raw.items()})
 
     def __repr__(self) -> str:  # never the keys themselves
         return f"Encryption(keys=[{', '.join(map(repr, self._raw))}], current={self.current!r})"
@@ -150,7 +153,7 @@ class Encryption:
         """``text`` sealed under the current key, bound to the task ``task_id`` and
         the value's ``field`` (``"payload"``, ``"result"``, ...)."""
         nonce = os.urandom(NONCE_BYTES)
-        sealed: bytes = _aead()(self._raw[self.current]).encrypt(
+        sealed: bytes = self._ciphers[self.current].encrypt(
             nonce, text.encode(), _bound(task_id, field)
         )
         return f"{MARK}{self.current}:{base64.b64encode(nonce + sealed).decode()}"
@@ -160,13 +163,13 @@ class Encryption:
         ``field``; :class:`~conveyor.DecryptionError` if this store has no key of
         its id or the value does not open (another row's, altered, another key)."""
         key_id = key_of(text)
-        key = self._raw.get(key_id)
-        if key is None:
+        cipher = self._ciphers.get(key_id)
+        if cipher is None:
             raise DecryptionError(task_id, key_id, f"this store has no key {key_id!r}")
         body = text[len(MARK) + len(key_id) + 1 :]
         try:
             blob = base64.b64decode(body, validate=True)
-            plain: bytes = _aead()(key).decrypt(
+            plain: bytes = cipher.decrypt(
                 blob[:NONCE_BYTES], blob[NONCE_BYTES:], _bound(task_id, field)
             )
         except Exception:  # InvalidTag, bad base64, a blob too short

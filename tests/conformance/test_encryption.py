@@ -189,7 +189,10 @@ async def test_a_store_with_keys_that_believed_a_queue_plain_seals(store_url: st
         )
         sealed = [r for r in rows if r.key_id is not None]
         assert {r.id for r in sealed} == {t.id for t in made}
-        assert all(r.payload.startswith(MARK) and r.metadata.startswith(MARK) for r in sealed)
+        assert all(r.payload.startswith(MARK) for r in sealed)
+        # Metadata is sealed unless empty (nothing to hide).
+        assert all(r.metadata == "{}" or r.metadata.startswith(MARK) for r in sealed)
+        assert any(r.metadata.startswith(MARK) for r in sealed)
         raw = await _raw_text(b)
         assert "pay-s3cret" not in raw and "meta-s3cret" not in raw
         # The partitioned tasks are in their stream in order, the first one first.
@@ -382,3 +385,23 @@ async def test_a_dead_letter_of_a_sealed_task_is_sealed_too(store_url: str) -> N
         assert rows[0].key_id == "2026-12"
         raw = await _raw_text(st)
         assert "pay-s3cret" not in raw and "err-s3cret" not in raw
+
+
+async def test_a_store_learns_that_a_queue_is_no_longer_encrypted(store_url: str) -> None:
+    """B knows q encrypted; A turns encryption off. B's next submit is still sealed
+    (never less safe than asked), and tells B, whose submits after it go plain."""
+    async with (
+        conveyor.connect(store_url, encryption=BOTH) as a,
+        conveyor.connect(store_url, encryption=BOTH) as b,
+    ):
+        await a.configure_queue("q", encrypt=True)
+        await b.submit("t", queue="q")  # B learns q is encrypted (and seals)
+        await a.configure_queue("q", encrypt=False)
+        first = await b.submit("t", {"n": 1}, queue="q")
+        second = await b.submit_many([{"name": "t", "payload": {"n": 2}, "queue": "q"}] * 2)
+        rows = await _rows(b, "SELECT id, key_id FROM conveyor_tasks ORDER BY seq")
+        keys = {r.id: r.key_id for r in rows}
+        assert keys[first.id] == "2026-12"
+        assert [keys[t.id] for t in second] == [None, None]
+        got = await b.get(first.id)
+        assert got is not None and got.payload == {"n": 1}

@@ -47,7 +47,9 @@ def seeded(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     keys = conveyor.Encryption(keys={"2026-12": KEY}, current="2026-12")
     with conveyor.connect_sync(db_url, encryption=keys) as store:
         store.configure_queue("vault", encrypt=True)
-        task = store.submit("charge", {"card": "4111-s3cret"}, queue="vault")
+        task = store.submit(
+            "charge", {"card": "4111-s3cret"}, queue="vault", metadata={"who": "meta-s3cret"}
+        )
         [held] = store.claim("vault", worker_id="w")
         store.succeed(held.id, worker_id="w", result={"receipt": "rcpt-s3cret"})
     return db_url, task.id

@@ -172,6 +172,20 @@ STATEMENTS: tuple[Statement, ...] = (
     ),
     _s("submit_one", "producer", f"""``submit_plain`` for one task, from {_ONE}.{_IN}"""),
     _s(
+        "submit_sealed",
+        "producer",
+        f"""``submit_plain`` for tasks whose payload and metadata are sealed
+        (conveyor.store.protocol.sealing), from {_PLAIN} and ``key_id``, the key they
+        are all sealed with, written to each task row; whatever the queues' settings
+        (a sealed row may go to any queue). Returns {_STORED}, and ``encrypt``: the
+        setting of the task's queue (NULL: none).""",
+    ),
+    _s(
+        "submit_sealed_one",
+        "producer",
+        f"""``submit_sealed`` for one task, from {_ONE} and ``key_id``.""",
+    ),
+    _s(
         "submit_children",
         "producer",
         """``submit_plain`` for tasks with parents (no key or

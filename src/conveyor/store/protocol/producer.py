@@ -393,12 +393,15 @@ async def insert_tasks(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> 
 
 def seal_request(st: Seam, r: Request) -> Request:
     """``r`` with its payload and metadata sealed (the store's current key), for an
-    encrypted queue; ConfigurationError when this store has no keys."""
+    encrypted queue; ConfigurationError when this store has no keys. Metadata
+    left empty stays ``{}``: there is nothing in it to hide, and every claim of
+    the task would open it."""
     enc = st._keyring.require(r.queue)
+    meta = r.metadata
     return dataclasses.replace(
         r,
         payload=enc.seal(r.payload, task_id=r.id, field="payload"),
-        metadata=enc.seal(r.metadata, task_id=r.id, field="metadata"),
+        metadata=meta if meta == "{}" else enc.seal(meta, task_id=r.id, field="metadata"),
         key_id=enc.current,
     )
 
@@ -420,6 +423,11 @@ async def submit_sealed(
     of a batch that touches a queue this store knows encrypted, and of one a plain
     statement refused (:class:`~.sealing.Refused`). On ``conn`` (a caller's), in a
     savepoint. Tried again while a queue turns encrypted meanwhile."""
+    keyring = st._keyring
+    if conn is None and is_plain(reqs) and all(r.queue in keyring.encrypted for r in reqs):
+        # Every queue known encrypted and nothing but plain tasks: sealed here and
+        # written by one statement, as plain tasks are.
+        return await _submit_sealed_plain(st, reqs)
     for attempt in range(SEALED_TRIES):
         try:
             if conn is None:
@@ -430,6 +438,22 @@ async def submit_sealed(
             if attempt == SEALED_TRIES - 1:
                 raise
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _submit_sealed_plain(st: Seam, reqs: list[Request]) -> list[Task]:
+    """Plain requests, all to queues this store knows encrypted, sealed and written
+    by ``submit_sealed`` (one statement, committed on its own); the queues it finds
+    no longer encrypted are remembered so (their next submits go plain)."""
+    keyring = st._keyring
+    enc = keyring.require(reqs[0].queue)
+    sealed = [seal_request(st, r) for r in reqs]
+    single = len(reqs) == 1
+    text = (st._texts or await texts.of(st))["submit_sealed_one" if single else "submit_sealed"]
+    params = {**(one_params(sealed[0]) if single else many_params(sealed)), "key_id": enc.current}
+    rows = await texts.alone(st, text, params, inline=len(reqs) <= INLINE_MAX)
+    queue_of = {r.id: r.queue for r in reqs}
+    keyring.learn(set(queue_of.values()), {queue_of[row.id] for row in rows if row.encrypt})
+    return answers(reqs, rows)
 
 
 async def drop_orphan_keys(st: Seam, reqs: list[Request]) -> None:

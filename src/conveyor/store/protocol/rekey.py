@@ -122,7 +122,10 @@ async def _batch(
     for row in rows:
         values = {
             "payload": _reseal(keyring, enc, row.payload, row.id, "payload"),
-            "metadata": _reseal(keyring, enc, row.metadata, row.id, "metadata"),
+            # Empty metadata stays "{}" (as a sealed submit leaves it).
+            "metadata": row.metadata
+            if row.metadata == "{}"
+            else _reseal(keyring, enc, row.metadata, row.id, "metadata"),
             "key_id": enc.current,
         }
         same_key = t.c.key_id.is_(None) if row.key_id is None else t.c.key_id == row.key_id

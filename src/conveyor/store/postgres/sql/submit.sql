@@ -1259,3 +1259,96 @@ note AS (
     WHERE NOT gate.nobody
 )
 SELECT ins.id, ins.max_attempts, ins.created_at, ins.run_at FROM note, ins
+
+-- name: submit_sealed
+-- submit_plain for tasks sealed in Python (conveyor.store.protocol.sealing), all
+-- under :key_id: no check of the queues (a sealed row may go anywhere), the key id
+-- written, and each row's queue's encrypt setting returned, so the store learns
+-- of a queue no longer encrypted.
+WITH req AS (
+    SELECT * FROM unnest(
+        :ids::text[], :names::text[], :queues::text[], :payloads::text[],
+        :metadatas::text[], :priorities::int[], :max_attempts::int[],
+        :backoffs::text[], :delays::bigint[], :run_ats::bigint[],
+        :correlation_ids::text[]
+    ) WITH ORDINALITY AS r(id, name, queue, payload, metadata, priority, max_attempts,
+                           backoff, delay_us, run_at_us, correlation_id, n)
+),
+clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+ins AS (
+    INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
+        max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id,
+        key_id)
+    SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
+        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.backoff, s.backoff), c.now,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), NULL, NULL, r.id,
+        r.correlation_id, :key_id::text
+    FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
+    ORDER BY r.n
+    RETURNING seq, id, queue, priority, max_attempts, created_at, run_at
+),
+fan AS (
+    INSERT INTO conveyor_deliveries (task_seq, grp, queue, partition, priority,
+        max_attempts, status, attempt, run_at)
+    SELECT i.seq, '', i.queue, NULL, i.priority, i.max_attempts, 'queued', 0,
+        i.run_at
+    FROM ins AS i
+    UNION ALL
+    SELECT i.seq, g.name, i.queue, NULL, i.priority, i.max_attempts, 'queued', 0, i.run_at
+    FROM ins AS i JOIN conveyor_groups AS g ON g.queue = i.queue AND g.active
+        AND (g.start_at IS NULL OR g.start_at <= i.created_at)
+),
+gate AS (SELECT pg_try_advisory_xact_lock(1668247160) AS nobody),
+note AS (
+    SELECT count(pg_notify('conveyor_work', w.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM ins) AS w, gate
+    WHERE NOT gate.nobody
+)
+SELECT ins.id, ins.max_attempts, ins.created_at, ins.run_at, q.encrypt
+FROM note, ins LEFT JOIN conveyor_queues AS q ON q.queue = ins.queue
+
+-- name: submit_sealed_one
+-- submit_sealed for one task, from submit_one's parameters and :key_id.
+WITH req AS (
+    SELECT :id::text AS id, :name::text AS name, :queue::text AS queue,
+        :payload::text AS payload, :metadata::text AS metadata,
+        :priority::int AS priority, :max_attempts::int AS max_attempts,
+        :backoff::text AS backoff, :delay::bigint AS delay_us,
+        :run_at::bigint AS run_at_us, :correlation_id::text AS correlation_id,
+        1 AS n
+),
+clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+ins AS (
+    INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
+        max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id,
+        key_id)
+    SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
+        coalesce(r.max_attempts, s.max_attempts, 3),
+        coalesce(r.backoff, s.backoff), c.now,
+        coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), NULL, NULL, r.id,
+        r.correlation_id, :key_id::text
+    FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
+    ORDER BY r.n
+    RETURNING seq, id, queue, priority, max_attempts, created_at, run_at
+),
+fan AS (
+    INSERT INTO conveyor_deliveries (task_seq, grp, queue, partition, priority,
+        max_attempts, status, attempt, run_at)
+    SELECT i.seq, '', i.queue, NULL, i.priority, i.max_attempts, 'queued', 0,
+        i.run_at
+    FROM ins AS i
+    UNION ALL
+    SELECT i.seq, g.name, i.queue, NULL, i.priority, i.max_attempts, 'queued', 0, i.run_at
+    FROM ins AS i JOIN conveyor_groups AS g ON g.queue = i.queue AND g.active
+        AND (g.start_at IS NULL OR g.start_at <= i.created_at)
+),
+gate AS (SELECT pg_try_advisory_xact_lock(1668247160) AS nobody),
+note AS (
+    SELECT count(pg_notify('conveyor_work', w.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM ins) AS w, gate
+    WHERE NOT gate.nobody
+)
+SELECT ins.id, ins.max_attempts, ins.created_at, ins.run_at, q.encrypt
+FROM note, ins LEFT JOIN conveyor_queues AS q ON q.queue = ins.queue
+

@@ -416,3 +416,79 @@ SELECT id, max_attempts, created_at, run_at FROM conveyor_tasks WHERE id = :id
 
 -- name: submit_key_owned_in
 -- as: submit_key_owned
+
+-- name: submit_sealed
+-- submit_plain for tasks sealed in Python (conveyor.store.protocol.sealing), all
+-- under :key_id: no check of the queues (a sealed row may go anywhere), the key id
+-- written, and each row's queue's encrypt setting returned, so the store learns
+-- of a queue no longer encrypted.
+WITH names AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:names)),
+queues AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:queues)),
+payloads AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:payloads)),
+metadatas AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:metadatas)),
+priorities AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:priorities)),
+-- The last five may be NULL (no list: NULL for every task): no rows to join.
+attempts AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:max_attempts)),
+backoffs AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:backoffs)),
+delays AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:delays)),
+run_ats AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:run_ats)),
+correlations AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:correlation_ids))
+INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, priority,
+    max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id,
+    key_id)
+SELECT i.value, n.v, q.v, NULL, p.v, m.v, r.v,
+    coalesce(a.v, s.max_attempts, 3), coalesce(b.v, s.backoff), :now_us,
+    coalesce(ra.v, :now_us + coalesce(d.v, CAST(round(s.delay * 1000000) AS INTEGER), 0)), NULL, NULL, i.value, c.v,
+    :key_id
+FROM json_each(:ids) AS i
+JOIN names AS n ON n.k = i.key
+JOIN queues AS q ON q.k = i.key
+JOIN payloads AS p ON p.k = i.key
+JOIN metadatas AS m ON m.k = i.key
+JOIN priorities AS r ON r.k = i.key
+LEFT JOIN attempts AS a ON a.k = i.key
+LEFT JOIN backoffs AS b ON b.k = i.key
+LEFT JOIN delays AS d ON d.k = i.key
+LEFT JOIN run_ats AS ra ON ra.k = i.key
+LEFT JOIN correlations AS c ON c.k = i.key
+LEFT JOIN conveyor_queues AS s ON s.queue = q.v
+ORDER BY i.key;
+INSERT INTO conveyor_deliveries (task_seq, grp, queue, "partition", priority, max_attempts,
+    status, attempt, run_at)
+SELECT t.seq, '', t.queue, NULL, t.priority, t.max_attempts, 'queued', 0, t.run_at
+FROM conveyor_tasks AS t
+WHERE t.seq >= (SELECT seq FROM conveyor_tasks WHERE id = json_extract(:ids, '$[0]'))
+UNION ALL
+SELECT t.seq, g.name, t.queue, NULL, t.priority, t.max_attempts, 'queued', 0, t.run_at
+FROM conveyor_tasks AS t JOIN conveyor_groups AS g ON g.queue = t.queue AND g.active
+    AND (g.start_at IS NULL OR g.start_at <= t.created_at)
+WHERE t.seq >= (SELECT seq FROM conveyor_tasks WHERE id = json_extract(:ids, '$[0]'));
+SELECT t.id AS id, t.max_attempts AS max_attempts, t.created_at AS created_at,
+    t.run_at AS run_at, q.encrypt AS encrypt
+FROM conveyor_tasks AS t LEFT JOIN conveyor_queues AS q ON q.queue = t.queue
+WHERE t.seq >= (SELECT seq FROM conveyor_tasks WHERE id = json_extract(:ids, '$[0]'))
+
+-- name: submit_sealed_one
+-- submit_sealed for one task, from submit_one's parameters and :key_id.
+INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, priority,
+    max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id,
+    key_id)
+SELECT :id, :name, :queue, NULL, :payload, :metadata, :priority,
+    coalesce(:max_attempts, s.max_attempts, 3), coalesce(:backoff, s.backoff), :now_us,
+    coalesce(:run_at, :now_us + coalesce(:delay, CAST(round(s.delay * 1000000) AS INTEGER), 0)), NULL, NULL, :id, :correlation_id,
+    :key_id
+FROM (SELECT 1) AS one LEFT JOIN conveyor_queues AS s ON s.queue = :queue;
+INSERT INTO conveyor_deliveries (task_seq, grp, queue, "partition", priority, max_attempts,
+    status, attempt, run_at)
+SELECT t.seq, '', t.queue, NULL, t.priority, t.max_attempts, 'queued', 0, t.run_at
+FROM conveyor_tasks AS t WHERE t.id = :id
+UNION ALL
+SELECT t.seq, g.name, t.queue, NULL, t.priority, t.max_attempts, 'queued', 0, t.run_at
+FROM conveyor_tasks AS t JOIN conveyor_groups AS g ON g.queue = t.queue AND g.active
+    AND (g.start_at IS NULL OR g.start_at <= t.created_at)
+WHERE t.id = :id;
+SELECT t.id AS id, t.max_attempts AS max_attempts, t.created_at AS created_at,
+    t.run_at AS run_at, q.encrypt AS encrypt
+FROM conveyor_tasks AS t LEFT JOIN conveyor_queues AS q ON q.queue = t.queue
+WHERE t.id = :id
+
