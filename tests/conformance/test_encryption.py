@@ -405,3 +405,22 @@ async def test_a_store_learns_that_a_queue_is_no_longer_encrypted(store_url: str
         assert [keys[t.id] for t in second] == [None, None]
         got = await b.get(first.id)
         assert got is not None and got.payload == {"n": 1}
+
+
+async def test_a_large_batch_to_an_encrypted_queue_is_sealed_in_runs(store_url: str) -> None:
+    """A batch of 600 (sent in runs) by a store that knows the queue encrypted, and
+    by one that does not: every task sealed, all in request order."""
+    async with conveyor.connect(store_url, encryption=BOTH) as st:
+        await st.configure_queue("big", encrypt=True)
+        reqs = [
+            {"name": "t", "payload": {"n": f"pay-s3cret-{i}"}, "queue": "big"} for i in range(600)
+        ]
+        made = await st.submit_many(reqs)
+        async with conveyor.connect(store_url, encryption=BOTH) as other:
+            made += await other.submit_many(reqs)
+        assert [t.payload for t in made] == [r["payload"] for r in reqs] * 2
+        rows = await _rows(st, "SELECT key_id, count(*) AS n FROM conveyor_tasks GROUP BY key_id")
+        assert [(r.key_id, r.n) for r in rows] == [("2026-12", 1200)]
+        assert "pay-s3cret" not in await _raw_text(st)
+        claimed = await st.claim("big", worker_id="w", limit=10)
+        assert [t.payload["n"] for t in claimed] == [f"pay-s3cret-{i}" for i in range(10)]

@@ -34,6 +34,9 @@ How to read it (five minutes)::
       streams          the FIFO state machine of partitions; the lock order
       groups           consumer groups: subscribe, backfill, unsubscribe, the
                        claim's check that its group exists
+      sealing          encryption at rest: what is sealed, the fail-closed rule,
+                       what a store remembers (keys, encrypted queues, held tasks)
+      rekey            sealing again under the current key, in batches
       upkeep           recovery, eviction, retention, counts, maintain()
       stats            stats(): one statement, one snapshot
       observed         the throughput and totals roll-ups

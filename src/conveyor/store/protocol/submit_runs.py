@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from conveyor.models import Task
 from conveyor.store.protocol import producer, texts
 from conveyor.store.protocol import transactions as tx
-from conveyor.store.protocol.requests import Preparing
+from conveyor.store.protocol.requests import Preparing, Request
 from conveyor.store.seam import Seam
 
 #: Tasks per run. Why 250: batches of 1,000 plain tasks, in alternating runs on a
@@ -35,6 +35,17 @@ RUN = 250
 #: Tasks in the first run: fewer, so the server starts sooner (until the first run
 #: is sent, only the client works).
 FIRST = 50
+
+
+def _params(st: Seam, part: list[Request], sealed: bool) -> dict[str, Any]:
+    """The parameters of one run: ``submit_plain``'s, or, ``sealed``, the requests
+    sealed and ``submit_sealed``'s (ConfigurationError without keys: nothing of
+    the runs is written)."""
+    if not sealed:
+        return producer.many_params(part)
+    key_id = st._keyring.require(part[0].queue).current
+    sealed_part = [producer.seal_request(st, r) for r in part]
+    return {**producer.many_params(sealed_part), "key_id": key_id}
 
 
 class _NotPlain(Exception):
@@ -48,10 +59,16 @@ async def submit(st: Seam, preparing: Preparing) -> list[Task] | None:
     so far stay in ``preparing.done`` for the usual path."""
     if preparing.total <= RUN:
         return None
-    text = (st._texts or await texts.of(st))["submit_plain"]
     first = preparing.take(FIRST)
-    if not producer.is_plain(first) or producer.touches(first, st._keyring.encrypted):
+    if not producer.is_plain(first):
         return None
+    # Queues all known encrypted: every run sealed and written by submit_sealed;
+    # none known encrypted: submit_plain; some of each: the usual path.
+    known = st._keyring.encrypted
+    sealed = producer.touches(first, known)
+    if sealed and not all(r.queue in known for r in first):
+        return None
+    text = (st._texts or await texts.of(st))["submit_sealed" if sealed else "submit_plain"]
     runner = st._batch_runner()
     done = preparing.done
     tasks: list[Task] = []
@@ -78,7 +95,7 @@ async def submit(st: Seam, preparing: Preparing) -> list[Task] | None:
             if not part:
                 return
             sent += len(part)
-            yield text.bind(st, producer.many_params(part))
+            yield text.bind(st, _params(st, part, sealed))
             # Here once the run has been sent: its answering tasks are built while
             # the server works on it, and settled from its rows after the commit.
             tasks.extend(producer.unsettled(part))
@@ -94,6 +111,9 @@ async def submit(st: Seam, preparing: Preparing) -> list[Task] | None:
         rows = await tx.run(st, work, together=lambda: runner(text.statements, runs()))
     except _NotPlain:
         return None
+    if sealed:
+        queue_of = {r.id: r.queue for r in done}
+        st._keyring.learn(queues, {queue_of[row.id] for row in rows if row.encrypt})
     written = {row.id for row in rows}
     if len(written) < len(done):
         # A run refused to write plain rows to a queue that became encrypted after
