@@ -74,15 +74,19 @@ def row_to_task(row: Any, keyring: sealing.Keyring | None = None) -> Task:
     metadata = row.metadata
     result = row.result
     error = row.error
-    try:
-        payload = json.loads(row.payload)
-        metadata = {} if metadata == "{}" else json.loads(metadata)
-        result = None if result is None else json.loads(result)
-        error = None if error is None else json.loads(error)
-    except ValueError:
-        # A sealed value is not JSON ("~" starts none): opened here, so a plain
-        # row pays nothing for encryption.
+    payload = row.payload
+    if payload[0] == "~":  # sealed (no JSON text starts so): opened, each value
         payload, metadata, result, error = _open_row(row, keyring)
+    else:
+        try:
+            payload = json.loads(payload)
+            metadata = {} if metadata == "{}" else json.loads(metadata)
+            result = None if result is None else json.loads(result)
+            error = None if error is None else json.loads(error)
+        except ValueError:
+            # A plain payload beside a sealed value (a task stored before its queue
+            # was encrypted, its result written after): not JSON, opened here.
+            payload, metadata, result, error = _open_row(row, keyring)
     progress_message = row.progress_message
     if progress_message is not None and progress_message.startswith(MARK):
         progress_message = sealing.open_text(keyring, progress_message, row.id, "progress")
