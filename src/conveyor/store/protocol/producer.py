@@ -15,7 +15,7 @@ from sqlalchemy import delete, exists, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
-from conveyor.errors import AlreadyExists, InvalidArgument
+from conveyor.errors import AlreadyExists, InvalidArgument, StoreUnavailable
 from conveyor.models import Task
 from conveyor.schema import keys as k
 from conveyor.schema import tasks as t
@@ -360,35 +360,41 @@ async def insert_tasks(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> 
     await share_groups(st, conn, queues)
     stream_keys = {(r.queue, p) for r in reqs if (p := r.partition) is not None}
     await streams.serialize_producers(st, conn, stream_keys)
-    context = list(await texts.execute(conn, st, built["submit_context"], {"queues": queues}))
-    now = int(context[0].now)
-    settings = {row.queue: row for row in context if row.queue is not None}
-    encrypted = {row.queue for row in settings.values() if row.encrypt}
-    st._keyring.learn(queues, encrypted)
-    params = [
-        task_row(
-            seal_request(st, r) if r.queue in encrypted or r.seal else r,
-            now,
-            settings.get(r.queue),
-            r.id if r.parent_id is None else parents.get(r.parent_id, r.parent_id),
+    for _ in range(SEALED_TRIES):
+        # The queues' settings read in this transaction; the rows of encrypted
+        # queues sealed. Should a queue become encrypted after the read (another
+        # transaction's commit, seen by the next statement on Postgres), the
+        # insert writes nothing and says so: read again, in the same transaction.
+        context = list(await texts.execute(conn, st, built["submit_context"], {"queues": queues}))
+        now = int(context[0].now)
+        settings = {row.queue: row for row in context if row.queue is not None}
+        encrypted = {row.queue for row in settings.values() if row.encrypt}
+        st._keyring.learn(queues, encrypted)
+        params = [
+            task_row(
+                seal_request(st, r) if r.queue in encrypted or r.seal else r,
+                now,
+                settings.get(r.queue),
+                r.id if r.parent_id is None else parents.get(r.parent_id, r.parent_id),
+            )
+            for r in reqs
+        ]
+        # The task rows and their delivery rows in one statement, which returns
+        # the streams the new rows joined (``insert_rows``).
+        encoded = json.dumps([[row[c] for c in _ROW_COLUMNS] for row in params])
+        touched = list(await texts.execute(conn, st, built["insert_rows"], {"rows": encoded}))
+        if not any(row.refused for row in touched):
+            break
+    else:
+        raise StoreUnavailable(
+            f"the settings of queue(s) {', '.join(queues)} kept changing during the submit"
         )
-        for r in reqs
-    ]
-    out = {
+    if touched:
+        await streams.refresh(st, conn, [(row.queue, row.grp, row.partition) for row in touched])
+    return {
         r.id: codec.new_task(row, payload=json.loads(r.payload), metadata=json.loads(r.metadata))
         for r, row in zip(reqs, params, strict=True)
     }
-    # The task rows and their delivery rows in one statement, which returns the
-    # streams the new rows joined (``insert_rows``).
-    encoded = json.dumps([[row[c] for c in _ROW_COLUMNS] for row in params])
-    touched = list(await texts.execute(conn, st, built["insert_rows"], {"rows": encoded}))
-    if any(row.refused for row in touched):
-        # A queue became encrypted since submit_context read it: nothing was
-        # written; the caller rolls back and submits again.
-        raise sealing.Refused(*queues)
-    if touched:
-        await streams.refresh(st, conn, [(row.queue, row.grp, row.partition) for row in touched])
-    return out
 
 
 def seal_request(st: Seam, r: Request) -> Request:
@@ -411,33 +417,27 @@ def touches(reqs: list[Request], queues: set[str]) -> bool:
     return any(r.queue in queues for r in reqs)
 
 
-#: How many times :func:`submit_sealed` runs while settings keep changing under it.
+#: How many times :func:`insert_tasks` reads the settings again while a queue keeps
+#: turning encrypted under it.
 SEALED_TRIES = 5
 
 
 async def submit_sealed(
     st: Seam, reqs: list[Request], conn: AsyncConnection | None = None
 ) -> list[Task]:
-    """Submit ``reqs`` step by step (:func:`submit_tx`), which reads the queues'
-    settings in its transaction and seals the tasks of encrypted queues: the path
-    of a batch that touches a queue this store knows encrypted, and of one a plain
-    statement refused (:class:`~.sealing.Refused`). On ``conn`` (a caller's), in a
-    savepoint. Tried again while a queue turns encrypted meanwhile."""
+    """Submit ``reqs`` so that the tasks of encrypted queues are sealed: the path of
+    a batch that touches a queue this store knows encrypted, and of one a plain
+    statement refused (:class:`~.sealing.Refused`). Plain tasks all to queues
+    known encrypted: sealed here and written by one statement; the rest step by
+    step (:func:`submit_tx`, which reads the settings in its transaction and
+    seals what must be), on ``conn`` (a caller's) in a savepoint."""
     keyring = st._keyring
     if conn is None and is_plain(reqs) and all(r.queue in keyring.encrypted for r in reqs):
-        # Every queue known encrypted and nothing but plain tasks: sealed here and
-        # written by one statement, as plain tasks are.
         return await _submit_sealed_plain(st, reqs)
-    for attempt in range(SEALED_TRIES):
-        try:
-            if conn is None:
-                return await tx.run(st, lambda c: submit_tx(st, c, reqs))
-            async with conn.begin_nested():
-                return await submit_tx(st, conn, reqs)
-        except sealing.Refused:
-            if attempt == SEALED_TRIES - 1:
-                raise
-    raise AssertionError("unreachable")  # pragma: no cover
+    if conn is None:
+        return await tx.run(st, lambda c: submit_tx(st, c, reqs))
+    async with conn.begin_nested():
+        return await submit_tx(st, conn, reqs)
 
 
 async def _submit_sealed_plain(st: Seam, reqs: list[Request]) -> list[Task]:

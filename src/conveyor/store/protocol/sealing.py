@@ -12,10 +12,10 @@ its rows is encrypted, so a store that still believes a queue plain cannot
 write plaintext to it: its rows come back missing, the protocol raises
 :class:`Refused`, and the submit goes again step by step, which reads the
 settings in its own transaction and seals (or raises ``ConfigurationError``
-when this store has no key). ``insert_rows`` refuses, per statement, a plain row
-of an encrypted queue the same way (a marker row), and the transaction is
-rolled back and run again. A claim by a store without keys is refused by the
-claim itself before it leases anything.
+when this store has no key). ``insert_rows`` refuses a plain row of an
+encrypted queue the same way (writing nothing, and a row saying so), and the
+settings are read again in the same transaction. A claim by a store without
+keys is refused by the claim itself before it leases anything.
 
 What a store remembers (:class:`Keyring`): the queues it has seen encrypted,
 so their submits go step by step at once instead of being refused first, and
