@@ -424,3 +424,12 @@ async def test_a_large_batch_to_an_encrypted_queue_is_sealed_in_runs(store_url: 
         assert "pay-s3cret" not in await _raw_text(st)
         claimed = await st.claim("big", worker_id="w", limit=10)
         assert [t.payload["n"] for t in claimed] == [f"pay-s3cret-{i}" for i in range(10)]
+
+
+async def test_a_progress_message_that_would_read_as_sealed_is_refused(store: TaskStore) -> None:
+    await store.submit("t", queue="q")
+    [held] = await store.claim("q", worker_id="w")
+    with pytest.raises(conveyor.InvalidArgument, match="message"):
+        await store.progress(held.id, worker_id="w", message=MARK + "k:abc")
+    task = await store.progress(held.id, worker_id="w", message="~ fine")
+    assert task.progress_message == "~ fine"

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from conveyor import _values as v
+from conveyor.encryption import MARK
 from conveyor.errors import ConveyorError, InvalidArgument
 from conveyor.models import Task
 from conveyor.store.protocol import acks, codec, consumer, groups, wake
@@ -115,7 +116,11 @@ class LeaseOps(Seam):
             ):
                 raise InvalidArgument("progress", f"must be a number in [0, 1], got {progress!r}")
         if message is not None:
-            message = self._keyring.sealed_write(task_id, "progress", v.text("message", message))
+            message = v.text("message", message)
+            if message.startswith(MARK):
+                # Stored as given, it would read as a sealed value.
+                raise InvalidArgument("message", f"must not start with {MARK!r}")
+            message = self._keyring.sealed_write(task_id, "progress", message)
 
         values = consumer.progress_values(progress, message)
         return await consumer.owned_write(self, task_id, worker_id, group, attempt, values)
