@@ -136,11 +136,7 @@ class LeaseOps(Seam):
     ) -> Task:
         """Finish a leased task as ``succeeded`` with ``result`` (JSON)."""
         encoded = v.to_json("result", result, max_size=self.max_result_size)
-        sealed = self._keyring.sealed_write(task_id, "result", encoded)
-        assert sealed is not None
-        task = await acks.succeed(self, task_id, worker_id, group, attempt, sealed)
-        self._keyring.release([task_id])
-        return task
+        return await acks.succeed(self, task_id, worker_id, group, attempt, encoded)
 
     async def fail(
         self,
@@ -234,7 +230,7 @@ class LeaseOps(Seam):
         outcomes, todo = acks.validate_acks(items, max_size=self.max_result_size)
         if not todo:
             return [o for o in outcomes if o is not None]
-        return await acks.succeed_many(self, outcomes, acks.sealed(self, todo))
+        return await acks.succeed_many(self, outcomes, todo)
 
     async def ack_many(
         self, items: Iterable[Mapping[str, Any]], *, partitioned: bool | None = None
@@ -250,5 +246,4 @@ class LeaseOps(Seam):
         outcomes, todo = acks.validate_acks(items, max_size=self.max_result_size)
         if not todo:
             return [o if isinstance(o, ConveyorError) else None for o in outcomes]
-        todo = acks.sealed(self, todo)
         return await acks.ack_many(self, outcomes, todo, partitioned=partitioned is True)

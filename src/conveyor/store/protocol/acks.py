@@ -100,11 +100,12 @@ async def succeed(
     attempt: int | None,
     encoded: str,
 ) -> Task:
-    """Finish a leased task as ``succeeded`` with the JSON ``encoded`` result, or
-    raise why its fence failed: ``succeed_plain`` (one statement) for an
-    unpartitioned row; when that finishes nothing (a partitioned row, or the fence
-    failed), the stream pair in one transaction with the task read back or the
-    failure explained there."""
+    """Finish a leased task as ``succeeded`` with the JSON ``encoded`` result
+    (sealed if the task is held sealed: :func:`sealed`), or raise why its fence
+    failed: ``succeed_plain`` (one statement) for an unpartitioned row; when that
+    finishes nothing (a partitioned row, or the fence failed), the stream pair in
+    one transaction with the task read back or the failure explained there."""
+    encoded = sealed(st, [(0, task_id, worker_id, "", None, encoded)])[0][5]
     item: AckItem = (
         0,
         v.name("task_id", task_id),
@@ -140,7 +141,9 @@ async def succeed_many(
     """Finish the leased ``todo`` items in one transaction, the tasks read back in
     it: per item, in order, its task or the error it met (``outcomes`` holds those
     of the items refused before). Always the stream pair: the plain statement first
-    in the same transaction would take delivery rows before the streams."""
+    in the same transaction would take delivery rows before the streams. Results
+    of tasks held sealed are sealed (:func:`sealed`)."""
+    todo = sealed(st, todo)
     built = await texts.of(st)
     found, freed = await tx.run(st, lambda conn: finish_tx(st, conn, built, todo))
     if any(not isinstance(outcome, ConveyorError) for outcome in found.values()):
@@ -162,7 +165,8 @@ async def ack_many(
     it was acknowledged, else its error. ``ack_plain`` first (committed on its own)
     unless the caller says the batch is ``partitioned``; the items it left go
     through the stream pair (sent together), and those still left are explained
-    in a read of their own."""
+    in a read of their own. Results of tasks held sealed are sealed (:func:`sealed`)."""
+    todo = sealed(st, todo)
     built = await texts.of(st)
     left = todo
     if not partitioned:
