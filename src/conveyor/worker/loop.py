@@ -184,7 +184,7 @@ class Worker:
         # task was let go (its next task is claimable), or a drain's last task.
         self._stream_freed = asyncio.Event()
         self._running = False
-        self._fatal: NotFound | None = None  # raised by run() once wound down
+        self._fatal: NotFound | ConfigurationError | None = None  # raised by run() once wound down
         #: Drain mode (``conveyor.testing.run_tasks``): return once a claim finds
         #: nothing and nothing is held, instead of waiting for more work.
         self.stop_when_idle = False
