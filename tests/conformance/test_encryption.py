@@ -433,3 +433,38 @@ async def test_a_progress_message_that_would_read_as_sealed_is_refused(store: Ta
         await store.progress(held.id, worker_id="w", message=MARK + "k:abc")
     task = await store.progress(held.id, worker_id="w", message="~ fine")
     assert task.progress_message == "~ fine"
+
+
+def test_a_sealed_request_keeps_every_other_field() -> None:
+    """seal_request copies the request field by field: none may be left behind."""
+    import dataclasses
+
+    from conveyor.store.protocol import producer, sealing
+    from conveyor.store.protocol.requests import prepare
+
+    class Holder:
+        _keyring = sealing.Keyring(BOTH)
+
+    req = prepare(
+        {
+            "name": "n",
+            "payload": {"a": 1},
+            "queue": "q",
+            "priority": 3,
+            "delay": 5,
+            "max_attempts": 4,
+            "backoff": 2,
+            "key": "k",
+            "conflict": "replace",
+            "partition": "p",
+            "parent": "x",
+            "correlation_id": "c",
+            "metadata": {"m": 1},
+        }
+    )
+    out = producer.seal_request(Holder(), req)  # type: ignore[arg-type]
+    changed = {
+        f.name for f in dataclasses.fields(req) if getattr(req, f.name) != getattr(out, f.name)
+    }
+    assert changed == {"payload", "metadata", "key_id"}
+    assert BOTH.open(out.payload, task_id=req.id, field="payload") == req.payload

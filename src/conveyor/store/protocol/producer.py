@@ -5,7 +5,6 @@ replaced key's holder is withdrawn (:mod:`conveyor.store.protocol.withdraw`).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Iterable
 from datetime import datetime
@@ -404,11 +403,25 @@ def seal_request(st: Seam, r: Request) -> Request:
     the task would open it."""
     enc = st._keyring.require(r.queue)
     meta = r.metadata
-    return dataclasses.replace(
-        r,
+    # Made field by field: dataclasses.replace() cost three times the sealing.
+    return Request(
+        id=r.id,
+        name=r.name,
         payload=enc.seal(r.payload, task_id=r.id, field="payload"),
+        queue=r.queue,
+        priority=r.priority,
+        delay_us=r.delay_us,
+        run_at_us=r.run_at_us,
+        max_attempts=r.max_attempts,
+        backoff=r.backoff,
+        key=r.key,
+        conflict=r.conflict,
+        partition=r.partition,
+        parent_id=r.parent_id,
+        correlation_id=r.correlation_id,
         metadata=meta if meta == "{}" else enc.seal(meta, task_id=r.id, field="metadata"),
         key_id=enc.current,
+        seal=r.seal,
     )
 
 
