@@ -23,6 +23,7 @@ import base64
 import binascii
 import os
 import re
+import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -113,11 +114,14 @@ class Encryption:
             raise InvalidArgument(
                 "current", f"names no key of keys: {self.current!r} (keys: {', '.join(raw)})"
             )
-        # The keys as bytes, frozen with the rest (the mapping given may change later).
-        object.__setattr__(self, "keys", dict(raw))
+        # The keys as bytes, read-only (the mapping given may change later).
+        object.__setattr__(self, "keys", types.MappingProxyType(dict(raw)))
         object.__setattr__(self, "_raw", raw)
         aead = _aead()  # the cryptography package is there, or a clear error now
         object.__setattr__(self, "_ciphers", {key_id: aead(key) for key_id, key in raw.items()})
+
+    def __hash__(self) -> int:
+        return hash((self.current, tuple(sorted(self._raw.items()))))
 
     def __repr__(self) -> str:  # never the keys themselves
         return f"Encryption(keys=[{', '.join(map(repr, self._raw))}], current={self.current!r})"

@@ -349,6 +349,10 @@ def test_encryption_checks_its_keys() -> None:
         conveyor.Encryption(keys={"a": K1}, current="b")
     with pytest.raises(conveyor.InvalidArgument, match="key id"):
         conveyor.Encryption(keys={"a:b": K1}, current="a:b")
+    same = conveyor.Encryption(keys={"2026-06": b"1" * 32, "2026-12": b"2" * 32}, current="2026-12")
+    assert same == BOTH and hash(same) == hash(BOTH)  # bytes or their base64: the same keys
+    with pytest.raises(TypeError):
+        BOTH.keys["x"] = b"x" * 32  # type: ignore[index]
     raw = conveyor.Encryption(keys={"a": os.urandom(32)}, current="a")
     assert raw.key_ids() == ("a",) and "keys=['a']" in repr(raw) and K1 not in repr(BOTH)
     parsed = conveyor.Encryption.from_env(f"new={K2}, old={K1}")
