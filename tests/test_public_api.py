@@ -13,6 +13,7 @@ from conveyor import (
     AlreadyExists,
     ConfigurationError,
     ConveyorError,
+    DecryptionError,
     InvalidArgument,
     LostLease,
     MigrationRequired,
@@ -35,6 +36,8 @@ EXPORTS = [
     "ConsumerGroup",
     "Context",
     "ConveyorError",
+    "DecryptionError",
+    "Encryption",
     "GroupStats",
     "InvalidArgument",
     "LostLease",
@@ -71,6 +74,7 @@ CODES: dict[type[ConveyorError], str] = {
     NotFound: "not_found",
     StoreUnavailable: "store_unavailable",
     StoreError: "store_error",
+    DecryptionError: "decryption",
 }
 
 

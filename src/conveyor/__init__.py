@@ -9,10 +9,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from conveyor.connect import connect, connect_sync
+from conveyor.encryption import Encryption
 from conveyor.errors import (
     AlreadyExists,
     ConfigurationError,
     ConveyorError,
+    DecryptionError,
     InvalidArgument,
     LostLease,
     MigrationRequired,
@@ -72,6 +74,8 @@ __all__ = [
     "ConsumerGroup",
     "Context",
     "ConveyorError",
+    "DecryptionError",
+    "Encryption",
     "GroupStats",
     "InvalidArgument",
     "LostLease",

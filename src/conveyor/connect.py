@@ -118,6 +118,9 @@ def connect(url: str | None = None, **options: Any) -> TaskStore:
     freeze what is alive (``gc.freeze()``, once per process), as a worker's start
     does, so the collector's full passes stop walking every module loaded; a
     producer that submits much may want it, the default leaves the collector alone.
+    ``encryption`` (a :class:`conveyor.Encryption`): the keys of encryption at
+    rest; without it, those of ``$CONVEYOR_ENCRYPTION_KEYS`` (``id=base64key,...``,
+    the first one current), if set.
     """
     dialect, async_url = resolve_url(url)
     if dialect == "sqlite":

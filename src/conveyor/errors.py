@@ -13,7 +13,8 @@ Every error derives from :class:`ConveyorError` and carries a stable ``code``::
     ├── ProtocolVersionMismatch        "protocol_version_mismatch"
     ├── NotFound                       "not_found"
     ├── StoreUnavailable               "store_unavailable"
-    └── StoreError                     "store_error"
+    ├── StoreError                     "store_error"
+    └── DecryptionError                "decryption"
 
 Driver errors are translated in one place (the store's transaction runner) and
 chained with ``raise ... from`` so the original stays visible.
@@ -151,3 +152,16 @@ class StoreError(ConveyorError):
     rolled back and nothing was written; the message carries the database's words."""
 
     code = "store_error"
+
+
+class DecryptionError(ConveyorError):
+    """A sealed value of task ``task_id`` does not open: this store has no key
+    ``key_id``, or the value was altered or moved from another row. Nothing falls
+    back to the stored text: the read, claim or write that met it fails."""
+
+    code = "decryption"
+
+    def __init__(self, task_id: str, key_id: str, reason: str) -> None:
+        self.task_id = task_id
+        self.key_id = key_id
+        super().__init__(f"task {task_id}: cannot decrypt (key {key_id!r}): {reason}")

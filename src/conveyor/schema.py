@@ -75,6 +75,10 @@ tasks = Table(
     Column("parent_id", String(ID), nullable=True),
     Column("root_id", String(ID), nullable=False),
     Column("correlation_id", String(NAME), nullable=True),
+    # The id of the key payload and metadata are sealed with (NULL: stored plain;
+    # see conveyor.encryption). A task of an encrypted queue has its results,
+    # errors and progress messages sealed too; rekey finds what to seal again here.
+    Column("key_id", String(64), nullable=True),
     sqlite_autoincrement=True,
 )
 # Every index here is paid by every submit (a task row is written once and never
@@ -111,6 +115,16 @@ Index(
     tasks.c.seq,
     postgresql_where=text("correlation_id IS NOT NULL"),
     sqlite_where=text("correlation_id IS NOT NULL"),
+)
+
+# rekey: the sealed tasks not under the current key, by key id. Only sealed rows
+# (a plain task's key_id is NULL), so plain submits pay nothing for it.
+Index(
+    "ix_conveyor_tasks_key_id",
+    tasks.c.key_id,
+    tasks.c.seq,
+    postgresql_where=text("key_id IS NOT NULL"),
+    sqlite_where=text("key_id IS NOT NULL"),
 )
 
 deliveries = Table(
@@ -304,6 +318,9 @@ queues = Table(
     # Seconds of quiet: a partition's head is claimable only once its newest task
     # is this old; an unpartitioned task once it is itself (NULL: none).
     Column("debounce", Float, nullable=True),
+    # True: the queue's values are stored sealed (conveyor.encryption); every submit
+    # statement refuses to write a plain row to it (NULL means False).
+    Column("encrypt", Boolean, nullable=True),
 )
 
 maintenance = Table(

@@ -14,6 +14,7 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
+from conveyor.encryption import Encryption
 from conveyor.errors import ConfigurationError
 from conveyor.models import SeekResult
 from conveyor.store.api_internal import ScheduleInfo
@@ -54,6 +55,13 @@ class SyncInternal:
         found: list[ScheduleInfo] = self._call(self._store.internal.schedules())
         return found
 
+    def count_rekey(self, queue: str | None = None) -> int:
+        """Internal, for ``conveyor rekey``; not covered by semver. How many tasks
+        a rekey would rewrite now (see
+        :meth:`conveyor.store.api_internal.Internal.count_rekey`)."""
+        found: int = self._call(self._store.internal.count_rekey(queue))
+        return found
+
     def count_where(self, action: Literal["retry", "cancel", "purge"], **filters: Any) -> int:
         """Internal, for ``conveyor tasks ... --dry-run``; not covered by semver.
         How many rows the bulk action would change now (see
@@ -84,6 +92,11 @@ class SyncStore:
         self._lock = threading.Lock()
         #: The blocking twin of ``store.internal`` (conveyor's CLI; not covered by semver).
         self.internal = SyncInternal(store, self._call)
+
+    @property
+    def encryption(self) -> Encryption | None:
+        """The store's encryption keys (see :attr:`TaskStore.encryption`)."""
+        return self.store.encryption
 
     def _call(self, coro: Coroutine[Any, Any, R]) -> R:
         loop = self._ensure_loop()
@@ -175,6 +188,7 @@ class SyncStore:
     stats = _blocking(TaskStore.stats)
     configure_queue = _blocking(TaskStore.configure_queue)
     get_queue = _blocking(TaskStore.get_queue)
+    rekey = _blocking(TaskStore.rekey)
     recover = _blocking(TaskStore.recover)
     maintain = _blocking(TaskStore.maintain)
     maintenance_history = _blocking(TaskStore.maintenance_history)

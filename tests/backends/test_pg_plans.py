@@ -125,6 +125,7 @@ def _claim_params(worker: str) -> dict[str, Any]:
         "mix": False,
         "worker_id": worker,
         "lease": None,
+        "keyless": True,
         "queue": "q",
         "offset_us": 0,
     }

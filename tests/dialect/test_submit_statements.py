@@ -246,11 +246,15 @@ async def test_insert_rows_writes_rows_in_order_and_names_the_streams_joined(
 
     def row(task_id: str, partition: str | None, key: str | None) -> list[Any]:
         return [task_id, "n", "q", partition, "{}", "{}", 0, 4, None, now, now, key, None,
-                task_id, None]  # fmt: skip
+                task_id, None, None]  # fmt: skip
 
     rows = [row(ids[0], "p", "k"), row(ids[1], None, None), row(ids[2], "p", None)]
     touched = await _run(store, "insert_rows", {"rows": json.dumps(rows)})
-    assert sorted(tuple(t) for t in touched) == [("q", "", "p"), ("q", "g", "p")]
+    assert sorted((t.queue, t.grp, t.partition) for t in touched) == [
+        ("q", "", "p"),
+        ("q", "g", "p"),
+    ]
+    assert not any(t.refused for t in touched)
     stored = await _rows(store, 'SELECT id, partition, "key", max_attempts FROM conveyor_tasks')
     assert [(r.id, r.partition, r.key, r.max_attempts) for r in stored] == [
         (ids[0], "p", "k", 4),

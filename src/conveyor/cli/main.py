@@ -117,7 +117,7 @@ def _classify(exc: BaseException, command: str, url: str | None) -> tuple[int, s
     if isinstance(exc, MigrationRequired):
         return EXIT_NO_SCHEMA, *_needs_migration(exc, url, origin)
     if isinstance(exc, ConfigurationError):
-        if "pip install" in message or "conveyor migrate" in message:
+        if any(what in message for what in ("pip install", "conveyor migrate", "ENCRYPTION_KEYS")):
             return EXIT_UNAVAILABLE, message, None  # the message names what to do
         return EXIT_UNAVAILABLE, message, f"fix the database URL (from {origin})"
     if isinstance(exc, StoreUnavailable) or is_database_error(exc):

@@ -1,11 +1,12 @@
 """Commands about the database and its queues: ``migrate``, ``stats``, ``queue
-set|show``, ``maintain``."""
+set|show``, ``rekey``, ``maintain``."""
 
 # Annotations are objects here, not strings (no `from __future__ import annotations`):
 # typer reads every command's, and would compile and evaluate each string, twice,
 # on every command line (some 20 ms).
 
 import json
+import sys
 from typing import Annotated, Any
 
 import typer
@@ -224,6 +225,15 @@ def queue_set(
             show_default=False,
         ),
     ] = None,
+    encrypt: Annotated[
+        bool | None,
+        typer.Option(
+            "--encrypt/--no-encrypt",
+            help="Store the queue's payloads, metadata, results, errors and progress "
+            "messages encrypted (AES-256-GCM; keys from $CONVEYOR_ENCRYPTION_KEYS).",
+            show_default=False,
+        ),
+    ] = None,
     debounce: Annotated[
         float | None,
         typer.Option(
@@ -263,6 +273,7 @@ def queue_set(
             delay=delay,
             max_depth=max_depth,
             debounce=debounce,
+            encrypt=encrypt,
         )
     _show_settings(settings, as_json)
 
@@ -351,6 +362,50 @@ def _show_settings(settings: dict[str, Any], as_json: bool) -> None:
 
 
 @cli.command()
+def rekey(
+    queue: Annotated[
+        str | None, typer.Option("--queue", "-q", help="Only this queue.", show_default=False)
+    ] = None,
+    batch: Annotated[int, typer.Option("--batch", help="Tasks per transaction.")] = 500,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Seal again under the current key every task sealed under an older one, and
+    every task of an encrypted queue stored before it was encrypted. Keys from
+    $CONVEYOR_ENCRYPTION_KEYS (id=base64key,..., the first one current). In
+    batches, each its own transaction: an interrupted run is resumed by running it
+    again."""
+    watched = not as_json and sys.stderr.isatty()
+    with open_store(url) as store:
+        total = store.internal.count_rekey(queue) if watched else 0
+        if total > PROGRESS_FROM:
+            done = _rekey_with_progress(store, queue, batch, total)
+        else:
+            done = store.rekey(queue, batch=batch)
+        current = store.encryption.current if store.encryption is not None else None
+    if as_json:
+        print_json({"rekeyed": done, "current": current})
+        return
+    where = f" of queue {escape(queue)}" if queue is not None else ""
+    out().print(f"rekeyed {done} task{'s' if done != 1 else ''}{where} to key {current}")
+
+
+#: A rekey of more tasks than this shows a progress bar (on a terminal).
+PROGRESS_FROM = 500
+
+
+def _rekey_with_progress(store: Any, queue: str | None, batch: int, total: int) -> int:
+    """The rekey with a progress bar on stderr, advanced after each batch."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, console=err(), transient=True) as progress:
+        bar = progress.add_task(f"rekey {queue or 'all queues'}", total=total)
+        done: int = store.rekey(queue, batch=batch, on_batch=lambda n: progress.advance(bar, n))
+    return done
+
+
+@cli.command()
 def maintain(url: UrlOption = None, as_json: JsonOption = False) -> None:
     """Run one maintenance pass: lease recovery, eviction, retention."""
     with open_store(url) as store:
@@ -407,7 +462,12 @@ def _stats_table(report: QueueStats, settings: dict[str, Any]) -> Table:
             " [yellow](paused)[/]" if group.paused and not report.paused else ""
         )
         row(label, group.counts, group.lag, group.oldest_claimable_age)
-    shown = [f"{k}={_setting(v)}" for k, v in settings.items() if v is not None]
+    # encrypt is shown only where it is on (every other queue would say "no").
+    shown = [
+        f"{k}={_setting(v)}"
+        for k, v in settings.items()
+        if v is not None and not (k == "encrypt" and v is False)
+    ]
     table.caption = "settings: " + (", ".join(shown) if shown else "defaults")
     table.caption_justify = "left"
     return table

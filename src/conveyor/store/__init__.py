@@ -36,6 +36,9 @@ How to read it (five minutes)::
                        claim's check that its group exists, its claim time
       health           consumer groups' lag, oldest claimable age, last claim
                        and state (ok, lagging, stalled)
+      sealing          encryption at rest: what is sealed, the fail-closed rule,
+                       what a store remembers (keys, encrypted queues, held tasks)
+      rekey            sealing again under the current key, in batches
       upkeep           recovery, eviction, retention, counts, maintain()
       stats            stats(): one statement, one snapshot
       observed         the throughput and totals roll-ups

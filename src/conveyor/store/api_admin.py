@@ -5,12 +5,14 @@ seek, configure_queue, get_queue, recover, maintain, maintenance_history."""
 from __future__ import annotations
 
 import builtins
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Literal
 
 from conveyor import _values as v
+from conveyor.errors import InvalidArgument
 from conveyor.models import Backoff, ConsumerGroup, QueueStats, SeekResult
-from conveyor.store.protocol import groups, health, pauses, seek, upkeep, wake
+from conveyor.store.protocol import groups, health, pauses, rekey, seek, upkeep, wake
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.protocol.stats import stats_tx
 from conveyor.store.seam import Seam
@@ -150,6 +152,7 @@ class AdminOps(Seam):
         delay: v.Duration | None = None,
         max_depth: int | None = None,
         debounce: v.Duration | None = None,
+        encrypt: bool | None = None,
     ) -> dict[str, Any]:
         """Store defaults for ``queue``; arguments left ``None`` keep their value.
 
@@ -173,6 +176,11 @@ class AdminOps(Seam):
         partition's head is claimable only once the partition's newest task is
         that old (a burst to one partition is handled together), an unpartitioned
         task once it is itself that old (``0`` clears it).
+        ``encrypt=True`` stores the payload, metadata,
+        result, error and progress message of the queue's tasks sealed with
+        AES-256-GCM from then on (see :mod:`conveyor.encryption`): a store without
+        keys then refuses to submit to or claim from it (:class:`ConfigurationError`);
+        ``conveyor rekey`` seals what was stored before.
         """
         queue = v.name("queue", queue)
         values = upkeep.queue_settings(
@@ -187,8 +195,11 @@ class AdminOps(Seam):
             delay=delay,
             max_depth=max_depth,
             debounce=debounce,
+            encrypt=encrypt,
         )
         await tx.run(self, lambda conn: upkeep.configure_tx(self, conn, queue, values))
+        if encrypt is not None:
+            self._keyring.learn([queue], [queue] if encrypt else [])
         return await self.get_queue(queue)
 
     async def get_queue(self, queue: str) -> dict[str, Any]:
@@ -196,6 +207,31 @@ class AdminOps(Seam):
         queue = v.name("queue", queue)
 
         return await tx.run(self, lambda conn: upkeep.get_queue_tx(conn, queue), write=False)
+
+    async def rekey(
+        self,
+        queue: str | None = None,
+        *,
+        batch: int = 500,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> int:
+        """Seal again under the current key (:class:`~conveyor.Encryption`'s
+        ``current``) every task sealed under another one, and every task of an
+        encrypted queue stored plain (submitted before the queue was set
+        ``encrypt=True``), with their results, errors and progress messages; of
+        ``queue`` alone when given. How many tasks were rewritten.
+
+        In batches of ``batch`` tasks in submit order, one transaction each: a run
+        cut short keeps the batches it committed, and running it again does the
+        rest. ``on_batch(n)`` is called after each batch with the tasks it
+        rewrote (a progress bar). Needs the keys of what it opens:
+        :class:`~conveyor.DecryptionError` for a value sealed under a key this
+        store lacks, :class:`~conveyor.ConfigurationError` without keys."""
+        name = None if queue is None else v.name("queue", queue)
+        size = v.positive_int("batch", batch)
+        if on_batch is not None and not callable(on_batch):
+            raise InvalidArgument("on_batch", f"must be a callable or None, got {on_batch!r}")
+        return await rekey.run(self, name, size, on_batch)
 
     async def recover(self) -> tuple[int, int]:
         """Recover every expired lease now: ``(requeued, failed)`` counts."""

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from conveyor import _values as v
 from conveyor.errors import ConveyorError, InvalidArgument
 from conveyor.models import SeekResult, Task
-from conveyor.store.protocol import acks, bulk, codec, groups, schedules, seek, upkeep
+from conveyor.store.protocol import acks, bulk, codec, groups, rekey, schedules, seek, upkeep
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.protocol.schedules import Handled, Registration, ScheduleInfo
 
@@ -139,6 +139,20 @@ class Internal:
         (rows queued again, skipped, left running); writes nothing."""
         sk = seek.target(queue, group, to, partition)
         return await tx.run(self._store, lambda conn: seek.preview_tx(sk, conn), write=False)
+
+    async def count_rekey(self, queue: str | None = None) -> int:
+        """Internal, for ``conveyor rekey`` (its progress bar); not covered by
+        semver. How many tasks :meth:`~conveyor.store.base.TaskStore.rekey` would
+        rewrite now; writes nothing."""
+        name = None if queue is None else v.name("queue", queue)
+        return await rekey.count(self._store, name)
+
+    def show_sealed(self) -> None:
+        """Internal, for the dashboard; not covered by semver. From now on a value
+        this store cannot open reads as :data:`conveyor.encryption.ENCRYPTED`
+        instead of raising :class:`~conveyor.DecryptionError` (what it can open
+        reads as always)."""
+        self._store._keyring.show_sealed = True
 
     # ----------------------------------------------------------- scheduler
     async def schedules(self) -> builtins.list[ScheduleInfo]:

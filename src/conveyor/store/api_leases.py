@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from conveyor import _values as v
+from conveyor.encryption import MARK
 from conveyor.errors import ConveyorError, InvalidArgument
 from conveyor.models import Task
 from conveyor.store.protocol import acks, codec, consumer, groups, wake
@@ -121,6 +122,10 @@ class LeaseOps(Seam):
                 raise InvalidArgument("progress", f"must be a number in [0, 1], got {progress!r}")
         if message is not None:
             message = v.text("message", message)
+            if message.startswith(MARK):
+                # Stored as given, it would read as a sealed value.
+                raise InvalidArgument("message", f"must not start with {MARK!r}")
+            message = self._keyring.sealed_write(task_id, "progress", message)
 
         values = consumer.progress_values(progress, message)
         return await consumer.owned_write(self, task_id, worker_id, group, attempt, values)
@@ -152,7 +157,8 @@ class LeaseOps(Seam):
         """Record a failed attempt. With ``retryable`` and attempts left the task is
         queued again after ``delay`` (default: its backoff); otherwise ``failed``."""
         envelope = v.error_envelope(error, retryable=bool(retryable))
-        encoded = v.to_json("error", envelope)
+        encoded = self._keyring.sealed_write(task_id, "error", v.to_json("error", envelope))
+        assert encoded is not None
         delay_s = None if delay is None else v.duration_seconds("delay", delay)
         grp = codec.group_key(group)
         worker_id = v.name("worker_id", worker_id)
@@ -166,6 +172,7 @@ class LeaseOps(Seam):
             ),
         )
         wake.wake_local(self, work=again)
+        self._keyring.release([task_id])
         return task
 
     async def release(

@@ -80,7 +80,7 @@ class InspectReads(Seam):
         by_worker: dict[str, builtins.list[Task]] = {}
         seen: dict[str, int] = {}
         for row in rows:
-            task = _task(row)
+            task = _task(row, self._keyring)
             wid = task.worker_id or "?"
             by_worker.setdefault(wid, []).append(task)
             m = row._mapping
@@ -120,7 +120,7 @@ class InspectReads(Seam):
             )
             return builtins.list(await conn.execute(stmt))
 
-        return [_task(row) for row in await tx.run(self, work, write=False)]
+        return [_task(row, self._keyring) for row in await tx.run(self, work, write=False)]
 
     async def children(self, task_id: str, *, limit: int = 100) -> builtins.list[Task]:
         """Tasks submitted with ``parent=task_id`` (queue-mode view), in submit order,
@@ -139,7 +139,7 @@ class InspectReads(Seam):
             )
             return builtins.list(await conn.execute(stmt))
 
-        return [_task(row) for row in await tx.run(self, work, write=False)]
+        return [_task(row, self._keyring) for row in await tx.run(self, work, write=False)]
 
     async def queue_settings(self) -> builtins.list[dict[str, Any]]:
         """The stored settings of every configured queue, by name (see ``get_queue``)."""
@@ -217,7 +217,7 @@ class InspectReads(Seam):
 
         def info(partition: str) -> StreamInfo:
             head_row = found.get(heads_of.get(partition, -1))
-            head = None if head_row is None else _task(head_row)
+            head = None if head_row is None else _task(head_row, self._keyring)
             reason: str | None = None
             until = None
             if partition in blocked and head is not None:

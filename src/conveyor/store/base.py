@@ -43,7 +43,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from conveyor import _values as v
 from conveyor import tracing
 from conveyor.collector import settle_collector
-from conveyor.errors import ConveyorError, InvalidArgument, NotFound
+from conveyor.encryption import Encryption
+from conveyor.errors import ConfigurationError, ConveyorError, InvalidArgument, NotFound
 from conveyor.models import Backoff, Page, Status, Task
 from conveyor.schema import keys as k
 from conveyor.store.api_admin import AdminOps
@@ -57,6 +58,7 @@ from conveyor.store.protocol import (
     codec,
     depth,
     producer,
+    sealing,
     streams,
     submit_runs,
     submit_together,
@@ -94,8 +96,17 @@ class TaskStore(LeaseOps, InspectReads, WorkerOps, AdminOps, BulkOps):
         max_payload_size: int | None = v.DEFAULT_MAX_SIZE,
         max_result_size: int | None = v.DEFAULT_MAX_SIZE,
         gc_freeze: bool = False,
+        encryption: Encryption | None = None,
     ) -> None:
         self.url = url
+        if encryption is None:
+            encryption = Encryption.from_env()
+        elif not isinstance(encryption, Encryption):
+            raise InvalidArgument("encryption", "must be a conveyor.Encryption")
+        #: The keys of encryption at rest (``None``: none; see :mod:`conveyor.encryption`):
+        #: ``encryption=`` given to connect(), else ``$CONVEYOR_ENCRYPTION_KEYS``.
+        self.encryption = encryption
+        self._keyring = sealing.Keyring(encryption)
         if not isinstance(gc_freeze, bool):
             raise InvalidArgument("gc_freeze", "must be True or False")
         #: Settle the process's garbage collector at the first open (see open()).
@@ -272,14 +283,26 @@ class TaskStore(LeaseOps, InspectReads, WorkerOps, AdminOps, BulkOps):
     ) -> builtins.list[Task]:
         if connection is not None:
             return await caller_tx.submit(self, connection, prepared)
+        encrypted = self._keyring.encrypted
         tasks = None
-        if not depth.known_capped(self, prepared):
-            try:
-                tasks = await submit_together.submit(self, prepared)
-                if tasks is None:
-                    tasks = await producer.submit(self, prepared)
-            except depth.Capped:
-                tasks = None  # rolled back: nothing was written
+        try:
+            if encrypted and producer.touches(prepared, encrypted):
+                # Known encrypted: straight to the submit that seals (see sealing).
+                tasks = await producer.submit_sealed(self, prepared)
+            elif not depth.known_capped(self, prepared):
+                try:
+                    sent = await submit_together.submit(self, prepared)
+                    tasks = sent if sent is not None else await producer.submit(self, prepared)
+                except sealing.Refused:
+                    # A queue of the batch is encrypted: nothing was written.
+                    tasks = await producer.submit_sealed(self, prepared)
+        except depth.Capped:
+            tasks = None  # a queue with a max_depth: rolled back, nothing written
+        except ConfigurationError:
+            # An encrypted queue and no keys: nothing written but, maybe, the keys a
+            # plain statement claimed before it refused (their tasks do not exist).
+            await producer.drop_orphan_keys(self, prepared)
+            raise
         if tasks is None:
             # A queue with a max_depth: step by step, its depth counted first.
             tasks = await self._run(lambda conn: producer.submit_tx(self, conn, prepared))
@@ -291,7 +314,8 @@ class TaskStore(LeaseOps, InspectReads, WorkerOps, AdminOps, BulkOps):
         grp = codec.group_key(group)
         task_id = v.name("task_id", task_id)
         found = await self._run(
-            lambda conn: codec.fetch_tasks(conn, grp, ids=[task_id]), write=False
+            lambda conn: codec.fetch_tasks(conn, grp, ids=[task_id], keyring=self._keyring),
+            write=False,
         )
         return found.get(task_id)
 
@@ -303,7 +327,9 @@ class TaskStore(LeaseOps, InspectReads, WorkerOps, AdminOps, BulkOps):
             task_id = (await conn.execute(select(k.c.task_id).where(k.c.key == key))).scalar()
             if task_id is None:
                 return None
-            return (await codec.fetch_tasks(conn, q.QUEUE_MODE, ids=[task_id])).get(task_id)
+            keyring = self._keyring
+            found = await codec.fetch_tasks(conn, q.QUEUE_MODE, ids=[task_id], keyring=keyring)
+            return found.get(task_id)
 
         return await self._run(work, write=False)
 
@@ -350,7 +376,7 @@ class TaskStore(LeaseOps, InspectReads, WorkerOps, AdminOps, BulkOps):
         rows = await self._run(work, write=False)
         more = len(rows) > limit
         rows = rows[:limit]
-        items = [codec.row_to_task(row) for row in rows]
+        items = [codec.row_to_task(row, self._keyring) for row in rows]
         after = codec.encode_cursor(rows[-1].seq, order=order) if more else None
         return Page(items=items, next_cursor=after)
 
@@ -364,7 +390,9 @@ class TaskStore(LeaseOps, InspectReads, WorkerOps, AdminOps, BulkOps):
 
         async def work(conn: AsyncConnection) -> Task | None:
             await withdraw.cancel_tx(self, conn, [task_id])
-            return (await codec.fetch_tasks(conn, q.QUEUE_MODE, ids=[task_id])).get(task_id)
+            keyring = self._keyring
+            found = await codec.fetch_tasks(conn, q.QUEUE_MODE, ids=[task_id], keyring=keyring)
+            return found.get(task_id)
 
         task = await self._run(work)
         wake.wake_local(self, work=False)

@@ -59,6 +59,9 @@ _IN = (
     " Its ``_in`` variant is the same statement for a caller's transaction "
     "(``submit(..., connection=...)``): it announces whether or not anyone listens, "
     "holding no lock until the caller commits."
+    " Like every submit statement but ``insert_rows``, it writes plain rows only: when "
+    "a queue of its tasks is encrypted (``conveyor_queues.encrypt``) it writes no task "
+    "and returns no row for any (conveyor.store.protocol.sealing)."
 )
 _ITEMS = (
     "``items``: one JSON array of ``[id, worker_id, grp, attempt, result]`` per item "
@@ -160,19 +163,21 @@ STATEMENTS: tuple[Statement, ...] = (
         "submit_context",
         "producer",
         """``queues`` (a list): the clock reading (``now``)
-        and the stored settings (``queue``, ``max_attempts``, ``backoff``) of those
-        queues; at least one row.""",
+        and the stored settings (``queue``, ``max_attempts``, ``backoff``, ``delay``,
+        ``encrypt``) of those queues; at least one row.""",
     ),
     _s(
         "insert_rows",
         "producer",
         """``rows``: one JSON array of ``[id, name, queue,
         partition, payload, metadata, priority, max_attempts, backoff, created_at,
-        run_at, key, parent_id, root_id, correlation_id]`` in request order: the task
-        rows, inserted in that order, and their delivery rows for queue mode and every
-        active group of the queue (those whose ``start_at`` is not after the task's
-        ``created_at``); no announcement. Returns the ``(queue, grp,
-        partition)`` of every stream the new delivery rows joined, once each.""",
+        run_at, key, parent_id, root_id, correlation_id, key_id]`` in request order: the
+        task rows, inserted in that order, and their delivery rows for queue mode and
+        every active group of the queue (those whose ``start_at`` is not after the
+        task's ``created_at``); no announcement. Returns the ``(queue, grp,
+        partition, refused)`` of every stream the new delivery rows joined, once each
+        (``refused`` false). A row without ``key_id`` (plain) whose queue is
+        encrypted: nothing written, and one row with ``refused`` true.""",
     ),
     _s(
         "parent_roots",
@@ -189,6 +194,20 @@ STATEMENTS: tuple[Statement, ...] = (
         of their queues. Returns {_STORED}.{_IN}""",
     ),
     _s("submit_one", "producer", f"""``submit_plain`` for one task, from {_ONE}.{_IN}"""),
+    _s(
+        "submit_sealed",
+        "producer",
+        f"""``submit_plain`` for tasks whose payload and metadata are sealed
+        (conveyor.store.protocol.sealing), from {_PLAIN} and ``key_id``, the key they
+        are all sealed with, written to each task row; whatever the queues' settings
+        (a sealed row may go to any queue). Returns {_STORED}, and ``encrypt``: the
+        setting of the task's queue (NULL: none).""",
+    ),
+    _s(
+        "submit_sealed_one",
+        "producer",
+        f"""``submit_sealed`` for one task, from {_ONE} and ``key_id``.""",
+    ),
     _s(
         "submit_children",
         "producer",
@@ -382,7 +401,10 @@ HOOKS: dict[str, str] = {
     "claim": " ".join(
         f"""``Seam._claim(ask)`` (``ask`` a ``seam.Claim``: ``grp``, ``queues``,
         ``worker_id``, ``lease``, ``limit``, ``partition``, ``per_stream``), its own
-        transaction: when a lease of ``grp`` in ``queues`` has
+        transaction: when a queue of ``queues`` is encrypted and the store has no
+        keys, nothing leased or written and ``ConfigurationError`` raised
+        (``sealing.claimed_from``, told the encrypted queues before any lease);
+        when a lease of ``grp`` in ``queues`` has
         expired, nothing leased or written and ``None`` returned (the protocol
         recovers, ``upkeep.recover_tx``, and asks again); else the rows
         ``claim_order.claim_order`` chooses leased to the worker (running, attempt +

@@ -27,6 +27,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 if TYPE_CHECKING:
+    from conveyor.store.protocol.sealing import Keyring
     from conveyor.store.protocol.texts import Texts
     from conveyor.store.protocol.wake import Waker
 
@@ -117,6 +118,9 @@ class Seam(abc.ABC):
     #: seconds): a group's claims write it at most once a second
     #: (:func:`conveyor.store.protocol.groups.note_claims`).
     _claims_noted: dict[tuple[str, str], float]
+    #: The encryption keys and what the store remembers about sealed queues and
+    #: tasks (:mod:`conveyor.store.protocol.sealing`).
+    _keyring: Keyring
 
     async def open(self) -> None:  # pragma: no cover - TaskStore implements it
         """Connect and migrate (see :meth:`conveyor.store.base.TaskStore.open`)."""
@@ -264,6 +268,10 @@ class Seam(abc.ABC):
         tasks of ``ask.queues`` in group ``ask.grp`` to ``ask.worker_id`` (see
         :class:`Claim`), in one transaction of its own, committed before it returns.
 
+        * It reads which of ``queues`` are encrypted and hands them to
+          :func:`conveyor.store.protocol.sealing.claimed_from` before it leases:
+          a store without keys raises ``ConfigurationError`` there, having leased
+          and written nothing.
         * If a lease of ``grp`` in ``queues`` has expired, it leases nothing,
           writes nothing and returns ``None``: the caller recovers the expired
           leases (:func:`conveyor.store.protocol.upkeep.recover_tx`) and asks again.

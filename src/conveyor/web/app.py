@@ -32,6 +32,7 @@ from starlette.staticfiles import StaticFiles
 
 from conveyor import metrics
 from conveyor.connect import display_url
+from conveyor.encryption import ENCRYPTED
 from conveyor.errors import ConveyorError, InvalidArgument
 from conveyor.models import Status
 from conveyor.store.base import TaskStore
@@ -85,7 +86,14 @@ def _seconds(request: Request, name: str) -> float | None:
 
 
 def _pretty(value: Any) -> str:
+    if value is ENCRYPTED:
+        return "encrypted"
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+
+
+def _sealed(value: Any) -> bool:
+    """A value the dashboard's store cannot open (it has not the key)."""
+    return value is ENCRYPTED
 
 
 def _environment() -> Environment:
@@ -96,6 +104,7 @@ def _environment() -> Environment:
         lstrip_blocks=True,
     )
     env.filters.update(age=_age, when=_when, since=_since, pretty=_pretty)
+    env.tests["sealed"] = _sealed
     env.globals.update(statuses=STATUSES)
     return env
 
@@ -105,6 +114,9 @@ class Dashboard:
 
     def __init__(self, store: TaskStore, *, allow_actions: bool, refresh: float) -> None:
         self.store = store
+        # A value of an encrypted queue that the store cannot open (it has not the
+        # key: $CONVEYOR_ENCRYPTION_KEYS) reads as "encrypted" on every page.
+        store.internal.show_sealed()
         self.allow_actions = allow_actions
         self.refresh = refresh
         #: Which database the pages show, its password masked (in every header).

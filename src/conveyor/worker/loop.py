@@ -61,7 +61,7 @@ from typing import Any, Literal
 from conveyor import _values as v
 from conveyor.collector import settle_collector
 from conveyor.connect import display_url
-from conveyor.errors import ConveyorError, InvalidArgument, NotFound
+from conveyor.errors import ConfigurationError, ConveyorError, InvalidArgument, NotFound
 from conveyor.models import Task
 from conveyor.outcomes import TaskTimeout, UnknownTask
 from conveyor.schedule import scheduler_for
@@ -184,7 +184,7 @@ class Worker:
         # task was let go (its next task is claimable), or a drain's last task.
         self._stream_freed = asyncio.Event()
         self._running = False
-        self._fatal: NotFound | None = None  # raised by run() once wound down
+        self._fatal: NotFound | ConfigurationError | None = None  # raised by run() once wound down
         #: Drain mode (``conveyor.testing.run_tasks``): return once a claim finds
         #: nothing and nothing is held, instead of waiting for more work.
         self.stop_when_idle = False
@@ -296,9 +296,10 @@ class Worker:
             self._stream_freed.clear()
             try:
                 found, took_all = await self._claim_round(room)
-            except NotFound as exc:
-                # The group was unsubscribed through this worker's store: every claim
-                # would fail the same way. Stop, hand back what is held, then raise.
+            except (NotFound, ConfigurationError) as exc:
+                # The group was unsubscribed through this worker's store, or a queue
+                # is encrypted and this store has no keys: every claim would fail
+                # the same way. Stop, hand back what is held, then raise.
                 log.error("%s; stopping", exc)
                 self._fatal = exc
                 self._stop.request()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conveyor.store.protocol import claim_order, texts
+from conveyor.store.protocol import claim_order, sealing, texts
 from conveyor.store.seam import Claim, Seam
 
 #: The statement by (one queue, durable).
@@ -50,12 +50,15 @@ async def claim(st: Seam, durable: bool, ask: Claim) -> list[Any] | None:
         "mix": claim_order.mixes(partition, per_stream),
         "worker_id": ask.worker_id,
         "lease": ask.lease,
+        "keyless": st._keyring.encryption is None,
     }
     if single:
         params["queue"] = queues[0]
     else:
         params["queues"] = list(queues)
     rows = await texts.alone(st, text, params)
+    sealed = rows[0].sealed or ()
+    sealing.claimed_from(st, queues, sealed)  # raises when keyless: nothing was leased
     if rows[0].busy:
         return None
     # Claim order: unit by unit (the statement's rank), a stream's tasks in submit

@@ -75,6 +75,23 @@ def validate_acks(
     return outcomes, todo
 
 
+def sealed(st: Seam, todo: list[AckItem]) -> list[AckItem]:
+    """``todo`` with the result of each task held sealed sealed (:mod:`.sealing`),
+    and those tasks forgotten: their outcome is being written. As it was when this
+    store holds no sealed task."""
+    keyring = st._keyring
+    held = keyring.held
+    if not held:
+        return todo
+    out: list[AckItem] = []
+    for i, task_id, worker_id, grp, attempt, encoded in todo:
+        if task_id in held:
+            encoded = keyring.seal(encoded, task_id, "result")
+            del held[task_id]
+        out.append((i, task_id, worker_id, grp, attempt, encoded))
+    return out
+
+
 async def succeed(
     st: Seam,
     task_id: str,
@@ -83,11 +100,12 @@ async def succeed(
     attempt: int | None,
     encoded: str,
 ) -> Task:
-    """Finish a leased task as ``succeeded`` with the JSON ``encoded`` result, or
-    raise why its fence failed: ``succeed_plain`` (one statement) for an
-    unpartitioned row; when that finishes nothing (a partitioned row, or the fence
-    failed), the stream pair in one transaction with the task read back or the
-    failure explained there."""
+    """Finish a leased task as ``succeeded`` with the JSON ``encoded`` result
+    (sealed if the task is held sealed: :func:`sealed`), or raise why its fence
+    failed: ``succeed_plain`` (one statement) for an unpartitioned row; when that
+    finishes nothing (a partitioned row, or the fence failed), the stream pair in
+    one transaction with the task read back or the failure explained there."""
+    encoded = sealed(st, [(0, task_id, worker_id, "", None, encoded)])[0][5]
     item: AckItem = (
         0,
         v.name("task_id", task_id),
@@ -107,7 +125,7 @@ async def succeed(
     rows = await texts.alone(st, _need(built, "succeed_plain"), params)
     if rows:
         wake.wake_local(st, work=False)
-        return codec.row_to_task(rows[0])
+        return codec.row_to_task(rows[0], st._keyring)
     found, freed = await tx.run(st, lambda conn: finish_tx(st, conn, built, [item]))
     outcome = found[0]
     if isinstance(outcome, ConveyorError):
@@ -123,7 +141,9 @@ async def succeed_many(
     """Finish the leased ``todo`` items in one transaction, the tasks read back in
     it: per item, in order, its task or the error it met (``outcomes`` holds those
     of the items refused before). Always the stream pair: the plain statement first
-    in the same transaction would take delivery rows before the streams."""
+    in the same transaction would take delivery rows before the streams. Results
+    of tasks held sealed are sealed (:func:`sealed`)."""
+    todo = sealed(st, todo)
     built = await texts.of(st)
     found, freed = await tx.run(st, lambda conn: finish_tx(st, conn, built, todo))
     if any(not isinstance(outcome, ConveyorError) for outcome in found.values()):
@@ -145,7 +165,8 @@ async def ack_many(
     it was acknowledged, else its error. ``ack_plain`` first (committed on its own)
     unless the caller says the batch is ``partitioned``; the items it left go
     through the stream pair (sent together), and those still left are explained
-    in a read of their own."""
+    in a read of their own. Results of tasks held sealed are sealed (:func:`sealed`)."""
+    todo = sealed(st, todo)
     built = await texts.of(st)
     left = todo
     if not partitioned:
@@ -194,7 +215,7 @@ async def finish_tx(
         found = await texts.execute(
             conn, st, views, {"ids": json.dumps(sorted(set(ids))), "grp": grp}
         )
-        tasks.update({(grp, row.id): codec.row_to_task(row) for row in found})
+        tasks.update({(grp, row.id): codec.row_to_task(row, st._keyring) for row in found})
     out: dict[int, Outcome] = {}
     for n, item in enumerate(todo, 1):
         out[item[0]] = await _why(conn, item) if n in lost else tasks.get((item[3], item[1]))

@@ -21,7 +21,15 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.errors import StoreUnavailable
 from conveyor.models import Task
-from conveyor.store.protocol import caller_conn, depth, producer, submit_together, texts, wake
+from conveyor.store.protocol import (
+    caller_conn,
+    depth,
+    producer,
+    sealing,
+    submit_together,
+    texts,
+    wake,
+)
 from conveyor.store.protocol.requests import Request
 from conveyor.store.seam import Seam
 
@@ -32,41 +40,49 @@ async def submit(st: Seam, connection: Any, reqs: list[Request]) -> list[Task]:
     conn = await caller_conn.resolve(st, connection)
     capped = depth.known_capped(st, reqs)
     one = None if capped else _one_statement(st, conn, reqs)
-    tasks: list[Task] | None = None
     try:
-        if one is not None:
-            # No savepoint: one statement writes all or nothing by itself, and the
-            # two round trips of a savepoint cost about what the statement does. (A
-            # script, SQLite's, refuses a missing parent before it writes; a later
-            # statement failing is a database error, and the caller is told to
-            # roll back.) A capped queue: written nothing (depth.Capped, or on
-            # SQLite the statement's refusal), and step by step below.
-            try:
-                tasks = await _submit_one_statement(st, conn, one, reqs)
-            except depth.Capped:
-                capped = True
-            except DBAPIError as exc:
-                if not st._is_capped(exc):
-                    raise
-                capped = True
-        if tasks is None:
-            # A savepoint: a refused or failed submit leaves the caller's
-            # transaction as it was (no half-written keys) and usable.
-            try:
-                async with conn.begin_nested():
-                    sent = None if capped else await submit_together.submit(st, reqs, conn)
-                    tasks = sent if sent is not None else await producer.submit_tx(st, conn, reqs)
-            except DBAPIError as exc:
-                if capped or not st._is_capped(exc):
-                    raise
-                async with conn.begin_nested():  # step by step: the depth counted first
-                    tasks = await producer.submit_tx(st, conn, reqs)
+        try:
+            tasks = await _submit(st, conn, one, reqs, capped)
+        except sealing.Refused:
+            # A queue of the batch is encrypted: nothing was written (one statement
+            # writes all or nothing; the others ran in a savepoint, rolled back).
+            tasks = await producer.submit_sealed(st, reqs, conn)
     except DBAPIError as exc:
         raise StoreUnavailable(
             f"the submit failed in the caller's transaction ({exc.orig}); roll it back"
         ) from exc
     caller_conn.after_commit(conn, lambda: wake.wake_local(st, work=True))
     return tasks
+
+
+async def _submit(
+    st: Seam, conn: AsyncConnection, one: texts.Text | None, reqs: list[Request], capped: bool
+) -> list[Task]:
+    """The requests written on ``conn`` by the one-statement submit ``one``, or
+    by the kinds sent together, or step by step (both in a savepoint). A queue
+    known encrypted or capped goes step by step at once (``submit_sealed`` on a
+    caller's connection: in a savepoint, sealing and counting the depth first); a
+    capped queue met by a statement (SQLite's refusal, which writes nothing) the
+    same way."""
+    if capped or producer.touches(reqs, st._keyring.encrypted):
+        return await producer.submit_sealed(st, reqs, conn)
+    try:
+        if one is not None:
+            # No savepoint: one statement writes all or nothing by itself, and the
+            # two round trips of a savepoint cost about what the statement does. (A
+            # script, SQLite's, refuses a missing parent before it writes; a later
+            # statement failing is a database error, and the caller is told to
+            # roll back.)
+            return await _submit_one_statement(st, conn, one, reqs)
+        # A savepoint: a refused or failed submit leaves the caller's
+        # transaction as it was (no half-written keys) and usable.
+        async with conn.begin_nested():
+            sent = await submit_together.submit(st, reqs, conn)
+            return sent if sent is not None else await producer.submit_tx(st, conn, reqs)
+    except DBAPIError as exc:
+        if not st._is_capped(exc):
+            raise
+    return await producer.submit_sealed(st, reqs, conn)
 
 
 def _one_statement(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> texts.Text | None:

@@ -16,11 +16,13 @@ from sqlalchemy import Select, select, union_all
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
+from conveyor.encryption import MARK
 from conveyor.errors import InvalidArgument
 from conveyor.models import ConsumerGroup, Status, Task
 from conveyor.schema import deliveries as d
 from conveyor.schema import tasks as t
 from conveyor.store.protocol import queries as q
+from conveyor.store.protocol import sealing
 
 
 def _slot_maker(cls: type, **fixed: Any) -> Callable[..., Any]:
@@ -61,15 +63,33 @@ make_task: Callable[..., Task] = _slot_maker(Task)
 _from_us: Callable[[int], datetime] = functools.lru_cache(maxsize=4096)(v.from_us)
 
 
-def row_to_task(row: Any) -> Task:
+def row_to_task(row: Any, keyring: sealing.Keyring | None = None) -> Task:
     """A row of :func:`conveyor.store.protocol.queries.view_columns` as a Task (a SQLAlchemy row
-    or a built-once text's row: both answer to the column names as attributes)."""
+    or a built-once text's row: both answer to the column names as attributes).
+    Sealed values are opened with ``keyring`` (:mod:`.sealing`; None: no keys, so a
+    sealed value raises DecryptionError)."""
     # On every claimed task: attribute reads, no mapping built, a lookup table for
     # the status, remembered datetimes and the slot-filling constructor.
     from_us = _from_us
     metadata = row.metadata
     result = row.result
     error = row.error
+    payload = row.payload
+    if payload[0] == "~":  # sealed (no JSON text starts so): opened, each value
+        payload, metadata, result, error = _open_row(row, keyring)
+    else:
+        try:
+            payload = json.loads(payload)
+            metadata = {} if metadata == "{}" else json.loads(metadata)
+            result = None if result is None else json.loads(result)
+            error = None if error is None else json.loads(error)
+        except ValueError:
+            # A plain payload beside a sealed value (a task stored before its queue
+            # was encrypted, its result written after): not JSON, opened here.
+            payload, metadata, result, error = _open_row(row, keyring)
+    progress_message = row.progress_message
+    if progress_message is not None and progress_message.startswith(MARK):
+        progress_message = sealing.open_text(keyring, progress_message, row.id, "progress")
     started_at = row.started_at
     finished_at = row.finished_at
     lease_expires_at = row.lease_expires_at
@@ -78,8 +98,8 @@ def row_to_task(row: Any) -> Task:
         name=row.name,
         queue=row.queue,
         partition=row.partition,
-        payload=json.loads(row.payload),
-        metadata={} if metadata == "{}" else json.loads(metadata),
+        payload=payload,
+        metadata=metadata,
         priority=row.priority,
         status=_STATUS[row.status],
         attempt=row.attempt,
@@ -91,9 +111,9 @@ def row_to_task(row: Any) -> Task:
         lease_expires_at=None if lease_expires_at is None else from_us(lease_expires_at),
         worker_id=row.worker_id,
         progress=row.progress,
-        progress_message=row.progress_message,
-        result=None if result is None else json.loads(result),
-        error=None if error is None else json.loads(error),
+        progress_message=progress_message,
+        result=result,
+        error=error,
         key=row.key,
         parent_id=row.parent_id,
         root_id=row.root_id,
@@ -104,6 +124,19 @@ def row_to_task(row: Any) -> Task:
 
 
 _STATUS = {status.value: status for status in Status}
+
+
+def _open_row(row: Any, keyring: sealing.Keyring | None) -> tuple[Any, Any, Any, Any]:
+    """The payload, metadata, result and error of a row some of whose values are
+    sealed (each opened, or read as JSON)."""
+    task_id = row.id
+    load = sealing.load
+    return (
+        load(keyring, row.payload, task_id, "payload"),
+        load(keyring, row.metadata, task_id, "metadata"),
+        None if row.result is None else load(keyring, row.result, task_id, "result"),
+        None if row.error is None else load(keyring, row.error, task_id, "error"),
+    )
 
 
 def new_task(row: dict[str, Any], *, payload: Any, metadata: Any) -> Task:
@@ -268,9 +301,11 @@ async def fetch_tasks(
     *,
     ids: Sequence[str] | None = None,
     seqs: Sequence[int] | None = None,
+    keyring: sealing.Keyring | None = None,
 ) -> dict[Any, Task]:
     """The tasks with the given ids (keyed by id) or sequence numbers (keyed by seq),
-    as ``grp`` sees them; unknown ones are left out."""
+    as ``grp`` sees them; unknown ones are left out. Sealed values are opened with
+    ``keyring``."""
     stmt = q.task_view(grp)
     if ids is not None:
         wanted = sorted(set(ids))
@@ -286,4 +321,4 @@ async def fetch_tasks(
         stmt = stmt.where(t.c.seq.in_(seqs), d.c.task_seq.in_(seqs))
         keyf = "seq"
     rows = await conn.execute(stmt)
-    return {row._mapping[keyf]: row_to_task(row) for row in rows}
+    return {row._mapping[keyf]: row_to_task(row, keyring) for row in rows}

@@ -18,6 +18,7 @@ from sqlalchemy import ColumnElement, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
+from conveyor.encryption import MARK
 from conveyor.errors import LostLease, NotFound, TaskCancelled
 from conveyor.models import Task
 from conveyor.schema import deliveries as d
@@ -68,7 +69,15 @@ async def claim(
         await tx.run(st, lambda conn: upkeep.recover_tx(st, conn, grp, names))
         rows = await st._claim(wanted)
     # Built after the commit: no lock is held meanwhile.
-    claimed = [codec.row_to_task(row) for row in rows or ()]
+    keyring = st._keyring
+    claimed = [codec.row_to_task(row, keyring) for row in rows or ()]
+    if keyring.encryption is not None:
+        # What the holder writes for a sealed task, or one of an encrypted queue,
+        # is sealed (sealing).
+        encrypted = keyring.encrypted
+        for row in rows or ():
+            if row.queue in encrypted or row.payload.startswith(MARK):
+                keyring.hold(row.id)
     if claimed:
         st._busy.add(busy_key)
     else:
@@ -215,7 +224,7 @@ async def owned_update(
     if (done and row.partition is not None) or values.get("status") == q.QUEUED:
         # New work: a retry, or the stream's next task may be claimable now.
         await st._notify(conn, {row.queue}, done=False)
-    return codec.row_to_task(row)
+    return codec.row_to_task(row, st._keyring)
 
 
 async def fail_tx(

@@ -26,10 +26,11 @@ from sqlalchemy import select, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
+from conveyor.encryption import is_sealed
 from conveyor.schema import deliveries as d
 from conveyor.schema import queues as qs
 from conveyor.schema import tasks as t
-from conveyor.store.protocol import producer
+from conveyor.store.protocol import producer, sealing
 from conveyor.store.protocol.requests import Request
 from conveyor.store.seam import Seam
 
@@ -68,29 +69,35 @@ async def send(st: Seam, conn: AsyncConnection, rows: Sequence[tuple[int, str]])
     )
     if not found:
         return 0
-    reqs = [_request(row) for row in found]
+    reqs = [_request(st, row) for row in found]
     await producer.insert_tasks(st, conn, reqs)
     await st._notify(conn, {r.queue for r in reqs}, done=False)
     return len(reqs)
 
 
-def _request(row: Any) -> Request:
-    """The dead-letter task of one failed or evicted delivery row."""
-    metadata = json.loads(row.metadata) if row.metadata else {}
+def _request(st: Seam, row: Any) -> Request:
+    """The dead-letter task of one failed or evicted delivery row. The values of a
+    sealed original are opened (DecryptionError without its key) and the letter
+    sealed, whatever its own queue's setting: a letter never holds in plain text
+    what its original held sealed."""
+    keyring = st._keyring
+    sealed = is_sealed(row.payload)
+    payload = sealing.open_text(keyring, row.payload, row.id, "payload") if sealed else row.payload
+    metadata = sealing.load(keyring, row.metadata, row.id, "metadata") if row.metadata else {}
     metadata["dead_letter"] = {
         "task_id": row.id,
         "queue": row.queue,
         "group": row.grp or None,
         "partition": row.partition,
         "status": row.status,
-        "error": None if row.error is None else json.loads(row.error),
+        "error": None if row.error is None else sealing.load(keyring, row.error, row.id, "error"),
         "attempts": row.attempt,
         "failed_at": None if row.finished_at is None else v.from_us(row.finished_at).isoformat(),
     }
     return Request(
         id=v.new_task_id(),
         name=row.name,
-        payload=row.payload,
+        payload=payload,
         queue=row.dead_letter,
         priority=row.priority,
         delay_us=None,
@@ -103,6 +110,7 @@ def _request(row: Any) -> Request:
         parent_id=row.id,
         correlation_id=row.correlation_id,
         metadata=json.dumps(metadata),
+        seal=sealed,
     )
 
 

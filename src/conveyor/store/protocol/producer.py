@@ -10,14 +10,15 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import delete, exists, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
-from conveyor.errors import AlreadyExists, InvalidArgument
+from conveyor.errors import AlreadyExists, InvalidArgument, StoreUnavailable
 from conveyor.models import Task
+from conveyor.schema import keys as k
 from conveyor.schema import tasks as t
-from conveyor.store.protocol import codec, depth, streams, texts, withdraw
+from conveyor.store.protocol import codec, depth, sealing, streams, texts, withdraw
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.protocol.requests import Request
@@ -176,16 +177,19 @@ def unsettled(reqs: list[Request]) -> list[Task]:
 def settle(tasks: list[Task], rows: Iterable[Any]) -> list[Task]:
     """Fill in what the database decided for each of :func:`unsettled`'s ``tasks``
     from ``rows`` (``id``, ``max_attempts``, ``created_at``, ``run_at``; any order,
-    one per task); the tasks, settled. A task with no row was not written: the
-    statement met a capped queue (:class:`.depth.Capped`)."""
+    one per task); the tasks, settled."""
     stored = {row.id: row for row in rows}
-    if len(stored) < len(tasks):
-        raise depth.Capped()
     # The statement's clock is one moment: a run shares created_at (and run_at,
     # unless delayed), so each distinct value becomes a datetime once.
     moments: dict[int, datetime] = {}
     for task in tasks:
-        row = stored[task.id]
+        row = stored.get(task.id)
+        if row is None:
+            # A plain submit statement writes every task or, when a queue of them is
+            # encrypted, none (sealing): never some. (The four a caller's transaction
+            # runs alone write none for a queue with a max_depth too: the step-by-step
+            # submit that follows counts its depth.)
+            raise sealing.Refused(task.queue)
         created_at, run_at = int(row.created_at), int(row.run_at)
         created = moments.get(created_at)
         if created is None:
@@ -233,6 +237,10 @@ async def submit_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> lis
                 break
             rows = await texts.execute(conn, st, built["lock_keys"], {"keys": lost})
             existing.update({row.key: row.task_id for row in rows})
+            # A key naming this very request's task, which does not exist: a plain
+            # statement of this submit claimed it, then refused to write the task
+            # to an encrypted queue (sealing). The key is this request's.
+            won |= {key for key in lost if existing.get(key) == first[key].id}
             pending = [key for key in lost if key not in existing]
         for key, r in first.items():
             if key in won:
@@ -258,7 +266,7 @@ async def submit_tx(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> lis
     ids = [r.id if r.key is None else chosen[r.key] for r in reqs]
     reused = [i for i in ids if i not in found]
     if reused:
-        found.update(await codec.fetch_tasks(conn, q.QUEUE_MODE, ids=reused))
+        found.update(await codec.fetch_tasks(conn, q.QUEUE_MODE, ids=reused, keyring=st._keyring))
     if new:
         await st._notify(conn, {r.queue for r in new}, done=False)
     return [found[i] for i in ids]
@@ -275,6 +283,7 @@ def task_row(r: Request, now: int, conf: Any, root: str) -> dict[str, Any]:
         "partition": r.partition,
         "payload": r.payload,
         "metadata": r.metadata,
+        "key_id": r.key_id,
         "priority": r.priority,
         "max_attempts": max_attempts or DEFAULT_MAX_ATTEMPTS,
         "backoff": r.backoff or (conf.backoff if conf is not None else None),
@@ -364,34 +373,136 @@ async def insert_tasks(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> 
     await share_groups(st, conn, queues)
     stream_keys = {(r.queue, p) for r in reqs if (p := r.partition) is not None}
     await streams.serialize_producers(st, conn, stream_keys)
-    context = list(await texts.execute(conn, st, built["submit_context"], {"queues": queues}))
-    now = int(context[0].now)
-    settings = {row.queue: row for row in context if row.queue is not None}
-    params = [
-        task_row(
-            r,
-            now,
-            settings.get(r.queue),
-            r.id if r.parent_id is None else parents.get(r.parent_id, r.parent_id),
+    for _ in range(SEALED_TRIES):
+        # The queues' settings read in this transaction; the rows of encrypted
+        # queues sealed. Should a queue become encrypted after the read (another
+        # transaction's commit, seen by the next statement on Postgres), the
+        # insert writes nothing and says so: read again, in the same transaction.
+        context = list(await texts.execute(conn, st, built["submit_context"], {"queues": queues}))
+        now = int(context[0].now)
+        settings = {row.queue: row for row in context if row.queue is not None}
+        encrypted = {row.queue for row in settings.values() if row.encrypt}
+        st._keyring.learn(queues, encrypted)
+        params = [
+            task_row(
+                seal_request(st, r) if r.queue in encrypted or r.seal else r,
+                now,
+                settings.get(r.queue),
+                r.id if r.parent_id is None else parents.get(r.parent_id, r.parent_id),
+            )
+            for r in reqs
+        ]
+        # The task rows and their delivery rows in one statement, which returns
+        # the streams the new rows joined (``insert_rows``).
+        encoded = json.dumps([[row[c] for c in _ROW_COLUMNS] for row in params])
+        touched = list(await texts.execute(conn, st, built["insert_rows"], {"rows": encoded}))
+        if not any(row.refused for row in touched):
+            break
+    else:
+        raise StoreUnavailable(
+            f"the settings of queue(s) {', '.join(queues)} kept changing during the submit"
         )
-        for r in reqs
-    ]
-    out = {
+    if touched:
+        await streams.refresh(st, conn, [(row.queue, row.grp, row.partition) for row in touched])
+        await streams.quiet(st, conn, {(row.queue, row.partition) for row in touched})
+    return {
         r.id: codec.new_task(row, payload=json.loads(r.payload), metadata=json.loads(r.metadata))
         for r, row in zip(reqs, params, strict=True)
     }
-    # The task rows and their delivery rows in one statement, which returns the
-    # streams the new rows joined (``insert_rows``).
-    encoded = json.dumps([[row[c] for c in _ROW_COLUMNS] for row in params])
-    touched = list(await texts.execute(conn, st, built["insert_rows"], {"rows": encoded}))
-    if touched:
-        await streams.refresh(st, conn, [tuple(row) for row in touched])
-        await streams.quiet(st, conn, {(row.queue, row.partition) for row in touched})
-    return out
+
+
+def seal_request(st: Seam, r: Request) -> Request:
+    """``r`` with its payload and metadata sealed (the store's current key), for an
+    encrypted queue; ConfigurationError when this store has no keys. Metadata
+    left empty stays ``{}``: there is nothing in it to hide, and every claim of
+    the task would open it."""
+    enc = st._keyring.require(r.queue)
+    meta = r.metadata
+    # Made field by field: dataclasses.replace() cost three times the sealing.
+    return Request(
+        id=r.id,
+        name=r.name,
+        payload=enc.seal(r.payload, task_id=r.id, field="payload"),
+        queue=r.queue,
+        priority=r.priority,
+        delay_us=r.delay_us,
+        run_at_us=r.run_at_us,
+        max_attempts=r.max_attempts,
+        backoff=r.backoff,
+        key=r.key,
+        conflict=r.conflict,
+        partition=r.partition,
+        parent_id=r.parent_id,
+        correlation_id=r.correlation_id,
+        metadata=meta if meta == "{}" else enc.seal(meta, task_id=r.id, field="metadata"),
+        key_id=enc.current,
+        seal=r.seal,
+    )
+
+
+def touches(reqs: list[Request], queues: set[str]) -> bool:
+    """Whether a request of ``reqs`` goes to one of ``queues``."""
+    return any(r.queue in queues for r in reqs)
+
+
+#: How many times :func:`insert_tasks` reads the settings again while a queue keeps
+#: turning encrypted under it.
+SEALED_TRIES = 5
+
+
+async def submit_sealed(
+    st: Seam, reqs: list[Request], conn: AsyncConnection | None = None
+) -> list[Task]:
+    """Submit ``reqs`` so that the tasks of encrypted queues are sealed: the path of
+    a batch that touches a queue this store knows encrypted, and of one a plain
+    statement refused (:class:`~.sealing.Refused`). Plain tasks all to queues
+    known encrypted: sealed here and written by one statement; the rest step by
+    step (:func:`submit_tx`, which reads the settings in its transaction and
+    seals what must be), on ``conn`` (a caller's) in a savepoint."""
+    keyring = st._keyring
+    if conn is None and is_plain(reqs) and all(r.queue in keyring.encrypted for r in reqs):
+        return await _submit_sealed_plain(st, reqs)
+    if conn is None:
+        return await tx.run(st, lambda c: submit_tx(st, c, reqs))
+    async with conn.begin_nested():
+        return await submit_tx(st, conn, reqs)
+
+
+async def _submit_sealed_plain(st: Seam, reqs: list[Request]) -> list[Task]:
+    """Plain requests, all to queues this store knows encrypted, sealed and written
+    by ``submit_sealed`` (one statement, committed on its own); the queues it finds
+    no longer encrypted are remembered so (their next submits go plain)."""
+    keyring = st._keyring
+    enc = keyring.require(reqs[0].queue)
+    sealed = [seal_request(st, r) for r in reqs]
+    single = len(reqs) == 1
+    text = (st._texts or await texts.of(st))["submit_sealed_one" if single else "submit_sealed"]
+    params = {**(one_params(sealed[0]) if single else many_params(sealed)), "key_id": enc.current}
+    rows = await texts.alone(st, text, params, inline=len(reqs) <= INLINE_MAX)
+    queue_of = {r.id: r.queue for r in reqs}
+    keyring.learn(set(queue_of.values()), {queue_of[row.id] for row in rows if row.encrypt})
+    return answers(reqs, rows)
+
+
+async def drop_orphan_keys(st: Seam, reqs: list[Request]) -> None:
+    """Delete the keys naming a task of ``reqs`` that does not exist: what a plain
+    statement claimed before it refused to write the task to an encrypted queue,
+    when the submit then cannot go on (this store has no key)."""
+    ids = [r.id for r in reqs if r.key is not None]
+    if ids:
+        await tx.run(st, lambda conn: _drop_orphan_keys(conn, ids))
+
+
+async def _drop_orphan_keys(conn: AsyncConnection, ids: list[str]) -> None:
+    await conn.execute(
+        delete(k).where(
+            k.c.task_id.in_(sorted(ids)), ~exists(select(t.c.seq).where(t.c.id == k.c.task_id))
+        )
+    )
 
 
 #: The columns of a task row (:func:`task_row`) in the order ``insert_rows`` reads.
 _ROW_COLUMNS = (
     "id name queue partition payload metadata priority max_attempts backoff created_at "
-    "run_at key parent_id root_id correlation_id"
+    "run_at key parent_id root_id correlation_id key_id"
 ).split()

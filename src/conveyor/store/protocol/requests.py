@@ -55,6 +55,11 @@ class Request:
     parent_id: str | None
     correlation_id: str | None
     metadata: str
+    #: The key the payload and metadata are sealed with (None: as given, plain);
+    #: set by the step-by-step submit of an encrypted queue's task.
+    key_id: str | None = None
+    #: Seal it whatever its queue's setting (a dead letter of a sealed task).
+    seal: bool = False
 
 
 def prepare(req: Mapping[str, Any], *, max_size: int | None = None) -> Request:

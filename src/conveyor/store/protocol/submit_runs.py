@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from conveyor.models import Task
 from conveyor.store.protocol import depth, producer, texts
 from conveyor.store.protocol import transactions as tx
-from conveyor.store.protocol.requests import Preparing
+from conveyor.store.protocol.requests import Preparing, Request
 from conveyor.store.seam import Seam
 
 #: Tasks per run. Why 250: batches of 1,000 plain tasks, in alternating runs on a
@@ -37,8 +37,20 @@ RUN = 250
 FIRST = 50
 
 
+def _params(st: Seam, part: list[Request], sealed: bool) -> dict[str, Any]:
+    """The parameters of one run: ``submit_plain``'s, or, ``sealed``, the requests
+    sealed and ``submit_sealed``'s (ConfigurationError without keys: nothing of
+    the runs is written)."""
+    if not sealed:
+        return producer.many_params(part)
+    key_id = st._keyring.require(part[0].queue).current
+    sealed_part = [producer.seal_request(st, r) for r in part]
+    return {**producer.many_params(sealed_part), "key_id": key_id}
+
+
 class _NotPlain(Exception):
-    """A request with a key, partition or parent turned up: the usual path takes over."""
+    """A request with a key, partition or parent, or to a queue the first run did
+    not have, turned up: the usual path takes over."""
 
 
 async def submit(st: Seam, preparing: Preparing) -> list[Task] | None:
@@ -47,13 +59,25 @@ async def submit(st: Seam, preparing: Preparing) -> list[Task] | None:
     so far stay in ``preparing.done`` for the usual path."""
     if preparing.total <= RUN:
         return None
-    text = (st._texts or await texts.of(st))["submit_plain"]
     first = preparing.take(FIRST)
     if not producer.is_plain(first) or depth.known_capped(st, first):
         return None
+    # Queues all known encrypted: every run sealed and written by submit_sealed;
+    # none known encrypted: submit_plain; some of each: the usual path.
+    known = st._keyring.encrypted
+    sealed = producer.touches(first, known)
+    if sealed and not all(r.queue in known for r in first):
+        return None
+    text = (st._texts or await texts.of(st))["submit_sealed" if sealed else "submit_plain"]
     runner = st._batch_runner()
     done = preparing.done
     tasks: list[Task] = []
+    # Every run's statement writes nothing when one of its queues is encrypted
+    # (sealing), and the first run's queues are checked first: a later request to
+    # another queue ends this attempt (the usual path then checks the whole batch
+    # in one statement), so an encrypted queue cannot refuse a later run after
+    # earlier runs to other queues were written.
+    queues = {r.queue for r in first}
 
     def runs() -> Iterator[dict[str, Any]]:
         # The requests already taken first (a transaction retried after a transient
@@ -63,13 +87,15 @@ async def submit(st: Seam, preparing: Preparing) -> list[Task] | None:
         while True:
             step = FIRST if sent == 0 else RUN
             missing = sent + step - len(done)
-            if missing > 0 and not producer.is_plain(preparing.take(missing)):
-                raise _NotPlain
+            if missing > 0:
+                more = preparing.take(missing)
+                if not producer.is_plain(more) or any(r.queue not in queues for r in more):
+                    raise _NotPlain
             part = done[sent : sent + step]
             if not part:
                 return
             sent += len(part)
-            yield text.bind(st, producer.many_params(part))
+            yield text.bind(st, _params(st, part, sealed))
             # Here once the run has been sent: its answering tasks are built while
             # the server works on it, and settled from its rows after the commit.
             tasks.extend(producer.unsettled(part))
@@ -86,4 +112,18 @@ async def submit(st: Seam, preparing: Preparing) -> list[Task] | None:
     except (_NotPlain, depth.Capped):
         # Rolled back: the batch goes the usual way (a capped queue: step by step).
         return None
+    if sealed:
+        queue_of = {r.id: r.queue for r in done}
+        st._keyring.learn(queues, {queue_of[row.id] for row in rows if row.encrypt})
+    written = {row.id for row in rows}
+    if len(written) < len(done):
+        # A run refused to write plain rows to a queue that became encrypted after
+        # the runs before it were written (each run writes all its tasks or none:
+        # sealing). Its requests go again, sealed; the runs written stay, plain,
+        # as a submit committed just before the change would have.
+        left = [r for r in done if r.id not in written]
+        again = {task.id: task for task in await producer.submit_sealed(st, left)}
+        kept = producer.settle([task for task in tasks if task.id in written], rows)
+        by_id = {task.id: task for task in kept} | again
+        return [by_id[r.id] for r in done]
     return producer.settle(tasks, rows)

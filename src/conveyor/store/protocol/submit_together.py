@@ -32,7 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.errors import AlreadyExists
 from conveyor.models import Task
-from conveyor.store.protocol import codec, depth, producer, texts
+from conveyor.store.protocol import codec, depth, producer, sealing, texts
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.protocol.requests import Request
@@ -113,11 +113,14 @@ async def submit_reusing(
     by_id: dict[str, Task] = {}
     by_key: dict[str, Task] = {}
     for row in rows:
-        task = codec.row_to_task(row)
+        task = codec.row_to_task(row, st._keyring)
         if row.holds is None:
             by_id[task.id] = task
         else:
             by_key[row.holds] = task
+    if any(r.key is None and r.id not in by_id for r in reqs):
+        # The tasks' statement wrote none (a queue of them is encrypted: sealing).
+        raise sealing.Refused(*{r.queue for r in reqs})
     lost = [r for r in reqs if r.key is not None and r.key not in by_key]
     if lost:
         if conn is not None:
@@ -185,7 +188,7 @@ async def submit_keyed_with(
     rows = await texts.together(st, [*steps, (holder, {"key": key})], conn=conn, inline=True)
     if not rows:
         return None
-    task = codec.row_to_task(rows[0])
+    task = codec.row_to_task(rows[0], st._keyring)
     if task.id != r.id and r.conflict == "reject":
         raise AlreadyExists(key, task.id)
     return task
@@ -241,7 +244,7 @@ async def submit_replacing(
         params = {**producer.many_params([r]), "partitions": [r.partition], "keys": [key]}
         steps += [(submit, params), *after]
     rows = await texts.together(st, [*steps, (holder, {"key": key})], conn=conn, inline=True)
-    return codec.row_to_task(rows[0]) if rows else None
+    return codec.row_to_task(rows[0], st._keyring) if rows else None
 
 
 async def submit_keyed(
@@ -259,7 +262,7 @@ async def submit_keyed(
     rows = await texts.together(st, steps, conn=conn, inline=True)
     if not rows:
         return None
-    task = codec.row_to_task(rows[0])
+    task = codec.row_to_task(rows[0], st._keyring)
     if task.id != r.id and r.conflict == "reject":
         raise AlreadyExists(str(r.key), task.id)
     return task

@@ -90,9 +90,14 @@ def queue_settings(
     delay: v.Duration | None = None,
     max_depth: int | None = None,
     debounce: v.Duration | None = None,
+    encrypt: bool | None = None,
 ) -> dict[str, Any]:
     """Validate configure_queue()'s arguments: the column values to store."""
     values: dict[str, Any] = {}
+    if encrypt is not None:
+        if not isinstance(encrypt, bool):
+            raise InvalidArgument("encrypt", f"must be True or False, got {encrypt!r}")
+        values["encrypt"] = encrypt
     if debounce is not None:
         values["debounce"] = v.duration_seconds("debounce", debounce) or None
     if max_depth is not None:
@@ -158,6 +163,7 @@ def settings_dict(queue: str, row: Any, paused: bool) -> dict[str, Any]:
         "delay": None,
         "max_depth": None,
         "debounce": None,
+        "encrypt": False,
     }
     if row is not None:
         out.update(
@@ -171,6 +177,7 @@ def settings_dict(queue: str, row: Any, paused: bool) -> dict[str, Any]:
             delay=row.delay,
             max_depth=row.max_depth,
             debounce=row.debounce,
+            encrypt=bool(row.encrypt),
         )
     out["paused"] = paused
     return out

@@ -71,7 +71,7 @@ async def retry_tx(
     if seq is None:
         return None
     await requeue(st, conn, grp, [seq], [d.c.status.in_(RETRYABLE)], reset_attempts)
-    return (await codec.fetch_tasks(conn, grp, ids=[task_id])).get(task_id)
+    return (await codec.fetch_tasks(conn, grp, ids=[task_id], keyring=st._keyring)).get(task_id)
 
 
 async def requeue(

@@ -22,12 +22,12 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from conveyor.store.protocol import claim_order, texts
+from conveyor.store.protocol import claim_order, sealing, texts
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.seam import Claim, Seam
 
 #: ``kind`` of the candidate rows (see ``claim.candidates``).
-_PLAIN, _STREAM, _EXPIRED = 0, 1, 2
+_PLAIN, _STREAM, _EXPIRED, _SEALED = 0, 1, 2, 3
 _QUEUED = "queued"
 
 
@@ -72,6 +72,8 @@ async def claim_tx(
         # Each queue read by its own index range: the union of every queue's first
         # ``limit`` rows and ``streams`` streams holds the claim's whole choice.
         rows += await texts.execute(conn, st, candidates, {**params, "queue": queue})
+    # Raises when this store has no keys and a queue is encrypted: nothing leased.
+    sealing.claimed_from(st, queues, [row.queue for row in rows if row.kind == _SEALED])
     if any(row.kind == _EXPIRED for row in rows):
         return None
     picked = claim_order.choose(_units(rows), limit, claim_order.mixes(partition, per_stream))

@@ -37,7 +37,14 @@ WITH flags AS (
     ARRAY(
         SELECT c.queue FROM conveyor_pauses AS c
         WHERE c.queue = ANY(:queues::text[]) AND c.grp IN (:grp::text, '')
-    ) AS paused
+    ) AS paused,
+    -- sealed: the encrypted queues among these (NULL: none). A store without keys
+    -- (keyless) then leases nothing either, and raises before any lease is taken;
+    -- one with keys learns which queues it must seal what it writes for.
+    (
+        SELECT array_agg(e.queue) FROM conveyor_queues AS e
+        WHERE e.queue = ANY(:queues::text[]) AND e.encrypt
+    ) AS sealed
 ),
 free AS MATERIALIZED (
     -- The free streams, fairest first (priority, then the head that waited
@@ -51,7 +58,8 @@ free AS MATERIALIZED (
     WHERE s.grp = :grp AND s.queue = ANY(:queues::text[])
       AND s.available_at IS NOT NULL AND s.available_at <= (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us)
       AND (:partition::text IS NULL OR s.partition = :partition::text)
-      AND NOT (SELECT busy FROM flags) AND s.queue <> ALL(CAST((SELECT paused FROM flags) AS text[]))
+      AND NOT (SELECT busy OR (:keyless::boolean AND sealed IS NOT NULL) FROM flags)
+      AND s.queue <> ALL(CAST((SELECT paused FROM flags) AS text[]))
     ORDER BY s.priority DESC, s.available_at, s.queue, s.partition
     LIMIT :streams
     FOR UPDATE OF s SKIP LOCKED
@@ -94,7 +102,8 @@ plain AS MATERIALIZED (
     FROM conveyor_deliveries AS p
     WHERE p.grp = :grp AND p.queue = ANY(:queues::text[]) AND p.status = 'queued' AND p.partition IS NULL
       AND p.run_at <= (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AND :partition::text IS NULL
-      AND NOT (SELECT busy FROM flags) AND p.queue <> ALL(CAST((SELECT paused FROM flags) AS text[]))
+      AND NOT (SELECT busy OR (:keyless::boolean AND sealed IS NOT NULL) FROM flags)
+      AND p.queue <> ALL(CAST((SELECT paused FROM flags) AS text[]))
     ORDER BY p.priority DESC, p.run_at, p.task_seq
     LIMIT :limit
     FOR UPDATE OF p SKIP LOCKED
@@ -208,7 +217,7 @@ held AS (
 )
 -- One row even when nothing was leased (flags drives the join, its other columns
 -- NULL), so the caller always reads busy. rank: the unit's place in claim order.
-SELECT flags.busy, x.rank, t.seq, t.id, t.name, t.queue, t.partition, t.payload, t.metadata, t.priority, x.max_attempts, t.created_at, t.key, t.parent_id, t.root_id, t.correlation_id, x.grp, x.status, x.attempt, x.run_at, x.started_at, x.finished_at, x.lease_expires_at, x.worker_id, x.progress, x.progress_message, x.result, x.error, x.lease
+SELECT flags.busy, flags.sealed, x.rank, t.seq, t.id, t.name, t.queue, t.partition, t.payload, t.metadata, t.priority, x.max_attempts, t.created_at, t.key, t.parent_id, t.root_id, t.correlation_id, x.grp, x.status, x.attempt, x.run_at, x.started_at, x.finished_at, x.lease_expires_at, x.worker_id, x.progress, x.progress_message, x.result, x.error, x.lease
 FROM flags LEFT JOIN (taken AS x JOIN conveyor_tasks AS t ON t.seq = x.task_seq) ON true
 
 -- name: claim.any_durable
@@ -229,7 +238,14 @@ WITH flags AS (
     ARRAY(
         SELECT c.queue FROM conveyor_pauses AS c
         WHERE c.queue = ANY(:queues::text[]) AND c.grp IN (:grp::text, '')
-    ) AS paused
+    ) AS paused,
+    -- sealed: the encrypted queues among these (NULL: none). A store without keys
+    -- (keyless) then leases nothing either, and raises before any lease is taken;
+    -- one with keys learns which queues it must seal what it writes for.
+    (
+        SELECT array_agg(e.queue) FROM conveyor_queues AS e
+        WHERE e.queue = ANY(:queues::text[]) AND e.encrypt
+    ) AS sealed
 ),
 free AS MATERIALIZED (
     -- The free streams, fairest first (priority, then the head that waited
@@ -243,7 +259,8 @@ free AS MATERIALIZED (
     WHERE s.grp = :grp AND s.queue = ANY(:queues::text[])
       AND s.available_at IS NOT NULL AND s.available_at <= (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us)
       AND (:partition::text IS NULL OR s.partition = :partition::text)
-      AND NOT (SELECT busy FROM flags) AND s.queue <> ALL(CAST((SELECT paused FROM flags) AS text[]))
+      AND NOT (SELECT busy OR (:keyless::boolean AND sealed IS NOT NULL) FROM flags)
+      AND s.queue <> ALL(CAST((SELECT paused FROM flags) AS text[]))
     ORDER BY s.priority DESC, s.available_at, s.queue, s.partition
     LIMIT :streams
     FOR UPDATE OF s SKIP LOCKED
@@ -286,7 +303,8 @@ plain AS MATERIALIZED (
     FROM conveyor_deliveries AS p
     WHERE p.grp = :grp AND p.queue = ANY(:queues::text[]) AND p.status = 'queued' AND p.partition IS NULL
       AND p.run_at <= (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AND :partition::text IS NULL
-      AND NOT (SELECT busy FROM flags) AND p.queue <> ALL(CAST((SELECT paused FROM flags) AS text[]))
+      AND NOT (SELECT busy OR (:keyless::boolean AND sealed IS NOT NULL) FROM flags)
+      AND p.queue <> ALL(CAST((SELECT paused FROM flags) AS text[]))
     ORDER BY p.priority DESC, p.run_at, p.task_seq
     LIMIT :limit
     FOR UPDATE OF p SKIP LOCKED
@@ -400,7 +418,7 @@ held AS (
 )
 -- One row even when nothing was leased (flags drives the join, its other columns
 -- NULL), so the caller always reads busy. rank: the unit's place in claim order.
-SELECT flags.busy, x.rank, t.seq, t.id, t.name, t.queue, t.partition, t.payload, t.metadata, t.priority, x.max_attempts, t.created_at, t.key, t.parent_id, t.root_id, t.correlation_id, x.grp, x.status, x.attempt, x.run_at, x.started_at, x.finished_at, x.lease_expires_at, x.worker_id, x.progress, x.progress_message, x.result, x.error, x.lease
+SELECT flags.busy, flags.sealed, x.rank, t.seq, t.id, t.name, t.queue, t.partition, t.payload, t.metadata, t.priority, x.max_attempts, t.created_at, t.key, t.parent_id, t.root_id, t.correlation_id, x.grp, x.status, x.attempt, x.run_at, x.started_at, x.finished_at, x.lease_expires_at, x.worker_id, x.progress, x.progress_message, x.result, x.error, x.lease
 FROM flags LEFT JOIN (taken AS x JOIN conveyor_tasks AS t ON t.seq = x.task_seq) ON true
 
 -- name: claim.one
@@ -425,7 +443,13 @@ WITH flags AS (
     EXISTS (
         SELECT 1 FROM conveyor_pauses AS c
         WHERE c.queue = :queue AND c.grp IN (:grp::text, '')
-    ) AS paused
+    ) AS paused,
+    -- sealed: the queue if it is encrypted (NULL: not). A store without keys
+    -- (keyless) then leases nothing either, and raises before any lease is taken;
+    -- one with keys learns that it must seal what it writes for these tasks.
+    -- length: the queue's configured lease. Both from one read of its row.
+    CASE WHEN e.encrypt THEN ARRAY[e.queue] END AS sealed, e.lease AS length
+    FROM (SELECT 1) AS one LEFT JOIN conveyor_queues AS e ON e.queue = :queue
 ),
 free AS MATERIALIZED (
     -- The free streams, fairest first (priority, then the head that waited
@@ -439,7 +463,7 @@ free AS MATERIALIZED (
     WHERE s.grp = :grp AND s.queue = :queue
       AND s.available_at IS NOT NULL AND s.available_at <= (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us)
       AND (:partition::text IS NULL OR s.partition = :partition::text)
-      AND NOT (SELECT busy OR paused FROM flags)
+      AND NOT (SELECT busy OR paused OR (:keyless::boolean AND sealed IS NOT NULL) FROM flags)
     ORDER BY s.priority DESC, s.available_at, s.queue, s.partition
     LIMIT :streams
     FOR UPDATE OF s SKIP LOCKED
@@ -482,7 +506,7 @@ plain AS MATERIALIZED (
     FROM conveyor_deliveries AS p
     WHERE p.grp = :grp AND p.queue = :queue AND p.status = 'queued' AND p.partition IS NULL
       AND p.run_at <= (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AND :partition::text IS NULL
-      AND NOT (SELECT busy OR paused FROM flags)
+      AND NOT (SELECT busy OR paused OR (:keyless::boolean AND sealed IS NOT NULL) FROM flags)
     ORDER BY p.priority DESC, p.run_at, p.task_seq
     LIMIT :limit
     FOR UPDATE OF p SKIP LOCKED
@@ -529,7 +553,7 @@ picked AS MATERIALIZED (
         :lease::float8,
         -- One queue: its setting is looked up once per claim (an uncorrelated
         -- subquery), not once per row leased.
-        (SELECT c.lease FROM conveyor_queues AS c WHERE c.queue = :queue),
+        (SELECT length FROM flags),
         30.0
     ) AS length
     FROM (
@@ -597,7 +621,7 @@ held AS (
 )
 -- One row even when nothing was leased (flags drives the join, its other columns
 -- NULL), so the caller always reads busy. rank: the unit's place in claim order.
-SELECT flags.busy, x.rank, t.seq, t.id, t.name, t.queue, t.partition, t.payload, t.metadata, t.priority, x.max_attempts, t.created_at, t.key, t.parent_id, t.root_id, t.correlation_id, x.grp, x.status, x.attempt, x.run_at, x.started_at, x.finished_at, x.lease_expires_at, x.worker_id, x.progress, x.progress_message, x.result, x.error, x.lease
+SELECT flags.busy, flags.sealed, x.rank, t.seq, t.id, t.name, t.queue, t.partition, t.payload, t.metadata, t.priority, x.max_attempts, t.created_at, t.key, t.parent_id, t.root_id, t.correlation_id, x.grp, x.status, x.attempt, x.run_at, x.started_at, x.finished_at, x.lease_expires_at, x.worker_id, x.progress, x.progress_message, x.result, x.error, x.lease
 FROM flags LEFT JOIN (taken AS x JOIN conveyor_tasks AS t ON t.seq = x.task_seq) ON true
 
 -- name: claim.one_durable
@@ -617,7 +641,13 @@ WITH flags AS (
     EXISTS (
         SELECT 1 FROM conveyor_pauses AS c
         WHERE c.queue = :queue AND c.grp IN (:grp::text, '')
-    ) AS paused
+    ) AS paused,
+    -- sealed: the queue if it is encrypted (NULL: not). A store without keys
+    -- (keyless) then leases nothing either, and raises before any lease is taken;
+    -- one with keys learns that it must seal what it writes for these tasks.
+    -- length: the queue's configured lease. Both from one read of its row.
+    CASE WHEN e.encrypt THEN ARRAY[e.queue] END AS sealed, e.lease AS length
+    FROM (SELECT 1) AS one LEFT JOIN conveyor_queues AS e ON e.queue = :queue
 ),
 free AS MATERIALIZED (
     -- The free streams, fairest first (priority, then the head that waited
@@ -631,7 +661,7 @@ free AS MATERIALIZED (
     WHERE s.grp = :grp AND s.queue = :queue
       AND s.available_at IS NOT NULL AND s.available_at <= (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us)
       AND (:partition::text IS NULL OR s.partition = :partition::text)
-      AND NOT (SELECT busy OR paused FROM flags)
+      AND NOT (SELECT busy OR paused OR (:keyless::boolean AND sealed IS NOT NULL) FROM flags)
     ORDER BY s.priority DESC, s.available_at, s.queue, s.partition
     LIMIT :streams
     FOR UPDATE OF s SKIP LOCKED
@@ -674,7 +704,7 @@ plain AS MATERIALIZED (
     FROM conveyor_deliveries AS p
     WHERE p.grp = :grp AND p.queue = :queue AND p.status = 'queued' AND p.partition IS NULL
       AND p.run_at <= (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AND :partition::text IS NULL
-      AND NOT (SELECT busy OR paused FROM flags)
+      AND NOT (SELECT busy OR paused OR (:keyless::boolean AND sealed IS NOT NULL) FROM flags)
     ORDER BY p.priority DESC, p.run_at, p.task_seq
     LIMIT :limit
     FOR UPDATE OF p SKIP LOCKED
@@ -721,7 +751,7 @@ picked AS MATERIALIZED (
         :lease::float8,
         -- One queue: its setting is looked up once per claim (an uncorrelated
         -- subquery), not once per row leased.
-        (SELECT c.lease FROM conveyor_queues AS c WHERE c.queue = :queue),
+        (SELECT length FROM flags),
         30.0
     ) AS length
     FROM (
@@ -789,5 +819,5 @@ held AS (
 )
 -- One row even when nothing was leased (flags drives the join, its other columns
 -- NULL), so the caller always reads busy. rank: the unit's place in claim order.
-SELECT flags.busy, x.rank, t.seq, t.id, t.name, t.queue, t.partition, t.payload, t.metadata, t.priority, x.max_attempts, t.created_at, t.key, t.parent_id, t.root_id, t.correlation_id, x.grp, x.status, x.attempt, x.run_at, x.started_at, x.finished_at, x.lease_expires_at, x.worker_id, x.progress, x.progress_message, x.result, x.error, x.lease
+SELECT flags.busy, flags.sealed, x.rank, t.seq, t.id, t.name, t.queue, t.partition, t.payload, t.metadata, t.priority, x.max_attempts, t.created_at, t.key, t.parent_id, t.root_id, t.correlation_id, x.grp, x.status, x.attempt, x.run_at, x.started_at, x.finished_at, x.lease_expires_at, x.worker_id, x.progress, x.progress_message, x.result, x.error, x.lease
 FROM flags LEFT JOIN (taken AS x JOIN conveyor_tasks AS t ON t.seq = x.task_seq) ON true

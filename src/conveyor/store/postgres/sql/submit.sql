@@ -10,20 +10,31 @@
 -- abort the caller's transaction.
 
 -- name: insert_rows
+-- Each row may be sealed (its key_id given) or plain (NULL). A plain row of an
+-- encrypted queue writes nothing at all and returns one row, refused: the queue's
+-- settings changed since submit_context read them, and the protocol rolls back and
+-- submits again (conveyor.store.protocol.sealing).
 WITH r AS (
     SELECT e.v ->> 0 AS id, e.v ->> 1 AS name, e.v ->> 2 AS queue, e.v ->> 3 AS partition,
         e.v ->> 4 AS payload, e.v ->> 5 AS metadata, (e.v ->> 6)::int AS priority,
         (e.v ->> 7)::int AS max_attempts, e.v ->> 8 AS backoff,
         (e.v ->> 9)::bigint AS created_at, (e.v ->> 10)::bigint AS run_at, e.v ->> 11 AS key,
-        e.v ->> 12 AS parent_id, e.v ->> 13 AS root_id, e.v ->> 14 AS correlation_id, e.n
+        e.v ->> 12 AS parent_id, e.v ->> 13 AS root_id, e.v ->> 14 AS correlation_id,
+        e.v ->> 15 AS key_id, e.n
     FROM json_array_elements(:rows::json) WITH ORDINALITY AS e(v, n)
+),
+refused AS (
+    SELECT 1 FROM r JOIN conveyor_queues AS e ON e.queue = r.queue
+    WHERE e.encrypt AND r.key_id IS NULL
+    LIMIT 1
 ),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
-        max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
+        max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id,
+        key_id)
     SELECT id, name, queue, partition, payload, metadata, priority, max_attempts, backoff,
-        created_at, run_at, key, parent_id, root_id, correlation_id
-    FROM r ORDER BY n
+        created_at, run_at, key, parent_id, root_id, correlation_id, key_id
+    FROM r WHERE NOT EXISTS (SELECT 1 FROM refused) ORDER BY n
     RETURNING seq, queue, partition, priority, max_attempts, created_at, run_at
 ),
 fan AS (
@@ -39,7 +50,9 @@ fan AS (
         AND (g.start_at IS NULL OR g.start_at <= i.created_at)
     RETURNING queue, grp, partition
 )
-SELECT DISTINCT queue, grp, partition FROM fan WHERE partition IS NOT NULL
+SELECT DISTINCT queue, grp, partition, false AS refused FROM fan WHERE partition IS NOT NULL
+UNION ALL
+SELECT NULL, NULL, NULL, true FROM refused
 
 -- name: parent_roots
 SELECT t.id, t.root_id FROM conveyor_tasks AS t
@@ -58,7 +71,15 @@ orphans AS (
     SELECT r.parent_id FROM req AS r WHERE r.parent_id IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM conveyor_tasks AS p WHERE p.id = r.parent_id)
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -109,7 +130,15 @@ orphans AS (
     SELECT r.parent_id FROM req AS r WHERE r.parent_id IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM conveyor_tasks AS p WHERE p.id = r.parent_id)
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -162,7 +191,15 @@ orphans AS (
     SELECT r.parent_id FROM req AS r WHERE r.parent_id IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM conveyor_tasks AS p WHERE p.id = r.parent_id)
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -214,7 +251,15 @@ orphans AS (
     SELECT r.parent_id FROM req AS r WHERE r.parent_id IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM conveyor_tasks AS p WHERE p.id = r.parent_id)
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -254,7 +299,7 @@ UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, o.parent_id FROM orphans AS o
 
 -- name: submit_context
-SELECT c.now, s.queue, s.max_attempts, s.backoff, s.delay, s.debounce
+SELECT c.now, s.queue, s.max_attempts, s.backoff, s.delay, s.debounce, s.encrypt
 FROM (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now) AS c
 LEFT JOIN conveyor_queues AS s ON s.queue = ANY(:queues::text[])
 
@@ -267,7 +312,15 @@ WITH req AS (
         :run_at::bigint AS run_at_us, :correlation_id::text AS correlation_id,
         :key::text AS key, 1 AS n
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -311,7 +364,15 @@ WITH req AS (
         :run_at::bigint AS run_at_us, :correlation_id::text AS correlation_id,
         :key::text AS key, 1 AS n
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -359,7 +420,15 @@ k AS (
     INSERT INTO conveyor_keys (key, task_id) SELECT r.key, r.id FROM req AS r
     ON CONFLICT (key) DO NOTHING RETURNING key
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -410,7 +479,15 @@ k AS (
     SELECT r.key, r.id FROM req AS r WHERE NOT EXISTS (SELECT 1 FROM orphans)
     ON CONFLICT (key) DO NOTHING RETURNING key
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -466,7 +543,15 @@ k AS (
     SELECT r.key, r.id FROM req AS r WHERE NOT EXISTS (SELECT 1 FROM orphans)
     ON CONFLICT (key) DO NOTHING RETURNING key
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -517,7 +602,15 @@ k AS (
     INSERT INTO conveyor_keys (key, task_id) SELECT r.key, r.id FROM req AS r
     ON CONFLICT (key) DO NOTHING RETURNING key
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -560,7 +653,15 @@ WITH req AS (
     ) WITH ORDINALITY AS r(id, name, queue, payload, metadata, priority, max_attempts,
                            backoff, delay_us, run_at_us, correlation_id, key, n)
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -605,7 +706,15 @@ WITH req AS (
     ) WITH ORDINALITY AS r(id, name, queue, payload, metadata, priority, max_attempts,
                            backoff, delay_us, run_at_us, correlation_id, key, n)
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -650,7 +759,15 @@ WITH req AS (
     ) WITH ORDINALITY AS r(id, name, queue, payload, metadata, priority, max_attempts,
                            backoff, delay_us, run_at_us, correlation_id, partition, key, n)
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -695,7 +812,15 @@ WITH req AS (
     ) WITH ORDINALITY AS r(id, name, queue, payload, metadata, priority, max_attempts,
                            backoff, delay_us, run_at_us, correlation_id, partition, key, n)
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -739,7 +864,15 @@ WITH req AS (
         :run_at::bigint AS run_at_us, :correlation_id::text AS correlation_id,
         1 AS n
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -780,7 +913,15 @@ WITH req AS (
         :run_at::bigint AS run_at_us, :correlation_id::text AS correlation_id,
         1 AS n
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -823,7 +964,15 @@ WITH req AS (
     ) WITH ORDINALITY AS r(id, name, queue, payload, metadata, priority, max_attempts,
                            backoff, delay_us, run_at_us, correlation_id, partition, n)
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -869,7 +1018,15 @@ orphans AS (
     SELECT r.parent_id FROM req AS r WHERE r.parent_id IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM conveyor_tasks AS p WHERE p.id = r.parent_id)
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -921,7 +1078,15 @@ orphans AS (
     SELECT r.parent_id FROM req AS r WHERE r.parent_id IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM conveyor_tasks AS p WHERE p.id = r.parent_id)
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -969,7 +1134,15 @@ WITH req AS (
     ) WITH ORDINALITY AS r(id, name, queue, payload, metadata, priority, max_attempts,
                            backoff, delay_us, run_at_us, correlation_id, partition, n)
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -1011,7 +1184,15 @@ WITH req AS (
     ) WITH ORDINALITY AS r(id, name, queue, payload, metadata, priority, max_attempts,
                            backoff, delay_us, run_at_us, correlation_id, n)
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -1053,7 +1234,15 @@ WITH req AS (
     ) WITH ORDINALITY AS r(id, name, queue, payload, metadata, priority, max_attempts,
                            backoff, delay_us, run_at_us, correlation_id, n)
 ),
-clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+-- No clock, so nothing written, when a queue of the rows is encrypted: plain rows
+-- never go to one, whatever this store believes (conveyor.store.protocol.sealing).
+clock AS (
+    SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now
+    WHERE NOT EXISTS (
+        SELECT 1 FROM conveyor_queues AS e
+        WHERE e.encrypt AND e.queue IN (SELECT rq.queue FROM req AS rq)
+    )
+),
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id)
@@ -1086,6 +1275,98 @@ note AS (
 )
 SELECT ins.id, ins.max_attempts, ins.created_at, ins.run_at FROM note, ins
 
+-- name: submit_sealed
+-- submit_plain for tasks sealed in Python (conveyor.store.protocol.sealing), all
+-- under :key_id: no check of the queues (a sealed row may go anywhere), the key id
+-- written, and each row's queue's encrypt setting returned, so the store learns
+-- of a queue no longer encrypted.
+WITH req AS (
+    SELECT * FROM unnest(
+        :ids::text[], :names::text[], :queues::text[], :payloads::text[],
+        :metadatas::text[], :priorities::int[], :max_attempts::int[],
+        :backoffs::text[], :delays::bigint[], :run_ats::bigint[],
+        :correlation_ids::text[]
+    ) WITH ORDINALITY AS r(id, name, queue, payload, metadata, priority, max_attempts,
+                           backoff, delay_us, run_at_us, correlation_id, n)
+),
+clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+ins AS (
+    INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
+        max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id,
+        key_id)
+    SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
+        coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
+        coalesce(r.backoff, s.backoff), c.now,
+        greatest(coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), c.now + round(s.debounce * 1000000)::bigint), NULL, NULL, r.id,
+        r.correlation_id, :key_id::text
+    FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
+    ORDER BY r.n
+    RETURNING seq, id, queue, priority, max_attempts, created_at, run_at
+),
+fan AS (
+    INSERT INTO conveyor_deliveries (task_seq, grp, queue, partition, priority,
+        max_attempts, status, attempt, run_at)
+    SELECT i.seq, '', i.queue, NULL, i.priority, i.max_attempts, 'queued', 0,
+        i.run_at
+    FROM ins AS i
+    UNION ALL
+    SELECT i.seq, g.name, i.queue, NULL, i.priority, i.max_attempts, 'queued', 0, i.run_at
+    FROM ins AS i JOIN conveyor_groups AS g ON g.queue = i.queue AND g.active
+        AND (g.start_at IS NULL OR g.start_at <= i.created_at)
+),
+gate AS (SELECT pg_try_advisory_xact_lock(1668247160) AS nobody),
+note AS (
+    SELECT count(pg_notify('conveyor_work', w.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM ins) AS w, gate
+    WHERE NOT gate.nobody
+)
+SELECT ins.id, ins.max_attempts, ins.created_at, ins.run_at, q.encrypt
+FROM note, ins LEFT JOIN conveyor_queues AS q ON q.queue = ins.queue
+
+-- name: submit_sealed_one
+-- submit_sealed for one task, from submit_one's parameters and :key_id.
+WITH req AS (
+    SELECT :id::text AS id, :name::text AS name, :queue::text AS queue,
+        :payload::text AS payload, :metadata::text AS metadata,
+        :priority::int AS priority, :max_attempts::int AS max_attempts,
+        :backoff::text AS backoff, :delay::bigint AS delay_us,
+        :run_at::bigint AS run_at_us, :correlation_id::text AS correlation_id,
+        1 AS n
+),
+clock AS (SELECT (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AS now),
+ins AS (
+    INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
+        max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id,
+        key_id)
+    SELECT r.id, r.name, r.queue, NULL, r.payload, r.metadata, r.priority,
+        coalesce(r.max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END,
+        coalesce(r.backoff, s.backoff), c.now,
+        greatest(coalesce(r.run_at_us, c.now + coalesce(r.delay_us, round(s.delay * 1000000)::bigint, 0)), c.now + round(s.debounce * 1000000)::bigint), NULL, NULL, r.id,
+        r.correlation_id, :key_id::text
+    FROM req AS r CROSS JOIN clock AS c LEFT JOIN conveyor_queues AS s ON s.queue = r.queue
+    ORDER BY r.n
+    RETURNING seq, id, queue, priority, max_attempts, created_at, run_at
+),
+fan AS (
+    INSERT INTO conveyor_deliveries (task_seq, grp, queue, partition, priority,
+        max_attempts, status, attempt, run_at)
+    SELECT i.seq, '', i.queue, NULL, i.priority, i.max_attempts, 'queued', 0,
+        i.run_at
+    FROM ins AS i
+    UNION ALL
+    SELECT i.seq, g.name, i.queue, NULL, i.priority, i.max_attempts, 'queued', 0, i.run_at
+    FROM ins AS i JOIN conveyor_groups AS g ON g.queue = i.queue AND g.active
+        AND (g.start_at IS NULL OR g.start_at <= i.created_at)
+),
+gate AS (SELECT pg_try_advisory_xact_lock(1668247160) AS nobody),
+note AS (
+    SELECT count(pg_notify('conveyor_work', w.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM ins) AS w, gate
+    WHERE NOT gate.nobody
+)
+SELECT ins.id, ins.max_attempts, ins.created_at, ins.run_at, q.encrypt
+FROM note, ins LEFT JOIN conveyor_queues AS q ON q.queue = ins.queue
+
 -- name: depth_lock
 -- FOR UPDATE: producers of a capped queue count its depth one after another, each
 -- after the last one's commit (the next statement's snapshot sees it).
@@ -1101,3 +1382,4 @@ SELECT x.queue, (
     WHERE d.queue = x.queue AND d.grp = '' AND d.status = 'queued'
 ) AS n
 FROM json_array_elements_text(:queues::json) AS x(queue)
+

@@ -18,6 +18,7 @@
 --   :partition is given).
 -- * 2: one row if a lease of the queue has expired: the claim then leases
 --   nothing, and the caller recovers the expired leases before it claims again.
+-- * 3: one row if the queue is encrypted (conveyor.store.protocol.sealing).
 -- A paused queue, or a paused group of it (conveyor.store.protocol.pauses), has
 -- no rows of kinds 0 and 1: one probe of a table that is usually empty.
 -- The stream index's partial WHERE is matched by the literal statuses.
@@ -72,6 +73,11 @@ FROM (
       AND x.lease_expires_at < :now_us
     LIMIT 1
 ) AS e
+UNION ALL
+-- 3: one row if :queue is encrypted: a store without keys then raises before it
+-- leases anything; one with keys learns it must seal what it writes for its tasks.
+SELECT 3, NULL, NULL, q.queue, NULL, NULL, NULL, NULL, NULL
+FROM conveyor_queues AS q WHERE q.queue = :queue AND q.encrypt
 -- The kinds apart, each in claim order, a stream's rows together in submit
 -- order: the choice in Python takes each stream's first row for its head (a
 -- stream whose row names another head is left alone) and ends its run at the

@@ -18,7 +18,7 @@
 
 -- name: submit_context
 SELECT :now_us AS now, s.queue AS queue, s.max_attempts AS max_attempts,
-    s.backoff AS backoff, s.delay AS delay, s.debounce AS debounce
+    s.backoff AS backoff, s.delay AS delay, s.debounce AS debounce, s.encrypt AS encrypt
 FROM (SELECT 1) AS one
 LEFT JOIN conveyor_queues AS s ON s.queue IN (SELECT value FROM json_each(:queues))
 
@@ -27,8 +27,13 @@ SELECT t.id AS id, t.root_id AS root_id
 FROM json_each(:ids) AS j JOIN conveyor_tasks AS t ON t.id = j.value
 
 -- name: insert_rows
+-- Each row may be sealed (its key_id given) or plain (NULL). A plain row of an
+-- encrypted queue writes nothing at all and returns one row, refused: the queue's
+-- settings changed since submit_context read them, and the protocol rolls back and
+-- submits again (conveyor.store.protocol.sealing).
 INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, priority,
-    max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id)
+    max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id,
+    key_id)
 SELECT json_extract(e.value, '$[0]'), json_extract(e.value, '$[1]'),
     json_extract(e.value, '$[2]'), json_extract(e.value, '$[3]'),
     json_extract(e.value, '$[4]'), json_extract(e.value, '$[5]'),
@@ -36,8 +41,13 @@ SELECT json_extract(e.value, '$[0]'), json_extract(e.value, '$[1]'),
     json_extract(e.value, '$[8]'), json_extract(e.value, '$[9]'),
     json_extract(e.value, '$[10]'), json_extract(e.value, '$[11]'),
     json_extract(e.value, '$[12]'), json_extract(e.value, '$[13]'),
-    json_extract(e.value, '$[14]')
+    json_extract(e.value, '$[14]'), json_extract(e.value, '$[15]')
 FROM json_each(:rows) AS e
+WHERE NOT EXISTS (
+    SELECT 1 FROM json_each(:rows) AS x
+    JOIN conveyor_queues AS q ON q.queue = json_extract(x.value, '$[2]')
+    WHERE q.encrypt AND json_extract(x.value, '$[15]') IS NULL
+)
 ORDER BY e.key;
 INSERT INTO conveyor_deliveries (task_seq, grp, queue, "partition", priority, max_attempts,
     status, attempt, run_at)
@@ -52,10 +62,13 @@ FROM conveyor_tasks AS t JOIN conveyor_groups AS g ON g.queue = t.queue AND g.ac
 WHERE t.seq >= (SELECT seq FROM conveyor_tasks WHERE id = json_extract(:rows, '$[0][0]'));
 -- From the new task rows (by seq) to their delivery rows (by primary key), in
 -- that order (CROSS JOIN): left to choose, the planner scans every delivery row.
-SELECT DISTINCT d.queue AS queue, d.grp AS grp, d."partition" AS "partition"
+SELECT DISTINCT d.queue AS queue, d.grp AS grp, d."partition" AS "partition", 0 AS refused
 FROM conveyor_tasks AS t CROSS JOIN conveyor_deliveries AS d ON d.task_seq = t.seq
 WHERE t.seq >= (SELECT seq FROM conveyor_tasks WHERE id = json_extract(:rows, '$[0][0]'))
   AND t."partition" IS NOT NULL
+UNION ALL
+SELECT NULL, NULL, NULL, 1
+WHERE NOT EXISTS (SELECT 1 FROM conveyor_tasks WHERE id = json_extract(:rows, '$[0][0]'))
 
 -- name: submit_one
 INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, priority,
@@ -63,7 +76,11 @@ INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, pri
 SELECT :id, :name, :queue, NULL, :payload, :metadata, :priority,
     coalesce(:max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END, coalesce(:backoff, s.backoff), :now_us,
     max(coalesce(:run_at, :now_us + coalesce(:delay, CAST(round(s.delay * 1000000) AS INTEGER), 0)), coalesce(:now_us + CAST(round(s.debounce * 1000000) AS INTEGER), 0)), NULL, NULL, :id, :correlation_id
-FROM (SELECT 1) AS one LEFT JOIN conveyor_queues AS s ON s.queue = :queue;
+-- Nothing written when the queue is encrypted: plain rows never go to one,
+-- whatever this store believes (conveyor.store.protocol.sealing).
+FROM (SELECT 1 AS one WHERE NOT EXISTS (
+    SELECT 1 FROM conveyor_queues AS e WHERE e.queue = :queue AND e.encrypt
+)) AS one LEFT JOIN conveyor_queues AS s ON s.queue = :queue;
 INSERT INTO conveyor_deliveries (task_seq, grp, queue, "partition", priority, max_attempts,
     status, attempt, run_at)
 SELECT t.seq, '', t.queue, NULL, t.priority, t.max_attempts, 'queued', 0, t.run_at
@@ -87,7 +104,11 @@ SELECT :id, :name, :queue, NULL, :payload, :metadata, :priority,
     coalesce(:max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END, coalesce(:backoff, s.backoff), :now_us,
     max(coalesce(:run_at, :now_us + coalesce(:delay, CAST(round(s.delay * 1000000) AS INTEGER), 0)), coalesce(:now_us + CAST(round(s.debounce * 1000000) AS INTEGER), 0)), NULL, :parent_id,
     coalesce(p.root_id, :id), :correlation_id
-FROM (SELECT 1) AS one LEFT JOIN conveyor_queues AS s ON s.queue = :queue
+-- Nothing written when the queue is encrypted: plain rows never go to one,
+-- whatever this store believes (conveyor.store.protocol.sealing).
+FROM (SELECT 1 AS one WHERE NOT EXISTS (
+    SELECT 1 FROM conveyor_queues AS e WHERE e.queue = :queue AND e.encrypt
+)) AS one LEFT JOIN conveyor_queues AS s ON s.queue = :queue
 LEFT JOIN conveyor_tasks AS p ON p.id = :parent_id
 WHERE :parent_id IS NULL OR p.id IS NOT NULL;
 INSERT INTO conveyor_deliveries (task_seq, grp, queue, "partition", priority, max_attempts,
@@ -139,6 +160,13 @@ LEFT JOIN delays AS d ON d.k = i.key
 LEFT JOIN run_ats AS ra ON ra.k = i.key
 LEFT JOIN correlations AS c ON c.k = i.key
 LEFT JOIN conveyor_queues AS s ON s.queue = q.v
+-- Nothing written when a queue of the rows is encrypted: plain rows never go to
+-- one, whatever this store believes (conveyor.store.protocol.sealing). Uncorrelated:
+-- asked once per statement.
+WHERE NOT EXISTS (
+    SELECT 1 FROM conveyor_queues AS e
+    WHERE e.encrypt AND e.queue IN (SELECT value FROM json_each(:queues))
+)
 ORDER BY i.key;
 INSERT INTO conveyor_deliveries (task_seq, grp, queue, "partition", priority, max_attempts,
     status, attempt, run_at)
@@ -190,7 +218,14 @@ LEFT JOIN correlations AS c ON c.k = i.key
 LEFT JOIN parents AS f ON f.k = i.key
 LEFT JOIN conveyor_tasks AS pt ON pt.id = f.v
 LEFT JOIN conveyor_queues AS s ON s.queue = q.v
+-- Nothing written when a queue of the rows is encrypted: plain rows never go to
+-- one, whatever this store believes (conveyor.store.protocol.sealing). Uncorrelated:
+-- asked once per statement.
 WHERE NOT EXISTS (
+    SELECT 1 FROM conveyor_queues AS e
+    WHERE e.encrypt AND e.queue IN (SELECT value FROM json_each(:queues))
+)
+  AND NOT EXISTS (
     SELECT 1 FROM json_each(:parent_ids) AS o
     WHERE o.value IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM conveyor_tasks AS x WHERE x.id = o.value)
@@ -259,7 +294,14 @@ LEFT JOIN keys AS ky ON ky.k = i.key
 LEFT JOIN parents AS f ON f.k = i.key
 LEFT JOIN conveyor_tasks AS pt ON pt.id = f.v
 LEFT JOIN conveyor_queues AS s ON s.queue = q.v
-WHERE (ky.v IS NULL OR EXISTS (
+-- Nothing written when a queue of the rows is encrypted: plain rows never go to
+-- one, whatever this store believes (conveyor.store.protocol.sealing). Uncorrelated:
+-- asked once per statement.
+WHERE NOT EXISTS (
+    SELECT 1 FROM conveyor_queues AS e
+    WHERE e.encrypt AND e.queue IN (SELECT value FROM json_each(:queues))
+)
+  AND (ky.v IS NULL OR EXISTS (
         SELECT 1 FROM conveyor_keys AS kr WHERE kr.key = ky.v AND kr.task_id = i.value
     ))
   AND NOT EXISTS (
@@ -321,7 +363,11 @@ SELECT :id, :name, :queue, NULL, :payload, :metadata, :priority,
     coalesce(:max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END, coalesce(:backoff, s.backoff), :now_us,
     max(coalesce(:run_at, :now_us + coalesce(:delay, CAST(round(s.delay * 1000000) AS INTEGER), 0)), coalesce(:now_us + CAST(round(s.debounce * 1000000) AS INTEGER), 0)), :key, :parent_id,
     coalesce(p.root_id, :id), :correlation_id
-FROM (SELECT 1) AS one LEFT JOIN conveyor_queues AS s ON s.queue = :queue
+-- Nothing written when the queue is encrypted: plain rows never go to one,
+-- whatever this store believes (conveyor.store.protocol.sealing).
+FROM (SELECT 1 AS one WHERE NOT EXISTS (
+    SELECT 1 FROM conveyor_queues AS e WHERE e.queue = :queue AND e.encrypt
+)) AS one LEFT JOIN conveyor_queues AS s ON s.queue = :queue
 LEFT JOIN conveyor_tasks AS p ON p.id = :parent_id
 WHERE EXISTS (SELECT 1 FROM conveyor_keys WHERE key = :key AND task_id = :id);
 INSERT INTO conveyor_deliveries (task_seq, grp, queue, "partition", priority, max_attempts,
@@ -357,7 +403,11 @@ INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, pri
 SELECT :id, :name, :queue, NULL, :payload, :metadata, :priority,
     coalesce(:max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END, coalesce(:backoff, s.backoff), :now_us,
     max(coalesce(:run_at, :now_us + coalesce(:delay, CAST(round(s.delay * 1000000) AS INTEGER), 0)), coalesce(:now_us + CAST(round(s.debounce * 1000000) AS INTEGER), 0)), :key, NULL, :id, :correlation_id
-FROM (SELECT 1) AS one LEFT JOIN conveyor_queues AS s ON s.queue = :queue
+-- Nothing written when the queue is encrypted: plain rows never go to one,
+-- whatever this store believes (conveyor.store.protocol.sealing).
+FROM (SELECT 1 AS one WHERE NOT EXISTS (
+    SELECT 1 FROM conveyor_queues AS e WHERE e.queue = :queue AND e.encrypt
+)) AS one LEFT JOIN conveyor_queues AS s ON s.queue = :queue
 WHERE EXISTS (SELECT 1 FROM conveyor_keys WHERE key = :key AND task_id = :id);
 INSERT INTO conveyor_deliveries (task_seq, grp, queue, "partition", priority, max_attempts,
     status, attempt, run_at)
@@ -373,6 +423,81 @@ SELECT id, max_attempts, created_at, run_at FROM conveyor_tasks WHERE id = :id
 -- name: submit_key_owned_in
 -- as: submit_key_owned
 
+-- name: submit_sealed
+-- submit_plain for tasks sealed in Python (conveyor.store.protocol.sealing), all
+-- under :key_id: no check of the queues (a sealed row may go anywhere), the key id
+-- written, and each row's queue's encrypt setting returned, so the store learns
+-- of a queue no longer encrypted.
+WITH names AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:names)),
+queues AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:queues)),
+payloads AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:payloads)),
+metadatas AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:metadatas)),
+priorities AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:priorities)),
+-- The last five may be NULL (no list: NULL for every task): no rows to join.
+attempts AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:max_attempts)),
+backoffs AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:backoffs)),
+delays AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:delays)),
+run_ats AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:run_ats)),
+correlations AS MATERIALIZED (SELECT key AS k, value AS v FROM json_each(:correlation_ids))
+INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, priority,
+    max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id,
+    key_id)
+SELECT i.value, n.v, q.v, NULL, p.v, m.v, r.v,
+    coalesce(a.v, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END, coalesce(b.v, s.backoff), :now_us,
+    max(coalesce(ra.v, :now_us + coalesce(d.v, CAST(round(s.delay * 1000000) AS INTEGER), 0)), coalesce(:now_us + CAST(round(s.debounce * 1000000) AS INTEGER), 0)), NULL, NULL, i.value, c.v,
+    :key_id
+FROM json_each(:ids) AS i
+JOIN names AS n ON n.k = i.key
+JOIN queues AS q ON q.k = i.key
+JOIN payloads AS p ON p.k = i.key
+JOIN metadatas AS m ON m.k = i.key
+JOIN priorities AS r ON r.k = i.key
+LEFT JOIN attempts AS a ON a.k = i.key
+LEFT JOIN backoffs AS b ON b.k = i.key
+LEFT JOIN delays AS d ON d.k = i.key
+LEFT JOIN run_ats AS ra ON ra.k = i.key
+LEFT JOIN correlations AS c ON c.k = i.key
+LEFT JOIN conveyor_queues AS s ON s.queue = q.v
+ORDER BY i.key;
+INSERT INTO conveyor_deliveries (task_seq, grp, queue, "partition", priority, max_attempts,
+    status, attempt, run_at)
+SELECT t.seq, '', t.queue, NULL, t.priority, t.max_attempts, 'queued', 0, t.run_at
+FROM conveyor_tasks AS t
+WHERE t.seq >= (SELECT seq FROM conveyor_tasks WHERE id = json_extract(:ids, '$[0]'))
+UNION ALL
+SELECT t.seq, g.name, t.queue, NULL, t.priority, t.max_attempts, 'queued', 0, t.run_at
+FROM conveyor_tasks AS t JOIN conveyor_groups AS g ON g.queue = t.queue AND g.active
+    AND (g.start_at IS NULL OR g.start_at <= t.created_at)
+WHERE t.seq >= (SELECT seq FROM conveyor_tasks WHERE id = json_extract(:ids, '$[0]'));
+SELECT t.id AS id, t.max_attempts AS max_attempts, t.created_at AS created_at,
+    t.run_at AS run_at, q.encrypt AS encrypt
+FROM conveyor_tasks AS t LEFT JOIN conveyor_queues AS q ON q.queue = t.queue
+WHERE t.seq >= (SELECT seq FROM conveyor_tasks WHERE id = json_extract(:ids, '$[0]'))
+
+-- name: submit_sealed_one
+-- submit_sealed for one task, from submit_one's parameters and :key_id.
+INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, priority,
+    max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id,
+    key_id)
+SELECT :id, :name, :queue, NULL, :payload, :metadata, :priority,
+    coalesce(:max_attempts, s.max_attempts, 3) + CASE WHEN s.max_depth IS NULL THEN 0 ELSE conveyor_capped(s.queue) END, coalesce(:backoff, s.backoff), :now_us,
+    max(coalesce(:run_at, :now_us + coalesce(:delay, CAST(round(s.delay * 1000000) AS INTEGER), 0)), coalesce(:now_us + CAST(round(s.debounce * 1000000) AS INTEGER), 0)), NULL, NULL, :id, :correlation_id,
+    :key_id
+FROM (SELECT 1) AS one LEFT JOIN conveyor_queues AS s ON s.queue = :queue;
+INSERT INTO conveyor_deliveries (task_seq, grp, queue, "partition", priority, max_attempts,
+    status, attempt, run_at)
+SELECT t.seq, '', t.queue, NULL, t.priority, t.max_attempts, 'queued', 0, t.run_at
+FROM conveyor_tasks AS t WHERE t.id = :id
+UNION ALL
+SELECT t.seq, g.name, t.queue, NULL, t.priority, t.max_attempts, 'queued', 0, t.run_at
+FROM conveyor_tasks AS t JOIN conveyor_groups AS g ON g.queue = t.queue AND g.active
+    AND (g.start_at IS NULL OR g.start_at <= t.created_at)
+WHERE t.id = :id;
+SELECT t.id AS id, t.max_attempts AS max_attempts, t.created_at AS created_at,
+    t.run_at AS run_at, q.encrypt AS encrypt
+FROM conveyor_tasks AS t LEFT JOIN conveyor_queues AS q ON q.queue = t.queue
+WHERE t.id = :id
+
 -- name: depth_lock
 -- The write lock the transaction holds is the lock.
 SELECT s.queue AS queue, s.max_depth AS max_depth
@@ -386,3 +511,4 @@ SELECT x.value AS queue, (
     WHERE d.queue = x.value AND d.grp = '' AND d.status = 'queued'
 ) AS n
 FROM json_each(:queues) AS x
+
