@@ -472,3 +472,65 @@ def test_a_sealed_request_keeps_every_other_field() -> None:
     }
     assert changed == {"payload", "metadata", "key_id"}
     assert BOTH.open(out.payload, task_id=req.id, field="payload") == req.payload
+
+
+async def test_a_store_that_did_not_claim_the_task_seals_what_it_writes(store_url: str) -> None:
+    """The holder's writes go through another store (an outcome recorded
+    elsewhere): it looks the task up and seals, or without keys writes nothing."""
+    async with (
+        conveyor.connect(store_url, encryption=BOTH) as one,
+        conveyor.connect(store_url, encryption=BOTH) as other,
+        conveyor.connect(store_url) as keyless,
+    ):
+        await one.configure_queue("q", encrypt=True)
+        made = await one.submit_many(
+            [{"name": "t", "queue": "q", "payload": {"s": f"pay-s3cret-{i}"}} for i in range(4)]
+        )
+        held = await one.claim("q", worker_id="w", limit=4)
+        assert {t.id for t in held} == {t.id for t in made}
+        first, second, third, fourth = held
+        await other.progress(first.id, worker_id="w", message="prog-s3cret")
+        await other.succeed(first.id, worker_id="w", result={"r": "res-s3cret"})
+        await other.fail(second.id, worker_id="w", error="err-s3cret", retryable=False)
+        assert await other.ack_many(
+            [{"task_id": third.id, "worker_id": "w", "result": "res-s3cret-many"}]
+        ) == [None]
+        with pytest.raises(conveyor.ConfigurationError, match="encryption key"):
+            await keyless.succeed(fourth.id, worker_id="w", result="res-s3cret-keyless")
+        with pytest.raises(conveyor.ConfigurationError, match="encryption key"):
+            await keyless.ack_many([{"task_id": fourth.id, "worker_id": "w", "result": 1}])
+        with pytest.raises(conveyor.ConfigurationError, match="encryption key"):
+            await keyless.progress(fourth.id, worker_id="w", message="prog-s3cret-keyless")
+        still = await one.get(fourth.id)
+        assert still is not None and still.status is conveyor.Status.RUNNING
+        assert still.result is None and still.progress_message is None
+        raw = await _raw_text(one)
+        assert not any(secret in raw for secret in SECRETS), raw
+        got = await one.get(first.id)
+        assert got is not None and got.result == {"r": "res-s3cret"}
+        assert got.progress_message == "prog-s3cret"
+        failed = await one.get(second.id)
+        assert failed is not None and failed.error is not None
+        assert failed.error["message"] == "err-s3cret"
+
+
+async def test_a_store_holding_more_than_it_remembers_still_seals(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from conveyor.store.protocol import sealing
+
+    monkeypatch.setattr(sealing, "HELD", 2)  # the oldest held tasks are forgotten
+    async with conveyor.connect(store_url, encryption=BOTH) as st:
+        await st.configure_queue("q", encrypt=True)
+        await st.submit_many([{"name": "t", "queue": "q", "payload": i} for i in range(5)])
+        held = await st.claim("q", worker_id="w", limit=5)
+        assert len(held) == 5 and len(st._keyring.held) == 2
+        outcomes = await st.ack_many(
+            [{"task_id": t.id, "worker_id": "w", "result": "res-s3cret"} for t in held]
+        )
+        assert outcomes == [None] * 5
+        raw = await _raw_text(st)
+        assert "res-s3cret" not in raw
+        for t in held:
+            got = await st.get(t.id)
+            assert got is not None and got.result == "res-s3cret"

@@ -17,7 +17,7 @@ from conveyor import _values as v
 from conveyor.encryption import MARK
 from conveyor.errors import ConveyorError, InvalidArgument
 from conveyor.models import Task
-from conveyor.store.protocol import acks, codec, consumer, groups, wake
+from conveyor.store.protocol import acks, codec, consumer, groups, sealing, wake
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.seam import Seam
 
@@ -125,7 +125,7 @@ class LeaseOps(Seam):
             if message.startswith(MARK):
                 # Stored as given, it would read as a sealed value.
                 raise InvalidArgument("message", f"must not start with {MARK!r}")
-            message = self._keyring.sealed_write(task_id, "progress", message)
+            message = await sealing.sealed_write(self, task_id, "progress", message)
 
         values = consumer.progress_values(progress, message)
         return await consumer.owned_write(self, task_id, worker_id, group, attempt, values)
@@ -157,7 +157,9 @@ class LeaseOps(Seam):
         """Record a failed attempt. With ``retryable`` and attempts left the task is
         queued again after ``delay`` (default: its backoff); otherwise ``failed``."""
         envelope = v.error_envelope(error, retryable=bool(retryable))
-        encoded = self._keyring.sealed_write(task_id, "error", v.to_json("error", envelope))
+        encoded = await sealing.sealed_write(
+            self, task_id, "error", v.to_json("error", envelope), forget=True
+        )
         assert encoded is not None
         delay_s = None if delay is None else v.duration_seconds("delay", delay)
         grp = codec.group_key(group)

@@ -29,9 +29,9 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
-from conveyor.errors import ConveyorError, InvalidArgument, LostLease, NotFound
+from conveyor.errors import ConfigurationError, ConveyorError, InvalidArgument, LostLease, NotFound
 from conveyor.models import Task
-from conveyor.store.protocol import codec, texts, wake
+from conveyor.store.protocol import codec, sealing, texts, wake
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.protocol.consumer import explain_lost
 from conveyor.store.seam import Seam
@@ -75,19 +75,26 @@ def validate_acks(
     return outcomes, todo
 
 
-def sealed(st: Seam, todo: list[AckItem]) -> list[AckItem]:
-    """``todo`` with the result of each task held sealed sealed (:mod:`.sealing`),
-    and those tasks forgotten: their outcome is being written. As it was when this
-    store holds no sealed task."""
+async def sealed(st: Seam, todo: list[AckItem]) -> list[AckItem]:
+    """``todo`` with the result of each sealed task sealed (:mod:`.sealing`), and
+    the tasks forgotten: their outcome is being written. A task this store did not
+    claim is looked up first (one read for them all); a sealed one and no keys:
+    ConfigurationError, nothing written."""
     keyring = st._keyring
     held = keyring.held
-    if not held:
-        return todo
+    unknown = [item[1] for item in todo if item[1] not in held and item[5] is not None]
+    found = await sealing.sealed_tasks(st, unknown) if unknown else set()
     out: list[AckItem] = []
     for i, task_id, worker_id, grp, attempt, encoded in todo:
-        if task_id in held:
+        seal = held.pop(task_id, None) or task_id in found
+        if seal and encoded is not None:
+            if keyring.encryption is None:
+                raise ConfigurationError(
+                    f"task {task_id} is encrypted: an encryption key is needed to write "
+                    "its result (pass encryption=conveyor.Encryption(...) to connect(), "
+                    "or set $CONVEYOR_ENCRYPTION_KEYS); nothing was written"
+                )
             encoded = keyring.seal(encoded, task_id, "result")
-            del held[task_id]
         out.append((i, task_id, worker_id, grp, attempt, encoded))
     return out
 
@@ -105,7 +112,7 @@ async def succeed(
     failed: ``succeed_plain`` (one statement) for an unpartitioned row; when that
     finishes nothing (a partitioned row, or the fence failed), the stream pair in
     one transaction with the task read back or the failure explained there."""
-    encoded = sealed(st, [(0, task_id, worker_id, "", None, encoded)])[0][5]
+    encoded = (await sealed(st, [(0, task_id, worker_id, "", None, encoded)]))[0][5]
     item: AckItem = (
         0,
         v.name("task_id", task_id),
@@ -143,7 +150,7 @@ async def succeed_many(
     of the items refused before). Always the stream pair: the plain statement first
     in the same transaction would take delivery rows before the streams. Results
     of tasks held sealed are sealed (:func:`sealed`)."""
-    todo = sealed(st, todo)
+    todo = await sealed(st, todo)
     built = await texts.of(st)
     found, freed = await tx.run(st, lambda conn: finish_tx(st, conn, built, todo))
     if any(not isinstance(outcome, ConveyorError) for outcome in found.values()):
@@ -166,7 +173,7 @@ async def ack_many(
     unless the caller says the batch is ``partitioned``; the items it left go
     through the stream pair (sent together), and those still left are explained
     in a read of their own. Results of tasks held sealed are sealed (:func:`sealed`)."""
-    todo = sealed(st, todo)
+    todo = await sealed(st, todo)
     built = await texts.of(st)
     left = todo
     if not partitioned:

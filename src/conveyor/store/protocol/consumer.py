@@ -71,13 +71,12 @@ async def claim(
     # Built after the commit: no lock is held meanwhile.
     keyring = st._keyring
     claimed = [codec.row_to_task(row, keyring) for row in rows or ()]
-    if keyring.encryption is not None:
-        # What the holder writes for a sealed task, or one of an encrypted queue,
-        # is sealed (sealing).
-        encrypted = keyring.encrypted
-        for row in rows or ():
-            if row.queue in encrypted or row.payload.startswith(MARK):
-                keyring.hold(row.id)
+    # Every task this store leased is remembered, with whether what its holder
+    # writes is sealed (a sealed task, or one of an encrypted queue): its writes
+    # then need no look-up of their own (sealing).
+    encrypted = keyring.encrypted
+    for row in rows or ():
+        keyring.hold(row.id, row.queue in encrypted or row.payload.startswith(MARK))
     if claimed:
         st._busy.add(busy_key)
     else:

@@ -19,7 +19,11 @@ keys is refused by the claim itself before it leases anything.
 
 What a store remembers (:class:`Keyring`): the queues it has seen encrypted,
 so their submits go step by step at once instead of being refused first, and
-the tasks it holds whose values it must seal when it writes them.
+the tasks it claimed, each with whether its values are sealed. A write for a
+task it did not claim (another store's lease, or one forgotten past
+:data:`HELD`) reads the task's key id first (:func:`sealed_tasks`): whichever
+store writes a sealed task's result, error or progress message seals it, or,
+without keys, refuses.
 """
 
 from __future__ import annotations
@@ -29,8 +33,13 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
 from conveyor.encryption import ENCRYPTED, MARK, Encrypted, Encryption, is_sealed, key_of
 from conveyor.errors import ConfigurationError, DecryptionError
+from conveyor.schema import tasks as t
+from conveyor.store.protocol import transactions as tx
 
 #: How many held tasks a store remembers as sealed (the oldest forgotten first:
 #: a lease lost without an outcome leaves its entry behind).
@@ -53,9 +62,11 @@ class Keyring:
         self.show_sealed = False
         #: Queues this store has seen encrypted: their submits go step by step.
         self.encrypted: set[str] = set()
-        #: Tasks claimed sealed (their payload was, or their queue is encrypted):
-        #: what their holder writes is sealed.
-        self.held: OrderedDict[str, None] = OrderedDict()
+        #: Tasks this store claimed, each with whether it is sealed (its payload
+        #: was, or its queue is encrypted): what their holder writes is sealed.
+        #: A task not here (another store claimed it, or it was forgotten) is
+        #: looked up before a write (:func:`sealed_tasks`).
+        self.held: OrderedDict[str, bool] = OrderedDict()
 
     # ------------------------------------------------------------- writing
     def seal(self, text: str, task_id: str, field: str) -> str:
@@ -73,19 +84,13 @@ class Keyring:
             )
         return self.encryption
 
-    def hold(self, task_id: str) -> None:
-        """Remember that what the holder of ``task_id`` writes is sealed."""
+    def hold(self, task_id: str, sealed: bool) -> None:
+        """Remember that this store claimed ``task_id``, and whether what its
+        holder writes is sealed."""
         held = self.held
-        held[task_id] = None
+        held[task_id] = sealed
         if len(held) > HELD:
             held.popitem(last=False)
-
-    def sealed_write(self, task_id: str, field: str, text: str | None) -> str | None:
-        """``text`` as the holder of ``task_id`` stores it: sealed if the task is
-        held sealed, else as it is."""
-        if text is None or task_id not in self.held:
-            return text
-        return self.seal(text, task_id, field)
 
     def release(self, task_ids: Iterable[str]) -> None:
         """Forget ``task_ids`` (their outcome is written)."""
@@ -119,6 +124,45 @@ class Keyring:
             return json.loads(text)
         plain = self.open(text, task_id, field)
         return plain if isinstance(plain, Encrypted) else json.loads(plain)
+
+
+async def sealed_tasks(st: Any, task_ids: Iterable[str]) -> set[str]:
+    """Of ``task_ids``, those whose values are sealed (their task has a key id),
+    for the ones this store did not claim itself: one read, only for those."""
+    keyring: Keyring = st._keyring
+    unknown = sorted({task_id for task_id in task_ids if task_id not in keyring.held})
+    found = {task_id for task_id in task_ids if keyring.held.get(task_id)}
+    if unknown:
+
+        async def look(conn: AsyncConnection) -> set[str]:
+            stmt = select(t.c.id).where(t.c.id.in_(unknown), t.c.key_id.is_not(None))
+            return {row.id for row in await conn.execute(stmt)}
+
+        found |= await tx.run(st, look, write=False)
+    return found
+
+
+async def sealed_write(
+    st: Any, task_id: str, field: str, text: str | None, *, forget: bool = False
+) -> str | None:
+    """``text`` as a write of ``task_id``'s ``field`` stores it: sealed if the task
+    is sealed, whichever store claimed it (ConfigurationError when this store has
+    no keys), else as it is. ``forget``: its outcome is being written."""
+    keyring: Keyring = st._keyring
+    if text is None:
+        return text
+    held = keyring.held.pop(task_id, None) if forget else keyring.held.get(task_id)
+    if held is None:
+        held = task_id in await sealed_tasks(st, [task_id])
+    if not held:
+        return text
+    if keyring.encryption is None:
+        raise ConfigurationError(
+            f"task {task_id} is encrypted: an encryption key is needed to write its "
+            f"{field} (pass encryption=conveyor.Encryption(...) to connect(), or set "
+            "$CONVEYOR_ENCRYPTION_KEYS); nothing was written"
+        )
+    return keyring.seal(text, task_id, field)
 
 
 def claimed_from(st: Any, queues: Iterable[str], sealed: Iterable[str]) -> None:
