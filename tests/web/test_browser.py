@@ -10,48 +10,25 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import shutil
-import socket
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _browser import ARGS, WAIT_MS, chromium, served_dashboard
 from _seed import Seeded, seed
 
 import conveyor
 from conveyor import Status
 from conveyor.store.base import TaskStore
-from conveyor.web import dashboard
 
-CHROMIUM = os.environ.get("CONVEYOR_CHROMIUM", "/usr/bin/chromium")
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-WAIT_MS = 10_000
 # Under pytest-xdist (--dist loadgroup) the module's tests run in one process:
 # one dashboard server and one Chromium serve them all.
 pytestmark = pytest.mark.xdist_group("browser")
 
 playwright_api = pytest.importorskip("playwright.sync_api")
-
-
-def _chromium_or_skip() -> str:
-    path = CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium")
-    if path is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("the browser tests need Chromium in CI: apt-get install chromium")
-        pytest.skip("no chromium on this machine (apt-get install chromium)")
-    return path
 
 
 @dataclass
@@ -62,17 +39,9 @@ class Served:
     shots: Path
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    import uvicorn
-
-    _chromium_or_skip()
+    chromium()
     db_url = f"sqlite:///{tmp_path_factory.mktemp('browser') / 'conveyor.db'}"
 
     async def prepare() -> Seeded:
@@ -80,43 +49,21 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             return await seed(store, history=True)
 
     ids = asyncio.run(prepare())
-    store = conveyor.connect(db_url)
-    app = dashboard(store, allow_actions=True, refresh=1.0)
-    port = _free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
-    )
-
-    async def main() -> None:
-        try:
-            await server.serve()
-        finally:
-            await store.close()
-
-    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        assert time.monotonic() < deadline, "the dashboard did not start"
-        time.sleep(0.05)
     target = os.environ.get("CONVEYOR_SCREENSHOTS")
     shots = Path(target) if target else tmp_path_factory.mktemp("shots")
     shots.mkdir(parents=True, exist_ok=True)
-    try:
-        yield Served(url=f"http://127.0.0.1:{port}", ids=ids, db_url=db_url, shots=shots)
-    finally:
-        server.should_exit = True
-        thread.join(15)
+    with served_dashboard(db_url) as url:
+        yield Served(url=url, ids=ids, db_url=db_url, shots=shots)
 
 
 @pytest.fixture(scope="module")
 def browser(served: Served) -> Iterator[Any]:
     with playwright_api.sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=_chromium_or_skip(), args=ARGS)
+        launched = pw.chromium.launch(executable_path=chromium(), args=ARGS)
         try:
-            yield chromium
+            yield launched
         finally:
-            chromium.close()
+            launched.close()
 
 
 @pytest.fixture

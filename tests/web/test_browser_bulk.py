@@ -3,37 +3,19 @@ through their confirmation, against a dashboard served by uvicorn on SQLite."""
 
 from __future__ import annotations
 
-import asyncio
-import os
-import shutil
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _browser import browser_page, chromium, served_dashboard
 
 import conveyor
 from conveyor import Status
-from conveyor.web import dashboard
 
-CHROMIUM = os.environ.get("CONVEYOR_CHROMIUM", "/usr/bin/chromium")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync"]
-WAIT_MS = 10_000
 pytestmark = pytest.mark.xdist_group("browser")
 
 playwright_api = pytest.importorskip("playwright.sync_api")
-
-
-def _chromium() -> str:
-    path = CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium")
-    if path is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("the browser tests need Chromium in CI: apt-get install chromium")
-        pytest.skip("no chromium on this machine (apt-get install chromium)")
-    return path
 
 
 def _statuses(db_url: str, ids: list[str]) -> list[Any]:
@@ -46,9 +28,7 @@ def _statuses(db_url: str, ids: list[str]) -> list[Any]:
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, list[str]]]:
     """The dashboard's address, its database and the ids of 6 failed tasks of
     queue ``jobs`` (two of them in a partition)."""
-    import uvicorn
-
-    _chromium()
+    chromium()
     db_url = f"sqlite:///{tmp_path_factory.mktemp('bulk') / 'conveyor.db'}"
     with conveyor.connect_sync(db_url) as sync:
         ids = [
@@ -58,47 +38,14 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str,
         while held := sync.claim("jobs", worker_id="w"):
             sync.fail(held[0].id, worker_id="w", error="boom", retryable=False)
         sync.submit("other", queue="jobs")
-    store = conveyor.connect(db_url)
-    app = dashboard(store, allow_actions=True, refresh=1.0)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
-    )
-
-    async def main() -> None:
-        try:
-            await server.serve()
-        finally:
-            await store.close()
-
-    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        assert time.monotonic() < deadline, "the dashboard did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}", db_url, ids
-    finally:
-        server.should_exit = True
-        thread.join(15)
+    with served_dashboard(db_url) as url:
+        yield url, db_url, ids
 
 
 @pytest.fixture
 def page(served: tuple[str, str, list[str]]) -> Iterator[Any]:
-    with playwright_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=_chromium(), args=ARGS)
-        try:
-            tab = browser.new_page(viewport={"width": 1280, "height": 800})
-            tab.set_default_timeout(WAIT_MS)
-            problems: list[str] = []
-            tab.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
-            yield tab
-            assert problems == []
-        finally:
-            browser.close()
+    with browser_page(playwright_api) as tab:
+        yield tab
 
 
 def test_retry_the_filtered_tasks_through_the_confirmation(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -18,31 +17,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _browser import ARGS, WAIT_MS, chromium
 
 import conveyor
 
-CHROMIUM = os.environ.get("CONVEYOR_CHROMIUM", "/usr/bin/chromium")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync"]
-WAIT_MS = 10_000
 KEY = base64.b64encode(b"b" * 32).decode()
 pytestmark = pytest.mark.xdist_group("browser")
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 
 
-def _chromium() -> str:
-    path = CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium")
-    if path is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("the browser tests need Chromium in CI: apt-get install chromium")
-        pytest.skip("no chromium on this machine (apt-get install chromium)")
-    return path
-
-
 @pytest.fixture(scope="module")
 def seeded(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     """A SQLite store with one finished task of an encrypted queue: (url, task id)."""
-    _chromium()
+    chromium()
     db_url = f"sqlite:///{tmp_path_factory.mktemp('sealed') / 'conveyor.db'}"
     keys = conveyor.Encryption(keys={"2026-12": KEY}, current="2026-12")
     with conveyor.connect_sync(db_url, encryption=keys) as store:
@@ -89,7 +77,7 @@ def _serve(db_url: str, keys: str | None) -> tuple[subprocess.Popen[str], str]:
 @pytest.fixture
 def browser() -> Iterator[Any]:
     with playwright_api.sync_playwright() as pw:
-        launched = pw.chromium.launch(executable_path=_chromium(), args=ARGS)
+        launched = pw.chromium.launch(executable_path=chromium(), args=ARGS)
         try:
             yield launched
         finally:
