@@ -83,10 +83,15 @@ async def test_a_freed_slot_does_not_cost_one_stream_an_empty_claim(app: conveyo
         await asyncio.wait_for(job, 15)
     assert last.status is Status.SUCCEEDED
     assert order == list(range(TASKS))
-    # One claim per run of the stream (a wake-up heard twice may cost one more);
-    # before, every task also cost a claim that found nothing.
+    # One claim per run of the stream; before, every task also cost a claim that
+    # found nothing (TASKS of them). A wake-up heard twice (the ack's own and its
+    # NOTIFY, both in flight on a loaded machine) may cost one more now and then:
+    # seen up to 4 with four test processes on two cores, so the bound sits well
+    # between that and the regression's TASKS.
     assert sum(found) == TASKS
-    assert found.count(0) <= 3, f"claims that found nothing: {found.count(0)} of {len(found)}"
+    assert found.count(0) <= TASKS // 4, (
+        f"claims that found nothing: {found.count(0)} of {len(found)}"
+    )
 
 
 @pytest.mark.parametrize("group", [None, "audit"])
