@@ -29,7 +29,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
-from conveyor.errors import ConfigurationError, ConveyorError, InvalidArgument, LostLease, NotFound
+from conveyor.errors import ConveyorError, InvalidArgument, LostLease, NotFound
 from conveyor.models import Task
 from conveyor.store.protocol import codec, sealing, texts, wake
 from conveyor.store.protocol import transactions as tx
@@ -88,13 +88,7 @@ async def sealed(st: Seam, todo: list[AckItem]) -> list[AckItem]:
     for i, task_id, worker_id, grp, attempt, encoded in todo:
         seal = held.pop(task_id, None) or task_id in found
         if seal and encoded is not None:
-            if keyring.encryption is None:
-                raise ConfigurationError(
-                    f"task {task_id} is encrypted: an encryption key is needed to write "
-                    "its result (pass encryption=conveyor.Encryption(...) to connect(), "
-                    "or set $CONVEYOR_ENCRYPTION_KEYS); nothing was written"
-                )
-            encoded = keyring.seal(encoded, task_id, "result")
+            encoded = keyring.seal_for(encoded, task_id, "result")
         out.append((i, task_id, worker_id, grp, attempt, encoded))
     return out
 

@@ -84,6 +84,17 @@ class Keyring:
             )
         return self.encryption
 
+    def seal_for(self, text: str, task_id: str, field: str) -> str:
+        """``text`` sealed for a sealed task's ``field``; ConfigurationError, nothing
+        written, when this store has no keys."""
+        if self.encryption is None:
+            raise ConfigurationError(
+                f"task {task_id} is encrypted: an encryption key is needed to write its "
+                f"{field} (pass encryption=conveyor.Encryption(...) to connect(), or set "
+                "$CONVEYOR_ENCRYPTION_KEYS); nothing was written"
+            )
+        return self.seal(text, task_id, field)
+
     def hold(self, task_id: str, sealed: bool) -> None:
         """Remember that this store claimed ``task_id``, and whether what its
         holder writes is sealed."""
@@ -154,15 +165,7 @@ async def sealed_write(
     held = keyring.held.pop(task_id, None) if forget else keyring.held.get(task_id)
     if held is None:
         held = task_id in await sealed_tasks(st, [task_id])
-    if not held:
-        return text
-    if keyring.encryption is None:
-        raise ConfigurationError(
-            f"task {task_id} is encrypted: an encryption key is needed to write its "
-            f"{field} (pass encryption=conveyor.Encryption(...) to connect(), or set "
-            "$CONVEYOR_ENCRYPTION_KEYS); nothing was written"
-        )
-    return keyring.seal(text, task_id, field)
+    return keyring.seal_for(text, task_id, field) if held else text
 
 
 def claimed_from(st: Any, queues: Iterable[str], sealed: Iterable[str]) -> None:
