@@ -54,32 +54,93 @@ def choose_url(given: str | None = None, app: str | None = None) -> ChosenUrl:
     return ChosenUrl(DEFAULT_URL, "default")
 
 
+def _split_hosts(url: str) -> tuple[str, str, list[str], str, str] | None:
+    """``(scheme, userinfo, hosts, path, query)`` of a URL whose host part lists
+    several ``host[:port]`` separated by commas (libpq's multi-host form), else None."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return None
+    authority, slash, tail = rest.partition("/")
+    if not slash:
+        authority, _, query = authority.partition("?")
+        path = ""
+    else:
+        path, _, query = tail.partition("?")
+    userinfo, at, hostlist = authority.rpartition("@")
+    if "," not in hostlist:
+        return None
+    return scheme, userinfo + at, hostlist.split(","), path, query
+
+
+def _multihost(url: str) -> str:
+    """A libpq multi-host URL (``postgresql://u@h1:p1,h2:p2/db?...``) in the form
+    SQLAlchemy's psycopg dialect reads (``postgresql://u@/db?host=h1:p1&host=h2:p2&...``,
+    which it hands back to libpq as ``host=h1,h2 port=p1,p2``); any other URL as given."""
+    split = _split_hosts(url)
+    if split is None:
+        return url
+    from urllib.parse import parse_qsl, quote
+
+    scheme, userinfo, hosts, path, query = split
+    for host in hosts:
+        if not host or host.startswith("[") or host.count(":") > 1:
+            raise ConfigurationError(
+                f"cannot read the host list {','.join(hosts)!r} of the database URL: give "
+                "each host as name:port or address:port separated by commas (IPv6 "
+                "addresses: use a host name, or the ?host=...&port=... query form)"
+            )
+    if any(key == "host" for key, _ in parse_qsl(query)):
+        raise ConfigurationError(
+            "the database URL lists hosts both before the database name and as ?host=: "
+            "give them one way"
+        )
+    listed = "&".join(f"host={quote(host, safe=':')}" for host in hosts)
+    return f"{scheme}://{userinfo}/{path}?{listed}{'&' + query if query else ''}"
+
+
 def display_url(url: str) -> str:
     """``url`` as shown to people: the password masked, the driver left out
     (``sqlite+aiosqlite://`` shows as ``sqlite://``)."""
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
+    split = _split_hosts(url)
+    if split is not None:  # a multi-host URL: shown as written, with its hosts
+        scheme, userinfo, hosts, path, query = split
+        user, colon, _ = userinfo.rstrip("@").partition(":")
+        shown_user = f"{user}{':***' if colon else ''}@" if userinfo else ""
+        return (
+            f"{scheme.partition('+')[0]}://{shown_user}{','.join(hosts)}/{path}"
+            f"{'?' + query if query else ''}"
+        )
     try:
         parsed = make_url(url)
-    except ArgumentError:
+    except (ArgumentError, ValueError):
         return url
     backend = parsed.drivername.partition("+")[0]
     return parsed.set(drivername=backend).render_as_string(hide_password=True)
 
 
 def resolve_url(url: str | None) -> tuple[str, str]:
-    """``(dialect, async SQLAlchemy URL)`` for a user's URL, or ConfigurationError."""
+    """``(dialect, async SQLAlchemy URL)`` for a user's URL, or ConfigurationError.
+
+    A PostgreSQL URL may list several servers the way libpq does,
+    ``postgresql://user@host1:5432,host2:5432/db?target_session_attrs=read-write``:
+    each connection goes to the first of them that is up and (with
+    ``target_session_attrs=read-write``) the primary, so a store follows a failover.
+    It becomes SQLAlchemy's own form of the same list (``?host=host1:5432&host=...``),
+    which is accepted too."""
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
     raw = choose_url(url).url
     try:
-        parsed = make_url(raw)
-    except ArgumentError:
+        parsed = make_url(_multihost(raw))
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
         raise ConfigurationError(
-            f"cannot parse the database URL {raw!r}: use sqlite:///path.db or "
-            "postgresql://user@host/db"
+            f"cannot parse the database URL {display_url(raw)!r}: use sqlite:///path.db "
+            "or postgresql://user@host/db (several hosts: postgresql://user@host1:port1,"
+            "host2:port2/db?target_session_attrs=read-write)"
         ) from None
     backend, _, driver = parsed.drivername.partition("+")
     if backend == "sqlite" and driver in ("", "aiosqlite"):

@@ -309,7 +309,9 @@ class PatroniCluster:
         began = time.monotonic()
         while not check():
             if time.monotonic() - began > timeout:
-                raise RuntimeError(f"timed out after {timeout} s waiting for {what}:\n{self.logs()}")
+                raise RuntimeError(
+                    f"timed out after {timeout} s waiting for {what}:\n{self.logs()}"
+                )
             for node in self.nodes:
                 if node.process is not None and node.process.poll() is not None:
                     raise RuntimeError(f"patroni {node.name} exited:\n{self.logs()}")

@@ -171,6 +171,12 @@ class Seam(abc.ABC):
         at its size limit). Must not raise, and must look only at ``exc``."""
         return False
 
+    def _is_read_only(self, exc: DBAPIError) -> bool:
+        """True when ``exc`` says the server is read-only (a standby, a primary
+        demoted by a failover): the statement was refused and nothing of it ran.
+        Must not raise, and must look only at ``exc``."""
+        return False
+
     @abc.abstractmethod
     async def _database_identity(self, conn: AsyncConnection) -> tuple[Any, ...]:
         """Which database ``conn`` is connected to, as a value equal for any two

@@ -170,6 +170,15 @@ class _Kept:
         return cur
 
 
+#: The server refused a write as read-only: it is a standby now (a failover or
+#: switchover demoted it), and so is every connection kept to it.
+READ_ONLY = "25006"
+
+
+def _read_only(exc: psycopg.Error) -> bool:
+    return getattr(exc, "sqlstate", None) == READ_ONLY
+
+
 def _error(sql: str, params: Mapping[str, Any], exc: psycopg.Error, dead: bool) -> Exception:
     # As SQLAlchemy raises driver errors, so transactions.run retries and
     # translates them as its own.
@@ -203,7 +212,7 @@ class Direct:
             rows = await _execute(kept.cursor(sql), sql, params)
         except psycopg.Error as exc:
             dead = kept.driver.closed
-            await self._put_back(kept, dead)
+            await self._put_back(kept, dead or await self._standby(exc))
             raise _error(sql, params, exc, dead) from exc
         except BaseException:
             # Cancelled mid-statement: a result may still be on its way.
@@ -303,6 +312,7 @@ class Direct:
             # and closed below (never reused half-done).
             dead = driver.closed
             await self._put_back(kept, True)
+            await self._standby(exc)
             raise _error(at[0], at[1], exc, dead) from exc
         except BaseException:
             # Cancelled, or the caller's own exception from ``send``: a result may
@@ -311,6 +321,18 @@ class Direct:
             raise
         await self._put_back(kept, False)
         return rows
+
+    async def _standby(self, exc: psycopg.Error) -> bool:
+        """Whether ``exc`` is a read-only refusal; if so, close the idle kept
+        connections too (all to the same server), so the retry connects anew and a
+        multi-host URL finds the new primary."""
+        if not _read_only(exc):
+            return False
+        idle, self._idle = self._idle, []
+        for stale in idle:
+            self._made -= 1
+            await stale.driver.close()
+        return True
 
     async def close(self) -> None:
         """Close the kept connections (those in use are closed when they return)."""
@@ -420,6 +442,8 @@ class Direct:
                     await driver.set_autocommit(False)
         except psycopg.Error as exc:
             dead = raw.driver_connection is None or raw.driver_connection.closed
+            if _read_only(exc):
+                dead = True  # to a standby: the pool must not hand it out again
             raise _error(sql, params, exc, dead) from exc
         finally:
             # Both may do driver I/O through SQLAlchemy's async adapter, which must

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
+from psycopg.conninfo import make_conninfo
 from sqlalchemy import (
     BigInteger,
     ColumnElement,
@@ -32,7 +33,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
@@ -52,7 +53,13 @@ from conveyor.store.seam import BatchRunner, Claim, DirectRunner, StepsRunner
 # running the statement, and a transaction it ends is rolled back, so nothing of
 # the call took effect, even for a single statement run in autocommit. That is what
 # makes a pooled connection found dead safe to retry without a pre-ping.
-TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "57P01", "57P02", "57P03"})
+TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "57P01", "57P02", "57P03", "25006"})
+#: "cannot execute ... in a read-only transaction": the server is a standby (a
+#: primary demoted by a switchover, or a URL that reached a replica). The statement
+#: was refused, nothing of it ran; the connection is dropped with every other pooled
+#: one (all to that server) and the transaction retried on a new connection, which
+#: a multi-host URL with target_session_attrs=read-write makes to the new primary.
+READ_ONLY = "25006"
 DISK_FULL = "53100"
 #: A submit statement's refusal of a queue with a max_depth (conveyor_capped, migration 0013).
 CAPPED = "CVQ01"
@@ -70,6 +77,20 @@ PREPARE_THRESHOLD = 2
 #: statements filter and that grow with the work.
 STATISTICS_TABLES = ("conveyor_deliveries", "conveyor_streams", "conveyor_tasks")
 LISTEN_START_WAIT = 2.0  # seconds open() gives the listener before going on without it
+
+
+def _follow_primary(engine: AsyncEngine) -> AsyncEngine:
+    """``engine``, with a read-only refusal (:data:`READ_ONLY`) taken as a lost
+    connection: SQLAlchemy then drops that connection and every other one its pool
+    made before it (all to the same server, now a standby), so the retry connects
+    anew and a multi-host URL finds the primary."""
+
+    @event.listens_for(engine.sync_engine, "handle_error")
+    def _read_only_is_gone(context: Any) -> None:
+        if getattr(context.original_exception, "sqlstate", None) == READ_ONLY:
+            context.is_disconnect = True
+
+    return engine
 
 
 def _read_committed(field: str, level: object) -> str:
@@ -145,6 +166,9 @@ class PostgresStore(TaskStore):
     def _create_engine(self) -> AsyncEngine:
         # No pool_pre_ping: it costs a round trip per transaction. A connection found
         # dead is replaced and the transaction retried once (transactions.run).
+        return _follow_primary(self._make_engine())
+
+    def _make_engine(self) -> AsyncEngine:
         options: dict[str, Any] = dict(self.engine_options)
         statement_ms = round(self.statement_timeout * 1000)
         lock_ms = round(self.lock_timeout * 1000)
@@ -184,12 +208,14 @@ class PostgresStore(TaskStore):
         return engine
 
     async def _database_identity(self, conn: AsyncConnection) -> tuple[Any, ...]:
-        # The server (its start time and port: host names and sockets vary by client)
-        # and the database on it.
+        # The cluster (its system identifier, made by initdb and shared by its
+        # streaming replicas: host names, sockets and ports vary by client, and a
+        # restart or a failover to a standby changes the server but not the data)
+        # and the database in it.
         row = (
             await conn.execute(
                 text(
-                    "SELECT pg_postmaster_start_time()::text, current_setting('port'), "
+                    "SELECT (SELECT system_identifier FROM pg_control_system())::text, "
                     "current_database()"
                 )
             )
@@ -295,6 +321,9 @@ class PostgresStore(TaskStore):
     def _is_transient(self, exc: DBAPIError) -> bool:
         return getattr(exc.orig, "sqlstate", None) in TRANSIENT_SQLSTATES
 
+    def _is_read_only(self, exc: DBAPIError) -> bool:
+        return getattr(exc.orig, "sqlstate", None) == READ_ONLY
+
     def _upsert(self, table: Any) -> Any:
         return pg_insert(table)
 
@@ -363,16 +392,25 @@ class PostgresStore(TaskStore):
     async def _start_wake(self) -> None:
         if not self.listen:
             return
-        url = make_url(self.url).set(drivername="postgresql")
         connect_args = self.engine_options.get("connect_args")
         self._listener = pg_listen.Listener(
-            url.render_as_string(hide_password=False),
+            self._conninfo(),
             on_work=lambda queue: self._wake(queues=[queue]),
             on_done=lambda task_id: self._wake(task_ids=None if task_id is None else [task_id]),
             on_reset=lambda: self._wake(queues=None, task_ids=None),
             connect_kwargs=connect_args if isinstance(connect_args, dict) else None,
         )
         await self._listener.start(wait=LISTEN_START_WAIT)
+
+    def _conninfo(self) -> str:
+        """The libpq connection string of the store's URL, as the engine's dialect
+        reads it: every host and port of a multi-host URL (``host=h1,h2 port=p1,p2``),
+        ``target_session_attrs`` and the other query options, the password."""
+        assert self._engine is not None
+        _, params = self._engine.dialect.create_connect_args(self._engine.url)
+        return make_conninfo(
+            **{k: v for k, v in params.items() if k != "context" and v is not None}
+        )
 
     async def _stop_wake(self) -> None:
         listener, self._listener = self._listener, None

@@ -407,6 +407,13 @@ async def run(
                 await asyncio.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, 1.0)
                 continue
+            if st._is_read_only(exc):
+                raise StoreUnavailable(
+                    f"the database is read-only ({' '.join(str(exc.orig).split())}): the "
+                    "server is a standby, and no primary was found in time; nothing of "
+                    "this call was written, retry. (List every server in the URL with "
+                    "?target_session_attrs=read-write so connections go to the primary.)"
+                ) from exc
             if st._is_full(exc):
                 raise StoreUnavailable(
                     f"the database is full ({' '.join(str(exc.orig).split())}): nothing of "
