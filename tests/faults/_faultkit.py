@@ -3,7 +3,7 @@
 Run as a script, this file is one of the child processes::
 
     python _faultkit.py worker URL LOGDIR NAME LEASE POLL CONCURRENCY
-    python _faultkit.py producer URL LOGDIR DURATION RATE PARTITIONS
+    python _faultkit.py producer URL LOGDIR DURATION RATE PARTITIONS [FIRST]
     python _faultkit.py batch URL QUEUE COUNT
     python _faultkit.py txbatch URL QUEUE COUNT
     python _faultkit.py hammer URL LOGDIR NAME DURATION
@@ -39,10 +39,12 @@ import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import psycopg
 
 import conveyor
 
@@ -165,11 +167,18 @@ def producer_options(url: str) -> dict[str, Any]:
     return {"listen": False, "engine_options": {"connect_args": {"application_name": PRODUCER}}}
 
 
-async def _producer(url: str, logdir: str, duration: float, rate: float, partitions: int) -> None:
+async def _producer(
+    url: str, logdir: str, duration: float, rate: float, partitions: int, first: int = 0
+) -> None:
     """Submit for ``duration`` seconds, in batches of :data:`BATCH` (at most ``rate``
     tasks a second); a batch that meets a database error is submitted again under
-    the same keys until it returns, so each task exists once whatever happened."""
-    acked = Path(logdir) / "acked.jsonl"
+    the same keys until it returns, so each task exists once whatever happened.
+
+    ``first`` is the first sequence number; a producer beside the first one gives
+    another (its tasks, keys and partitions are then its own, and its
+    acknowledgements go to ``acked-FIRST.jsonl``)."""
+    acked = Path(logdir) / ("acked.jsonl" if first == 0 else f"acked-{first}.jsonl")
+    prefix = "p" if first == 0 else f"p{first}-"
     errors: Counter[str] = Counter()
     store = conveyor.connect(url, **producer_options(url))
     while True:
@@ -179,14 +188,14 @@ async def _producer(url: str, logdir: str, duration: float, rate: float, partiti
         except conveyor.StoreUnavailable:
             await asyncio.sleep(0.2)
     print("ready", flush=True)
-    seq = 0
+    seq = first
     async with store:
         with acked.open("a") as sink:
             began = time.monotonic()
             while time.monotonic() - began < duration:
                 batch = []
                 for n in range(seq, seq + BATCH):
-                    part = f"p{n % partitions}" if n % (partitions + 1) else None
+                    part = f"{prefix}{n % partitions}" if n % (partitions + 1) else None
                     # Some unpartitioned tasks fail their first attempt: retries in the mix.
                     kwargs = {"seq": n, "part": part, "fail_first": part is None and n % 2 == 0}
                     batch.append(
@@ -212,10 +221,10 @@ async def _producer(url: str, logdir: str, duration: float, rate: float, partiti
                     seq_of = request["payload"]["kwargs"]["seq"]
                     sink.write(json.dumps({"seq": seq_of, "id": task.id, "t": now}) + "\n")
                 sink.flush()
-                pause = began + seq / rate - time.monotonic()
+                pause = began + (seq - first) / rate - time.monotonic()
                 if pause > 0:
                     await asyncio.sleep(pause)
-    print(json.dumps({"submitted": seq, "errors": dict(errors)}), flush=True)
+    print(json.dumps({"submitted": seq - first, "errors": dict(errors)}), flush=True)
 
 
 async def _batch(url: str, queue: str, count: int) -> None:
@@ -332,8 +341,9 @@ def main(argv: list[str]) -> None:
         logdir, name, lease, poll, concurrency = rest
         _worker(url, logdir, name, float(lease), float(poll), int(concurrency))
     elif role == "producer":
-        logdir, duration, rate, partitions = rest
-        asyncio.run(_producer(url, logdir, float(duration), float(rate), int(partitions)))
+        logdir, duration, rate, partitions, *first = rest
+        start = int(first[0]) if first else 0
+        asyncio.run(_producer(url, logdir, float(duration), float(rate), int(partitions), start))
     elif role == "soakworker":
         logdir, name, group = rest
         # Quiet (a line per task is most of the work otherwise); a short poll, as
@@ -504,6 +514,58 @@ def check_delivery(
         1 for seqs in by_part.values() for a, b in itertools.pairwise(seqs) if b < a
     )
     figures.unhandled_log_lines = len(unhandled_output(logdir))
+
+
+def until(check: Callable[[], bool], timeout: float, what: str) -> float:
+    """Wait for ``check`` (tolerating database errors); seconds it took."""
+    began = time.monotonic()
+    while True:
+        try:
+            if check():
+                return time.monotonic() - began
+        except psycopg.Error:
+            pass
+        assert time.monotonic() - began < timeout, f"timed out after {timeout} s: {what}"
+        time.sleep(0.1)
+
+
+def statuses(url: str) -> dict[str, str]:
+    """Each task of :data:`QUEUE` by id: its status."""
+    found: dict[str, str] = {}
+    with conveyor.connect_sync(url, listen=False) as store:
+        cursor = None
+        while True:
+            page = store.list(queue=QUEUE, limit=1000, cursor=cursor)
+            found.update({t.id: t.status.value for t in page.items})
+            cursor = page.next_cursor
+            if cursor is None:
+                return found
+
+
+def drained(url: str) -> bool:
+    """Whether :data:`QUEUE` has nothing queued or running."""
+    with conveyor.connect_sync(url, listen=False) as store:
+        stats = store.stats(QUEUE)
+    counts = stats[0].counts if stats else {}
+    return counts.get("queued", 0) + counts.get("running", 0) == 0
+
+
+def wakeups(url: str, logdir: Path, poll: float, count: int = 5) -> float:
+    """Submit probe tasks one at a time into idle workers (polling every ``poll``
+    seconds); the slowest pickup (s)."""
+    worst = 0.0
+    with conveyor.connect_sync(url, listen=False) as store:
+        for i in range(count):
+            began = time.time()
+            task = store.submit("step", {"kwargs": {"seq": -1 - i, "part": None}}, queue=QUEUE)
+            until(
+                lambda task_id=task.id: any(r["id"] == task_id for r in executions(logdir)),
+                timeout=3 * poll,
+                what="probe task picked up",
+            )
+            [run] = [r for r in executions(logdir) if r["id"] == task.id]
+            worst = max(worst, run["t0"] - began)
+    return worst
 
 
 def first_completion_after(runs: list[dict[str, Any]], moment: float) -> float | None:

@@ -1,5 +1,6 @@
 """Fault scenarios: every test here carries the ``faults`` marker (run alone with
-``pytest -m faults``), and the Postgres ones share one private, throwaway cluster."""
+``pytest -m faults``), and the Postgres ones share one private, throwaway cluster
+(the failover ones a private Patroni cluster of three)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _patroni import PatroniCluster
 from _pgcluster import Cluster, ClusterUnavailable
 
 HERE = Path(__file__).parent
@@ -29,6 +31,28 @@ def pg_cluster() -> Iterator[Cluster]:
         if os.environ.get("CI") == "true":
             pytest.fail(f"the fault tests need a private PostgreSQL cluster: {exc}")
         pytest.skip(str(exc))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.destroy()
+
+
+def _unavailable(what: str, exc: Exception) -> None:
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{what}: {exc}")
+    pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def patroni_cluster() -> Iterator[PatroniCluster]:
+    """etcd and three Patroni members of PostgreSQL (synchronous mode), started for
+    this test run on private ports; the tests kill and switch over its primary."""
+    try:
+        cluster = PatroniCluster()
+    except ClusterUnavailable as exc:  # pragma: no cover - depends on the machine
+        _unavailable("the failover tests need patroni, etcd and PostgreSQL", exc)
+        raise
     try:
         cluster.start()
         yield cluster

@@ -20,15 +20,18 @@ import psycopg
 import pytest
 from _faultkit import (
     PRODUCER,
-    QUEUE,
     Figures,
     check_delivery,
+    drained,
     executions,
     first_completion_after,
     read_jsonl,
     spawn,
+    statuses,
     stop_all,
     unhandled_output,
+    until,
+    wakeups,
 )
 from _pgcluster import Cluster
 
@@ -57,55 +60,6 @@ def _listeners(cluster: Cluster, db: str) -> int:
             (db, LISTENER),
         ).fetchone()
     return int(row[0]) if row else 0
-
-
-def _until(check: Callable[[], bool], timeout: float, what: str) -> float:
-    """Wait for ``check`` (tolerating database errors); seconds it took."""
-    began = time.monotonic()
-    while True:
-        try:
-            if check():
-                return time.monotonic() - began
-        except psycopg.Error:
-            pass
-        assert time.monotonic() - began < timeout, f"timed out after {timeout} s: {what}"
-        time.sleep(0.1)
-
-
-def _statuses(url: str) -> dict[str, str]:
-    statuses: dict[str, str] = {}
-    with conveyor.connect_sync(url, listen=False) as store:
-        cursor = None
-        while True:
-            page = store.list(queue=QUEUE, limit=1000, cursor=cursor)
-            statuses.update({t.id: t.status.value for t in page.items})
-            cursor = page.next_cursor
-            if cursor is None:
-                return statuses
-
-
-def _drained(url: str) -> bool:
-    with conveyor.connect_sync(url, listen=False) as store:
-        stats = store.stats(QUEUE)
-    counts = stats[0].counts if stats else {}
-    return counts.get("queued", 0) + counts.get("running", 0) == 0
-
-
-def _wakeups(url: str, logdir: Path, count: int = 5) -> float:
-    """Submit probe tasks one at a time into idle workers; the slowest pickup (s)."""
-    worst = 0.0
-    with conveyor.connect_sync(url, listen=False) as store:
-        for i in range(count):
-            began = time.time()
-            task = store.submit("step", {"kwargs": {"seq": -1 - i, "part": None}}, queue=QUEUE)
-            _until(
-                lambda task_id=task.id: any(r["id"] == task_id for r in executions(logdir)),
-                timeout=3 * POLL,
-                what="probe task picked up",
-            )
-            [run] = [r for r in executions(logdir) if r["id"] == task.id]
-            worst = max(worst, run["t0"] - began)
-    return worst
 
 
 def _scenario(
@@ -140,7 +94,7 @@ def _scenario(
     ]
     producer = None
     try:
-        _until(lambda: _listeners(cluster, db) == WORKERS, 60, "workers listening")
+        until(lambda: _listeners(cluster, db) == WORKERS, 60, "workers listening")
         producer = spawn(
             "producer", url, logdir, PRODUCE_S, RATE, PARTITIONS, logdir=logdir, log="producer.log"
         )
@@ -149,22 +103,22 @@ def _scenario(
         fault_ended, extra = inject(url, db)
         figures.extra.update(extra)
         figures.listener_recovery_s = round(
-            _until(lambda: _listeners(cluster, db) == WORKERS, 60, "listeners back")
+            until(lambda: _listeners(cluster, db) == WORKERS, 60, "listeners back")
             + max(0.0, time.time() - fault_ended),
             2,
         )
         out, _ = producer.communicate(timeout=120)
         assert producer.returncode == 0, (logdir / "producer.log").read_text()
         figures.extra["producer"] = json.loads(out.strip().splitlines()[-1])
-        figures.extra["drain_s"] = round(_until(lambda: _drained(url), 90, "queue drained"), 2)
-        figures.wakeup_s = round(_wakeups(url, logdir), 3)
+        figures.extra["drain_s"] = round(until(lambda: drained(url), 90, "queue drained"), 2)
+        figures.wakeup_s = round(wakeups(url, logdir, POLL), 3)
     finally:
         codes = stop_all(workers)
         if producer is not None:
             stop_all([producer], timeout=0)
     runs = [r for r in executions(logdir) if r["seq"] >= 0]
     acked = read_jsonl(logdir / "acked.jsonl")
-    check_delivery(figures, acked, runs, _statuses(url), logdir)
+    check_delivery(figures, acked, runs, statuses(url), logdir)
     recovery = first_completion_after(runs, fault_ended)
     figures.recovery_s = None if recovery is None else round(recovery, 2)
     figures.extra["worker_exit_codes"] = codes
