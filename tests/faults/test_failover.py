@@ -16,6 +16,7 @@ how long it took until the first task and until full throughput.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import time
@@ -267,3 +268,23 @@ def test_planned_switchover_under_load(patroni_cluster: PatroniCluster, tmp_path
         planned=True,
     )
     _assert_guarantees(figures)
+
+
+async def test_a_listener_that_reaches_a_standby_keeps_trying(
+    patroni_cluster: PatroniCluster,
+) -> None:
+    # A hot standby refuses LISTEN as read-only: that is a server to wait out (it
+    # may be promoted; the next connect may find the primary), not a refusal for good.
+    from conveyor.store.postgres.listen import Listener
+
+    patroni_cluster.wait_healthy(120)
+    standby = patroni_cluster.sync_standby()
+    listener = Listener(
+        standby.dsn, on_work=lambda q: None, on_done=lambda t: None, on_reset=lambda: None
+    )
+    await listener.start(wait=5.0)
+    try:
+        await asyncio.sleep(1.0)  # several attempts at the listener's backoff
+        assert listener.state == "down"
+    finally:
+        await listener.stop()

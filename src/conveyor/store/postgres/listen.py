@@ -27,9 +27,11 @@ The listening side is a :class:`Listener`: its own psycopg ``AsyncConnection`` i
 autocommit mode, outside the SQLAlchemy pool (a pooled connection would carry the
 LISTEN to whoever borrowed it next). Notifications are an accelerator only: every
 waiter also polls, so the listener may be late, down or off without harming
-correctness. After a drop it reconnects with exponential backoff; if the server
-refuses LISTEN outright (a transaction-mode pooler, a hot standby) it turns itself
-off for good and logs once.
+correctness. After a drop it reconnects with exponential backoff, and so it does
+when it reached a hot standby (a primary demoted by a failover, a URL whose first
+server is a replica): a standby may be promoted, and a multi-host URL may reach the
+new primary next time. If the server refuses LISTEN outright otherwise (a
+transaction-mode pooler) it turns itself off for good and logs once.
 """
 
 from __future__ import annotations
@@ -71,6 +73,10 @@ LISTENING_LOCK = 0x636F6E76 + 2
 #: the trying transaction until it ends (so a listener starting meanwhile waits for
 #: its commit). Read once per statement (a CTE of its own).
 NOBODY_LISTENS = f"pg_try_advisory_xact_lock({LISTENING_LOCK})"
+
+#: SQLSTATE of a hot standby's refusal of LISTEN ("cannot execute LISTEN during
+#: recovery").
+READ_ONLY = "25006"
 
 State = Literal["idle", "listening", "down", "off", "stopped"]
 
@@ -179,6 +185,11 @@ class Listener:
                 except psycopg.Error as exc:
                     if isinstance(exc, psycopg.OperationalError) or conn.closed:
                         raise
+                    if exc.sqlstate == READ_ONLY:
+                        # A hot standby: one a failover demoted, or that the URL
+                        # reached before the primary. Not for good: a standby may be
+                        # promoted, and the next connect may find the primary.
+                        raise ConnectionError(f"reached a standby ({exc})") from exc
                     # Deterministic refusal: retrying cannot help. Waiters poll.
                     log.warning(
                         "the server refused LISTEN (%s): wake-ups are off, workers poll", exc
