@@ -51,7 +51,7 @@ import sqlite3
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from sqlalchemy import (
     BigInteger,
@@ -66,7 +66,6 @@ from sqlalchemy import (
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
 
 from conveyor import _values as v
@@ -88,6 +87,9 @@ from conveyor.store.sqlite.connection import (
     refuse_capped,
 )
 from conveyor.store.sqlite.thread import CHECKPOINT_EVERY, ConnectionThread
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 #: Seconds between two looks at ``PRAGMA data_version`` while the store is idle:
 #: how soon a commit in another process wakes this one's idle workers.
@@ -117,6 +119,10 @@ class SQLiteStore(TaskStore):
         self._wake_loop: asyncio.AbstractEventLoop | None = None
 
     def _create_engine(self) -> AsyncEngine:
+        # Imported when a store opens, not with the module: the async layer (and
+        # the ORM it imports) would cost every command line about 80 ms.
+        from sqlalchemy.ext.asyncio import create_async_engine
+
         options = dict(self.engine_options)
         if "async_creator" in options:
             raise InvalidArgument(
