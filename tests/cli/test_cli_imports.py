@@ -41,6 +41,11 @@ EXTRAS = (
     "pydantic",
     "pydantic_core",
 )
+#: Imported by no command on SQLite: the async layer (and the ORM it imports),
+#: which the store only needs where it runs on an event loop of its own; a
+#: command's SQLite store runs its transactions on a blocking connection
+#: (conveyor.store.sqlite.oneshot).
+ASYNC_LAYER = ("sqlalchemy.ext.asyncio", "sqlalchemy.orm", "aiosqlite", "greenlet")
 #: ... and not by a command that opens no database.
 DATABASE = ("sqlalchemy", "aiosqlite", "sqlite3", "greenlet", "conveyor.store", "conveyor.app")
 
@@ -75,13 +80,29 @@ def test_help_imports_no_database_layer(args: tuple[str, ...], tmp_path: Path) -
     assert loaded(modules, EXTRAS + DATABASE) == []
 
 
-def test_stats_on_sqlite_imports_none_of_the_extras(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "args", [("stats",), ("list",), ("get", "TASK"), ("stats", "--queue", "q", "--json")]
+)
+def test_reads_on_sqlite_import_no_extras_nor_the_async_layer(
+    args: tuple[str, ...], tmp_path: Path
+) -> None:
     url = f"sqlite:///{tmp_path / 'c.db'}"
     with conveyor.connect_sync(url) as store:
-        store.submit("t", queue="q")
-    modules = imported("stats", "--url", url, cwd=tmp_path)
-    assert "sqlalchemy" in modules and "conveyor.store.sqlite" in modules
-    assert loaded(modules, EXTRAS) == []
+        task = store.submit("t", queue="q")
+    args = tuple(task.id if a == "TASK" else a for a in args)
+    modules = imported(*args, "--url", url, cwd=tmp_path)
+    assert "sqlalchemy" in modules and "conveyor.store.sqlite.oneshot" in modules
+    assert loaded(modules, EXTRAS + ASYNC_LAYER) == []
+
+
+def test_a_write_on_sqlite_imports_no_async_layer(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    modules = imported("submit", "t", "--queue", "q", "--url", url, cwd=tmp_path)
+    assert "conveyor.store.sqlite.oneshot" in modules
+    assert loaded(modules, ASYNC_LAYER) == []
+    with conveyor.connect_sync(url) as store:
+        (report,) = store.stats("q")
+    assert report.counts["queued"] == 1
 
 
 def test_import_conveyor_is_light() -> None:

@@ -91,6 +91,8 @@ from conveyor.store.sqlite.thread import CHECKPOINT_EVERY, ConnectionThread
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+    from conveyor.store.sqlite.oneshot import CallerConnection
+
 #: Seconds between two looks at ``PRAGMA data_version`` while the store is idle:
 #: how soon a commit in another process wakes this one's idle workers.
 WAKE_POLL = 0.002
@@ -114,7 +116,7 @@ class SQLiteStore(TaskStore):
         self.synchronous = synchronous.upper()
         #: One private database on one connection: transactions queue in-process.
         self.in_memory = is_memory(url)
-        self._thread: ConnectionThread | None = None
+        self._thread: ConnectionThread | CallerConnection | None = None
         self._probes: dict[tuple[Any, ...], Select[Any]] = {}
         self._wake_loop: asyncio.AbstractEventLoop | None = None
 
@@ -123,13 +125,7 @@ class SQLiteStore(TaskStore):
         # the ORM it imports) would cost every command line about 80 ms.
         from sqlalchemy.ext.asyncio import create_async_engine
 
-        options = dict(self.engine_options)
-        if "async_creator" in options:
-            raise InvalidArgument(
-                "engine_options",
-                "async_creator: the SQLite store runs on a blocking sqlite3 connection; "
-                "pass creator (a function returning a sqlite3 connection) instead",
-            )
+        options = self._blocking_options()
         # The store's own transactions run on one blocking connection in a thread
         # of its own (conveyor.store.sqlite.thread), which gets the engine options;
         # the async engine stays the store's handle (opened, disposed) and connects
@@ -164,6 +160,17 @@ class SQLiteStore(TaskStore):
             thread.close()
 
         return engine
+
+    def _blocking_options(self) -> dict[str, Any]:
+        """The engine options, for the blocking engine of the store's connection."""
+        options = dict(self.engine_options)
+        if "async_creator" in options:
+            raise InvalidArgument(
+                "engine_options",
+                "async_creator: the SQLite store runs on a blocking sqlite3 connection; "
+                "pass creator (a function returning a sqlite3 connection) instead",
+            )
+        return options
 
     def _inline_begun(self) -> bool:
         # The inline fast path (ConnectionThread.call) sends its own BEGIN IMMEDIATE.
