@@ -179,3 +179,41 @@ def test_a_value_not_yet_a_string_gets_typers_own_check() -> None:
     # bytes: typer's own check decodes them, and from then on is the option's check.
     assert url._runtime_param.coerce(b"sqlite:///b.db", param=url, ctx=ctx) == "sqlite:///b.db"
     assert not isinstance(url._runtime_param, _PlainValue)
+
+
+def test_an_int_option_checks_directly_only_its_in_range_ints() -> None:
+    """``list --limit`` (1..10000, default 50): the default passes as it is; a
+    number typed on the command line (a string) and an int out of range get
+    typer's own check, which converts the one and refuses the other."""
+    from conveyor.cli import cli
+    from conveyor.cli._coercion import _PlainValue, check_plain_value_directly
+
+    listing = typer.main.get_command(cli).commands["list"]  # type: ignore[attr-defined]
+    limit = next(p for p in listing.params if p.name == "limit")
+    if not hasattr(limit, "type_descriptor"):
+        pytest.skip("this typer checks values with click's types")
+    check_plain_value_directly(limit)
+    assert isinstance(limit._runtime_param, _PlainValue)
+    ctx = listing.make_context("list", [])
+    for value in (50, 1, 10_000):
+        assert limit._runtime_param.coerce(value, param=limit, ctx=ctx) == value
+    assert isinstance(limit._runtime_param, _PlainValue)
+    with pytest.raises(Exception, match="10000"):
+        limit._runtime_param.coerce(10_001, param=limit, ctx=ctx)
+    assert not isinstance(limit._runtime_param, _PlainValue)
+    assert limit._runtime_param.coerce("7", param=limit, ctx=ctx) == 7
+
+
+def test_list_refuses_a_limit_out_of_range(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    with conveyor.connect_sync(url) as store:
+        store.submit("t", queue="q")
+    for limit, code in (("0", 2), ("10001", 2), ("1", 0)):
+        done = subprocess.run(
+            [sys.executable, "-m", "conveyor.cli", "list", "--url", url, "--limit", limit],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == code, (limit, done.stderr)
