@@ -277,11 +277,12 @@ def _connect(url: str | None, create: bool, app_url: str | None) -> SyncStore:
     if dialect == "sqlite":
         # A command makes a call or two and exits: the store without its connection
         # thread and async engine, which would cost it more than its calls (the
-        # async layer's imports alone, some 80 ms). The same store otherwise.
+        # async layer's imports alone, some 80 ms), on an event loop in this very
+        # thread. The same store otherwise.
         from conveyor.store.sqlite.oneshot import OneShotSQLiteStore
-        from conveyor.sync_store import SyncStore
+        from conveyor.sync_store import CallerLoopStore
 
-        return SyncStore(OneShotSQLiteStore(async_url, migrate=create))
+        return CallerLoopStore(OneShotSQLiteStore(async_url, migrate=create))
     options: dict[str, Any] = {}
     if dialect == "postgresql":
         # One short call: no LISTEN connection to set up, and an unreachable host
