@@ -203,4 +203,46 @@ class SyncStore:
     finished_totals = _blocking(TaskStore.finished_totals)
 
 
-__all__ = ["SyncInternal", "SyncStore"]
+class CallerLoopStore(SyncStore):
+    """Internal, for conveyor's command line; not covered by semver.
+    :class:`SyncStore` with the async store run on an event loop in the caller's
+    own thread, one call at a time, instead of on a loop in a thread of its own.
+
+    For a process that makes a few calls from one thread and exits, paired with a
+    store whose transactions run on the calling thread
+    (:class:`conveyor.store.sqlite.oneshot.OneShotSQLiteStore`): no thread to start,
+    and no hop to it and back per call (on a busy machine each waits its turn for
+    a CPU). Not for use from several threads, nor from inside a running event
+    loop; ``connection=`` is refused (a caller's transaction wants
+    :class:`SyncStore`)."""
+
+    def _call(self, coro: Coroutine[Any, Any, R]) -> R:
+        return self._ensure_loop().run_until_complete(coro)
+
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+            return self._loop
+
+    def _in_callers_transaction(
+        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        raise ConfigurationError(
+            "connection: this store runs on the caller's thread and cannot join a "
+            "caller's transaction; use conveyor.connect_sync"
+        )
+
+    def close(self) -> None:
+        """Close the store and its event loop."""
+        with self._lock:
+            loop, self._loop = self._loop, None
+        if loop is None:
+            return
+        try:
+            loop.run_until_complete(self.store.close())
+        finally:
+            loop.close()
+
+
+__all__ = ["CallerLoopStore", "SyncInternal", "SyncStore"]

@@ -41,6 +41,11 @@ EXTRAS = (
     "pydantic",
     "pydantic_core",
 )
+#: Imported by no command on SQLite: the async layer (and the ORM it imports),
+#: which the store only needs where it runs on an event loop of its own; a
+#: command's SQLite store runs its transactions on a blocking connection
+#: (conveyor.store.sqlite.oneshot).
+ASYNC_LAYER = ("sqlalchemy.ext.asyncio", "sqlalchemy.orm", "aiosqlite", "greenlet")
 #: ... and not by a command that opens no database.
 DATABASE = ("sqlalchemy", "aiosqlite", "sqlite3", "greenlet", "conveyor.store", "conveyor.app")
 
@@ -75,13 +80,29 @@ def test_help_imports_no_database_layer(args: tuple[str, ...], tmp_path: Path) -
     assert loaded(modules, EXTRAS + DATABASE) == []
 
 
-def test_stats_on_sqlite_imports_none_of_the_extras(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "args", [("stats",), ("list",), ("get", "TASK"), ("stats", "--queue", "q", "--json")]
+)
+def test_reads_on_sqlite_import_no_extras_nor_the_async_layer(
+    args: tuple[str, ...], tmp_path: Path
+) -> None:
     url = f"sqlite:///{tmp_path / 'c.db'}"
     with conveyor.connect_sync(url) as store:
-        store.submit("t", queue="q")
-    modules = imported("stats", "--url", url, cwd=tmp_path)
-    assert "sqlalchemy" in modules and "conveyor.store.sqlite" in modules
-    assert loaded(modules, EXTRAS) == []
+        task = store.submit("t", queue="q")
+    args = tuple(task.id if a == "TASK" else a for a in args)
+    modules = imported(*args, "--url", url, cwd=tmp_path)
+    assert "sqlalchemy" in modules and "conveyor.store.sqlite.oneshot" in modules
+    assert loaded(modules, EXTRAS + ASYNC_LAYER) == []
+
+
+def test_a_write_on_sqlite_imports_no_async_layer(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    modules = imported("submit", "t", "--queue", "q", "--url", url, cwd=tmp_path)
+    assert "conveyor.store.sqlite.oneshot" in modules
+    assert loaded(modules, ASYNC_LAYER) == []
+    with conveyor.connect_sync(url) as store:
+        (report,) = store.stats("q")
+    assert report.counts["queued"] == 1
 
 
 def test_import_conveyor_is_light() -> None:
@@ -158,3 +179,41 @@ def test_a_value_not_yet_a_string_gets_typers_own_check() -> None:
     # bytes: typer's own check decodes them, and from then on is the option's check.
     assert url._runtime_param.coerce(b"sqlite:///b.db", param=url, ctx=ctx) == "sqlite:///b.db"
     assert not isinstance(url._runtime_param, _PlainValue)
+
+
+def test_an_int_option_checks_directly_only_its_in_range_ints() -> None:
+    """``list --limit`` (1..10000, default 50): the default passes as it is; a
+    number typed on the command line (a string) and an int out of range get
+    typer's own check, which converts the one and refuses the other."""
+    from conveyor.cli import cli
+    from conveyor.cli._coercion import _PlainValue, check_plain_value_directly
+
+    listing = typer.main.get_command(cli).commands["list"]  # type: ignore[attr-defined]
+    limit = next(p for p in listing.params if p.name == "limit")
+    if not hasattr(limit, "type_descriptor"):
+        pytest.skip("this typer checks values with click's types")
+    check_plain_value_directly(limit)
+    assert isinstance(limit._runtime_param, _PlainValue)
+    ctx = listing.make_context("list", [])
+    for value in (50, 1, 10_000):
+        assert limit._runtime_param.coerce(value, param=limit, ctx=ctx) == value
+    assert isinstance(limit._runtime_param, _PlainValue)
+    with pytest.raises(Exception, match="10000"):
+        limit._runtime_param.coerce(10_001, param=limit, ctx=ctx)
+    assert not isinstance(limit._runtime_param, _PlainValue)
+    assert limit._runtime_param.coerce("7", param=limit, ctx=ctx) == 7
+
+
+def test_list_refuses_a_limit_out_of_range(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    with conveyor.connect_sync(url) as store:
+        store.submit("t", queue="q")
+    for limit, code in (("0", 2), ("10001", 2), ("1", 0)):
+        done = subprocess.run(
+            [sys.executable, "-m", "conveyor.cli", "list", "--url", url, "--limit", limit],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == code, (limit, done.stderr)

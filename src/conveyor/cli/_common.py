@@ -274,6 +274,15 @@ def _connect(url: str | None, create: bool, app_url: str | None) -> SyncStore:
     dialect, async_url = resolve_url(chosen)
     if dialect == "sqlite":
         _check_sqlite_file(url, async_url, create, app_url)
+    if dialect == "sqlite":
+        # A command makes a call or two and exits: the store without its connection
+        # thread and async engine, which would cost it more than its calls (the
+        # async layer's imports alone, some 80 ms), on an event loop in this very
+        # thread. The same store otherwise.
+        from conveyor.store.sqlite.oneshot import OneShotSQLiteStore
+        from conveyor.sync_store import CallerLoopStore
+
+        return CallerLoopStore(OneShotSQLiteStore(async_url, migrate=create))
     options: dict[str, Any] = {}
     if dialect == "postgresql":
         # One short call: no LISTEN connection to set up, and an unreachable host

@@ -16,10 +16,9 @@ folded; the acknowledgement path writes nothing extra.
 from __future__ import annotations
 
 import builtins
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
 from conveyor.errors import InvalidArgument
@@ -43,6 +42,9 @@ from conveyor.store.protocol.codec import row_to_task as _task
 from conveyor.store.protocol.observed import MINUTE_US, THROUGHPUT_KEEP_MINUTES
 from conveyor.store.protocol.presence import live_workers
 from conveyor.store.seam import Seam
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 MAX_MINUTES = THROUGHPUT_KEEP_MINUTES
 TERMINAL = tuple(st.value for st in Status if st.terminal)

@@ -6,8 +6,7 @@ reads (see :mod:`.protocol.presence`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-from sqlalchemy.ext.asyncio import AsyncConnection
+from typing import TYPE_CHECKING
 
 from conveyor import _values as v
 from conveyor.errors import InvalidArgument
@@ -15,6 +14,9 @@ from conveyor.store.protocol import presence
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.protocol.presence import ANNOUNCE_TTL
 from conveyor.store.seam import Seam
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 
 class WorkerOps(Seam):

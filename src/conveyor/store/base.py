@@ -35,10 +35,9 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from sqlalchemy import ColumnElement, select
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from conveyor import _values as v
 from conveyor import tracing
@@ -69,6 +68,9 @@ from conveyor.store.protocol import (
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.protocol.requests import Preparing, Request
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 T = TypeVar("T")
 

@@ -24,9 +24,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 from sqlalchemy import ColumnElement, Select, Update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
     from conveyor.store.protocol.sealing import Keyring
     from conveyor.store.protocol.texts import Texts
     from conveyor.store.protocol.wake import Waker

@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
-
-from sqlalchemy.ext.asyncio import AsyncConnection
+from typing import TYPE_CHECKING, Any
 
 from conveyor import _values as v
 from conveyor.errors import ConveyorError, InvalidArgument, LostLease, NotFound
@@ -35,6 +33,9 @@ from conveyor.store.protocol import codec, sealing, texts, wake
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.protocol.consumer import explain_lost
 from conveyor.store.seam import Seam
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 #: A validated succeed_many item: (index, task_id, worker_id, grp, attempt, result JSON).
 AckItem = tuple[int, str, str, str, int | None, str]

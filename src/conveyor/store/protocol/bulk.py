@@ -20,10 +20,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy import ColumnElement, exists, func, literal, select
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
 from conveyor.errors import InvalidArgument
@@ -34,6 +33,9 @@ from conveyor.store.protocol import codec, streams, upkeep, wake, withdraw
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.seam import Seam
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 #: Rows per transaction: bounded locks and a bounded statement, whatever the run.
 BATCH = 500
@@ -154,7 +156,7 @@ async def count_tx(conn: AsyncConnection, sel: Selection) -> int:
 
 #: One batch: ``(connection, selection, cursor, size, upto)`` to ``(rows changed,
 #: next cursor, whether more may follow)``.
-Batch = Callable[[AsyncConnection, Selection, int, int, int], Awaitable[tuple[int, int, bool]]]
+Batch = Callable[["AsyncConnection", Selection, int, int, int], Awaitable[tuple[int, int, bool]]]
 
 
 async def run(

@@ -21,16 +21,17 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, make_url
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
-from sqlalchemy.orm import Session
 
 from conveyor.errors import ConfigurationError
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.seam import Seam
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 T = TypeVar("T")
 
@@ -81,6 +82,10 @@ def run_inline(coro: Coroutine[Any, Any, T]) -> T:
 
 def sync_connection_of(connection: Any) -> Connection | None:
     """The ``Connection`` behind a blocking ``Connection`` or ``Session``, else None."""
+    # Imported here, not with the module: the ORM costs a command line that never
+    # passes a connection= about 80 ms.
+    from sqlalchemy.orm import Session
+
     if isinstance(connection, Session):
         return connection.connection()
     if isinstance(connection, Connection):
@@ -94,6 +99,9 @@ async def resolve(st: Seam, connection: Any) -> AsyncConnection:
     Returns an ``AsyncConnection`` (or, for a blocking one, a :class:`SyncConnection`
     standing in for it).
     """
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+    from sqlalchemy.orm import Session
+
     if isinstance(connection, AsyncSession):
         conn: Any = await connection.connection()
     elif isinstance(connection, AsyncConnection | SyncConnection):

@@ -14,10 +14,9 @@ the caller's driver (:func:`conveyor.store.protocol.texts.on`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.errors import StoreUnavailable
 from conveyor.models import Task
@@ -32,6 +31,9 @@ from conveyor.store.protocol import (
 )
 from conveyor.store.protocol.requests import Request
 from conveyor.store.seam import Seam
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 
 async def submit(st: Seam, connection: Any, reqs: list[Request]) -> list[Task]:

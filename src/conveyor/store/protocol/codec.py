@@ -10,10 +10,9 @@ import functools
 import json
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Select, select, union_all
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
 from conveyor.encryption import MARK
@@ -23,6 +22,9 @@ from conveyor.schema import deliveries as d
 from conveyor.schema import tasks as t
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import sealing
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 
 def _slot_maker(cls: type, **fixed: Any) -> Callable[..., Any]:

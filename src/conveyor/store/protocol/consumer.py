@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import ColumnElement, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
 from conveyor.encryption import MARK
@@ -28,6 +27,9 @@ from conveyor.store.protocol import codec, dead_letters, streams, upkeep
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.seam import Claim, Seam
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 #: How many times a claim recovers expired leases and asks again before it
 #: returns empty-handed (leases expiring as fast as they are recovered).

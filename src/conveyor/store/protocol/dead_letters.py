@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select, tuple_
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
 from conveyor.encryption import is_sealed
@@ -33,6 +32,9 @@ from conveyor.schema import tasks as t
 from conveyor.store.protocol import producer, sealing
 from conveyor.store.protocol.requests import Request
 from conveyor.store.seam import Seam
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 
 async def send(st: Seam, conn: AsyncConnection, rows: Sequence[tuple[int, str]]) -> int:

@@ -38,13 +38,15 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-
-from sqlalchemy.ext.asyncio import AsyncConnection
+from typing import TYPE_CHECKING
 
 from conveyor.errors import QueueFull
 from conveyor.store.protocol import texts
 from conveyor.store.protocol.requests import Request
 from conveyor.store.seam import Seam
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 
 class Capped(Exception):

@@ -14,10 +14,9 @@ import logging
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
 from conveyor.errors import ConveyorError, InvalidArgument, NotFound
@@ -30,6 +29,9 @@ from conveyor.store.protocol import codec, pauses, streams, texts
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.seam import Seam
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 BACKFILL_CHUNK = 20_000  # tasks per backfill statement (all in one transaction)
 NAMES_SHOWN = 10  # groups of the queue named in the error for a missing one

@@ -31,10 +31,9 @@ is an unsubscribed group (its state was dropped: it has no work).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Table, func, select
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
 from conveyor.models import ConsumerGroup, GroupState
@@ -46,6 +45,9 @@ from conveyor.store.protocol import groups, stats
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.seam import Seam
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 #: The default threshold of "lagging" and "stalled", in leases of the queue.
 LEASES = 10

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, select
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
 from conveyor.schema import tasks as t
@@ -18,6 +17,9 @@ from conveyor.schema import throughput as tp
 from conveyor.schema import totals as tt
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.seam import Seam
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 MINUTE_US = 60 * v.US
 #: Minutes of per-minute throughput kept (older buckets are pruned by the roll-up).

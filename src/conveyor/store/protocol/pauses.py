@@ -12,9 +12,9 @@ workers of every process look again at once rather than at their next poll.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from sqlalchemy import and_, delete, select
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.errors import NotFound
 from conveyor.schema import groups as g
@@ -22,6 +22,9 @@ from conveyor.schema import pauses as p
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.seam import Seam
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 #: The ``grp`` of a whole queue's pause (queue mode's own ``grp``: group names
 #: are never empty).

@@ -8,10 +8,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, exists, select
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
 from conveyor.errors import AlreadyExists, InvalidArgument, StoreUnavailable
@@ -23,6 +22,9 @@ from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.protocol.requests import Request
 from conveyor.store.seam import Seam
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 #: A submit of at most this many tasks is a short write transaction: where the
 #: dialect runs transactions on a connection thread of its own (SQLite), it may run

@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import and_, func, or_, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.encryption import Encryption, is_sealed
 from conveyor.errors import ConfigurationError
@@ -33,6 +32,9 @@ from conveyor.schema import tasks as t
 from conveyor.store.protocol import sealing
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.seam import Seam
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 #: The delivery columns sealed for a task of an encrypted queue, by field name.
 _DELIVERY_FIELDS = {"result": "result", "error": "error", "progress_message": "progress"}

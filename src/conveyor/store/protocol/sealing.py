@@ -31,15 +31,17 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.encryption import ENCRYPTED, MARK, Encrypted, Encryption, is_sealed, key_of
 from conveyor.errors import ConfigurationError, DecryptionError
 from conveyor.schema import tasks as t
 from conveyor.store.protocol import transactions as tx
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 #: How many held tasks a store remembers as sealed (the oldest forgotten first:
 #: a lease lost without an outcome leaves its entry behind).

@@ -54,10 +54,9 @@ import functools
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import ColumnElement, case, func, literal, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
 from conveyor.errors import InvalidArgument, NotFound
@@ -69,6 +68,9 @@ from conveyor.store.protocol import producer, streams, upkeep, wake, withdraw
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.seam import Seam
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 #: Rows per transaction: bounded locks and a bounded statement, whatever the run.
 BATCH = 500
@@ -172,7 +174,7 @@ async def _first_replayed(sk: Seek, upto: int, conn: AsyncConnection) -> int | N
 
 #: One batch: ``(connection, seek, cursor, size, upto)`` to ``(rows changed,
 #: rows left running, next cursor, whether more may follow)``.
-Batch = Callable[[AsyncConnection, Seek, int, int, int], Awaitable[tuple[int, int, int, bool]]]
+Batch = Callable[["AsyncConnection", Seek, int, int, int], Awaitable[tuple[int, int, int, bool]]]
 
 
 async def _walk(

@@ -20,7 +20,7 @@ backlog that never drains.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     BigInteger,
@@ -33,7 +33,6 @@ from sqlalchemy import (
     select,
     union_all,
 )
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
 from conveyor.models import GroupStats, QueueStats, Status
@@ -45,6 +44,9 @@ from conveyor.schema import queues as qs
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.seam import Seam
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 # What each branch's rows are: counts by status, an oldest claimable run_at, an
 # active group, a queue whose queue mode is off, a pause (grp '': the queue's).

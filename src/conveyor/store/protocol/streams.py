@@ -46,16 +46,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import ColumnElement, select, tuple_, update
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.schema import streams as s
 from conveyor.schema import tasks as t
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import texts
 from conveyor.store.seam import Seam
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 
 async def serialize_producers(

@@ -17,15 +17,16 @@ plain ends the attempt the same way and the batch goes the usual way instead.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
-
-from sqlalchemy.ext.asyncio import AsyncConnection
+from typing import TYPE_CHECKING, Any
 
 from conveyor.models import Task
 from conveyor.store.protocol import depth, producer, texts
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.protocol.requests import Preparing, Request
 from conveyor.store.seam import Seam
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 #: Tasks per run. Why 250: batches of 1,000 plain tasks, in alternating runs on a
 #: 2-core machine, went 18,300–21,000/s as one statement, 18,300–20,600/s as four

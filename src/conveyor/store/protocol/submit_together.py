@@ -27,8 +27,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-
-from sqlalchemy.ext.asyncio import AsyncConnection
+from typing import TYPE_CHECKING
 
 from conveyor.errors import AlreadyExists
 from conveyor.models import Task
@@ -37,6 +36,9 @@ from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.protocol.requests import Request
 from conveyor.store.seam import Seam
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 
 async def submit(

@@ -16,7 +16,7 @@ import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from sqlalchemy import ColumnElement, select, text
 from sqlalchemy import inspect as sa_inspect
@@ -29,7 +29,6 @@ from sqlalchemy.exc import (
     SQLAlchemyError,
 )
 from sqlalchemy.exc import TimeoutError as PoolTimeout
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from conveyor import _values as v
 from conveyor.errors import (
@@ -45,6 +44,9 @@ from conveyor.schema import PROTOCOL_VERSION, meta
 from conveyor.store.protocol import depth
 from conveyor.store.protocol.refusals import check_unrecorded_tables, refused_login
 from conveyor.store.seam import Seam
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 log = logging.getLogger("conveyor.store")
 
@@ -302,7 +304,7 @@ def _inline(
     if sync.get_execution_options().get("conveyor_write") is not write:
         # Set only on a change: setting options dispatches events every time.
         sync.execution_options(conveyor_write=write)
-    conn = cast(AsyncConnection, InlineConnection(sync))
+    conn = cast("AsyncConnection", InlineConnection(sync))
     with sync.begin():
         result = drive(cast(Coroutine[Any, Any, T], work(conn)))
         progress[0] = True

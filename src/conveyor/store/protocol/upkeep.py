@@ -8,10 +8,9 @@ import functools
 import json
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, func, select, tuple_, update
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
 from conveyor.errors import InvalidArgument
@@ -27,6 +26,9 @@ from conveyor.store.protocol import dead_letters, observed, pauses, streams, wak
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.seam import Seam
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 PURGE_BATCH = 1_000
 IDLE_STREAM_BATCH = 1_000

@@ -11,10 +11,9 @@ The row-level steps, :func:`withdraw_rows` and :func:`requeue`, serve one task
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import ColumnElement, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor.models import Task
 from conveyor.schema import deliveries as d
@@ -23,6 +22,9 @@ from conveyor.store.protocol import codec, streams, upkeep
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.seam import Seam
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 #: The statuses retry() queues again (``skipped``, like ``cancelled``: an
 #: operator's decision that another can undo).

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
-
-from sqlalchemy.ext.asyncio import AsyncConnection
+from typing import TYPE_CHECKING, Any
 
 from conveyor.store.protocol import claim_order, sealing, texts
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.seam import Claim, Seam
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 #: ``kind`` of the candidate rows (see ``claim.candidates``).
 _PLAIN, _STREAM, _EXPIRED, _SEALED = 0, 1, 2, 3

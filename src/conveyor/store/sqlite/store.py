@@ -51,7 +51,7 @@ import sqlite3
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from sqlalchemy import (
     BigInteger,
@@ -66,7 +66,6 @@ from sqlalchemy import (
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
 
 from conveyor import _values as v
@@ -88,6 +87,11 @@ from conveyor.store.sqlite.connection import (
     refuse_capped,
 )
 from conveyor.store.sqlite.thread import CHECKPOINT_EVERY, ConnectionThread
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+    from conveyor.store.sqlite.oneshot import CallerConnection
 
 #: Seconds between two looks at ``PRAGMA data_version`` while the store is idle:
 #: how soon a commit in another process wakes this one's idle workers.
@@ -112,18 +116,16 @@ class SQLiteStore(TaskStore):
         self.synchronous = synchronous.upper()
         #: One private database on one connection: transactions queue in-process.
         self.in_memory = is_memory(url)
-        self._thread: ConnectionThread | None = None
+        self._thread: ConnectionThread | CallerConnection | None = None
         self._probes: dict[tuple[Any, ...], Select[Any]] = {}
         self._wake_loop: asyncio.AbstractEventLoop | None = None
 
     def _create_engine(self) -> AsyncEngine:
-        options = dict(self.engine_options)
-        if "async_creator" in options:
-            raise InvalidArgument(
-                "engine_options",
-                "async_creator: the SQLite store runs on a blocking sqlite3 connection; "
-                "pass creator (a function returning a sqlite3 connection) instead",
-            )
+        # Imported when a store opens, not with the module: the async layer (and
+        # the ORM it imports) would cost every command line about 80 ms.
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        options = self._blocking_options()
         # The store's own transactions run on one blocking connection in a thread
         # of its own (conveyor.store.sqlite.thread), which gets the engine options;
         # the async engine stays the store's handle (opened, disposed) and connects
@@ -158,6 +160,17 @@ class SQLiteStore(TaskStore):
             thread.close()
 
         return engine
+
+    def _blocking_options(self) -> dict[str, Any]:
+        """The engine options, for the blocking engine of the store's connection."""
+        options = dict(self.engine_options)
+        if "async_creator" in options:
+            raise InvalidArgument(
+                "engine_options",
+                "async_creator: the SQLite store runs on a blocking sqlite3 connection; "
+                "pass creator (a function returning a sqlite3 connection) instead",
+            )
+        return options
 
     def _inline_begun(self) -> bool:
         # The inline fast path (ConnectionThread.call) sends its own BEGIN IMMEDIATE.
