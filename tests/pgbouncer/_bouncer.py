@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.engine import make_url
 
@@ -38,8 +39,8 @@ QUEUE = "through"
 app = conveyor.App()
 
 
-@app.task(queue=QUEUE)
-async def double(n: int) -> int:
+@app.task(name="double", queue=QUEUE)
+async def double(ctx: Any, n: int) -> int:
     """The worker's one task."""
     return n * 2
 
@@ -54,9 +55,7 @@ def find_pgbouncer() -> str:
         "/usr/sbin/pgbouncer" if Path("/usr/sbin/pgbouncer").exists() else None
     )
     if found is None:
-        raise BouncerUnavailable(
-            "pgbouncer is not installed (Debian: apt-get install pgbouncer)"
-        )
+        raise BouncerUnavailable("pgbouncer is not installed (Debian: apt-get install pgbouncer)")
     return found
 
 
@@ -160,7 +159,9 @@ def spawn_worker(url: str, log: Path, env: dict[str, str] | None = None) -> subp
     child_env = {
         **os.environ,
         **(env or {}),
-        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
+        ),
         "PYTHONUNBUFFERED": "1",
     }
     with log.open("w") as sink:
