@@ -5,9 +5,10 @@ fresh temporary folder with the server binaries installed on the machine
 (``/usr/lib/postgresql/*/bin``, ``pg_config --bindir`` or ``$PATH``), picks a
 free port on 127.0.0.1 (its own folder and port, so parallel test processes
 each run theirs), and starts, stops and restarts that server with
-``pg_ctl``; ``Cluster(standby_of=primary)`` is a streaming replica of a running
-one, made with ``pg_basebackup -R``. ``initdb`` and ``postgres`` refuse to run as root, so under root the
-commands run as the ``postgres`` OS user (``runuser``, else ``su``).
+``pg_ctl``; ``Cluster(standby_of=primary)`` is a streaming replica of a
+running one, made with ``pg_basebackup -R``. ``initdb`` and ``postgres`` refuse
+to run as root, so under root the commands run as the ``postgres`` OS user
+(``runuser``, else ``su``).
 """
 
 from __future__ import annotations

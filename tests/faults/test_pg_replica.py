@@ -142,5 +142,5 @@ def test_a_read_url_is_a_postgres_option(tmp_path: object) -> None:
         conveyor.connect(f"sqlite:///{tmp_path}/x.db", read_url="postgresql://h/db")
     with pytest.raises(InvalidArgument, match="read_url"):
         conveyor.connect("postgresql://h/db", read_url="sqlite:///x.db")
-    with pytest.raises(InvalidArgument, match="get|replica"):
+    with pytest.raises(InvalidArgument, match="replica"):
         asyncio.run(conveyor.connect(f"sqlite:///{tmp_path}/y.db").get("x", replica="yes"))  # type: ignore[arg-type]
