@@ -7,8 +7,12 @@ caller sees its own writes, unless it asks for the replica."""
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -135,6 +139,33 @@ async def test_the_replica_url_comes_from_the_environment(
             pair.replay(True)
         pair.caught_up()
         assert task.id in [t.id for t in (await store.list(queue="envq")).items]
+
+
+def test_the_cli_reads_from_read_url(pair: Pair) -> None:
+    def cli(*args: str) -> Any:
+        done = subprocess.run(
+            [sys.executable, "-m", "conveyor.cli", *args, "--url", pair.primary_url, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    async def submit() -> str:
+        async with conveyor.connect(pair.primary_url, listen=False) as store:
+            return (await store.submit("job", queue="cliq")).id
+
+    pair.replay(False)
+    try:
+        task_id = asyncio.run(submit())
+        on_replica = cli("list", "--queue", "cliq", "--read-url", pair.standby_url)
+        assert task_id not in [t["id"] for t in on_replica["items"]]
+        assert task_id in [t["id"] for t in cli("list", "--queue", "cliq")["items"]]
+        queues = [s["queue"] for s in cli("stats", "--read-url", pair.standby_url)]
+        assert "cliq" not in queues
+    finally:
+        pair.replay(True)
 
 
 def test_a_read_url_is_a_postgres_option(tmp_path: object) -> None:
