@@ -26,6 +26,9 @@ from conveyor.store.base import TaskStore
 # in the shell would send every App of the tests (and the processes they start)
 # to that database; tests that want it set it themselves.
 os.environ.pop("CONVEYOR_URL", None)
+# Likewise a replica or a LISTEN URL left set would follow every Postgres store.
+os.environ.pop("CONVEYOR_READ_URL", None)
+os.environ.pop("CONVEYOR_LISTEN_URL", None)
 
 BACKENDS = ["sqlite", "postgres"]
 TABLES = (

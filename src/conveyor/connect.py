@@ -24,6 +24,11 @@ POSTGRES_INSTALL = "pip install 'conveyor[postgres]'"
 
 #: The environment variable that names the database.
 URL_VARIABLE = "CONVEYOR_URL"
+#: The environment variable naming a streaming replica for reads (Postgres).
+READ_URL_VARIABLE = "CONVEYOR_READ_URL"
+#: The options of :func:`connect` that only a PostgreSQL server has; refused for
+#: SQLite (``None`` is accepted: a caller passing options through unconditionally).
+POSTGRES_ONLY = ("pooler", "listen_url", "read_url")
 
 
 class ChosenUrl(NamedTuple):
@@ -182,10 +187,26 @@ def connect(url: str | None = None, **options: Any) -> TaskStore:
     ``encryption`` (a :class:`conveyor.Encryption`): the keys of encryption at
     rest; without it, those of ``$CONVEYOR_ENCRYPTION_KEYS`` (``id=base64key,...``,
     the first one current), if set.
+
+    Postgres behind PgBouncer: ``pooler="transaction"`` or ``"session"`` (its
+    ``pool_mode``; or ``?pooler=transaction`` in the URL, so ``$CONVEYOR_URL``
+    carries it). ``listen_url`` (default ``$CONVEYOR_LISTEN_URL``): a direct
+    connection to the same database for ``LISTEN``, which a transaction-mode
+    pooler cannot carry (without it such a store polls, and logs so once).
+    ``read_url`` (default ``$CONVEYOR_READ_URL``): a streaming replica that
+    ``list``, ``stats``, ``groups``, ``workers``, ``streams``, ``throughput`` and
+    the other inspection reads (hence the dashboard and the metrics) go to;
+    ``get()`` and ``wait()`` stay on the primary unless ``get(..., replica=True)``.
     """
     dialect, async_url = resolve_url(url)
     if dialect == "sqlite":
+        from conveyor.errors import InvalidArgument
         from conveyor.store.sqlite import SQLiteStore
+
+        for field in POSTGRES_ONLY:
+            if options.get(field) is not None:
+                raise InvalidArgument(field, "is a PostgreSQL option; SQLite has no server")
+            options.pop(field, None)
 
         return SQLiteStore(async_url, **options)
     from conveyor.store.postgres import PostgresStore

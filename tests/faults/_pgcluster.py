@@ -5,8 +5,10 @@ fresh temporary folder with the server binaries installed on the machine
 (``/usr/lib/postgresql/*/bin``, ``pg_config --bindir`` or ``$PATH``), picks a
 free port on 127.0.0.1 (its own folder and port, so parallel test processes
 each run theirs), and starts, stops and restarts that server with
-``pg_ctl``. ``initdb`` and ``postgres`` refuse to run as root, so under root the
-commands run as the ``postgres`` OS user (``runuser``, else ``su``).
+``pg_ctl``; ``Cluster(standby_of=primary)`` is a streaming replica of a
+running one, made with ``pg_basebackup -R``. ``initdb`` and ``postgres`` refuse
+to run as root, so under root the commands run as the ``postgres`` OS user
+(``runuser``, else ``su``).
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ def free_port() -> int:
 class Cluster:
     """One throwaway server: ``start()``, ``stop(mode)``, ``restart(mode, down=...)``."""
 
-    def __init__(self, root: Path | None = None) -> None:
+    def __init__(self, root: Path | None = None, *, standby_of: Cluster | None = None) -> None:
         self.bindir = find_bindir()
         self.as_root = os.geteuid() == 0
         self.owner: pwd.struct_passwd | None = None
@@ -107,6 +109,9 @@ class Cluster:
         if self.owner is not None:
             os.chmod(self.root, 0o755)  # the server user must reach its folder
             os.chown(self.root, self.owner.pw_uid, self.owner.pw_gid)
+        if standby_of is not None:
+            self._clone(standby_of)
+            return
         self._run(
             [
                 str(self.bindir / "initdb"),
@@ -135,6 +140,33 @@ class Cluster:
         )
         with (self.data / "postgresql.conf").open("a") as fh:
             fh.write(conf)
+
+    def _clone(self, primary: Cluster) -> None:
+        """This cluster as a streaming replica of the running ``primary``: a base
+        backup with ``-R`` (its ``standby.signal`` and ``primary_conninfo``), then
+        this cluster's own port and socket folder (the last setting wins)."""
+        self._run(
+            [
+                str(self.bindir / "pg_basebackup"),
+                "-D",
+                str(self.data),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(primary.port),
+                "-U",
+                "postgres",
+                "-R",
+                "-X",
+                "stream",
+                "--checkpoint=fast",  # a spread checkpoint would take minutes
+                "--no-sync",
+            ]
+        )
+        with (self.data / "postgresql.conf").open("a") as fh:
+            fh.write(
+                f"port = {self.port}\nunix_socket_directories = '{self.root}'\nhot_standby = on\n"
+            )
 
     @property
     def admin_dsn(self) -> str:

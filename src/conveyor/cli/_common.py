@@ -121,6 +121,15 @@ UrlOption = Annotated[
         show_default=False,
     ),
 ]
+ReadUrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--read-url",
+        help="A PostgreSQL streaming replica to read from (default: $CONVEYOR_READ_URL); "
+        "it may lag behind the primary.",
+        show_default=False,
+    ),
+]
 JsonOption = Annotated[
     bool, typer.Option("--json", help="Print JSON (for programs) instead of a table.")
 ]
@@ -223,15 +232,20 @@ def check_readable(url: str | None) -> None:
 
 @contextmanager
 def open_store(
-    url: str | None, *, create: bool = True, app_url: str | None = None
+    url: str | None,
+    *,
+    create: bool = True,
+    app_url: str | None = None,
+    read_url: str | None = None,
 ) -> Iterator[SyncStore]:
     """An open blocking store for a command (``--url``, else ``$CONVEYOR_URL``,
     else ``app_url``, else the default). ``create=False`` (commands that only
     read, or act on tasks that must exist): a SQLite file that does not exist is
     an error, not created, and conveyor's schema is never created or migrated
-    (:class:`~conveyor.errors.MigrationRequired` instead)."""
+    (:class:`~conveyor.errors.MigrationRequired` instead). ``read_url``: a
+    replica for the inspection reads (``--read-url``; else ``$CONVEYOR_READ_URL``)."""
     with _collector_paused_once():
-        store = _connect(url, create, app_url)
+        store = _connect(url, create, app_url, read_url)
         try:
             store.open()
         except BaseException:
@@ -267,7 +281,9 @@ def _collector_paused_once() -> Iterator[None]:
         gc.enable()
 
 
-def _connect(url: str | None, create: bool, app_url: str | None) -> SyncStore:
+def _connect(
+    url: str | None, create: bool, app_url: str | None, read_url: str | None = None
+) -> SyncStore:
     from sqlalchemy.engine import make_url
 
     chosen = choose_url(url, app_url).url
@@ -284,6 +300,8 @@ def _connect(url: str | None, create: bool, app_url: str | None) -> SyncStore:
 
         return CallerLoopStore(OneShotSQLiteStore(async_url, migrate=create))
     options: dict[str, Any] = {}
+    if read_url is not None:
+        options["read_url"] = read_url  # SQLite refuses it, naming it
     if dialect == "postgresql":
         # One short call: no LISTEN connection to set up, and an unreachable host
         # fails within seconds instead of waiting out the TCP timeout.

@@ -12,6 +12,7 @@ from conveyor.cli._common import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
     CliError,
+    ReadUrlOption,
     UrlOption,
     check_readable,
     cli,
@@ -23,6 +24,7 @@ from conveyor.cli._common import (
 @cli.command()
 def dashboard(
     url: UrlOption = None,
+    read_url: ReadUrlOption = None,
     host: Annotated[
         str, typer.Option("--host", help="Address to listen on (beyond loopback: needs auth).")
     ] = "127.0.0.1",
@@ -63,4 +65,12 @@ def dashboard(
         ) from None
     check_readable(url)
     err().print(f"conveyor dashboard on http://{host}:{port}/, {database_line(url)}")
-    serve(url, host=host, port=port, allow_actions=allow_actions, auth=auth, token=token)
+    serve(
+        url,
+        host=host,
+        port=port,
+        allow_actions=allow_actions,
+        auth=auth,
+        token=token,
+        read_url=read_url,
+    )

@@ -16,6 +16,7 @@ from conveyor.cli._common import (
     EXIT_USAGE,
     CliError,
     JsonOption,
+    ReadUrlOption,
     UrlOption,
     age,
     cli,
@@ -52,12 +53,13 @@ def groups_list(
     queue: QueueFilter = None,
     lagging_after: LaggingAfter = None,
     url: UrlOption = None,
+    read_url: ReadUrlOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """List the consumer groups (active and unsubscribed), by queue and name, with
     their health: state (ok, lagging, stalled), lag, the age of the oldest
     claimable task and the last claim (to about a second)."""
-    with open_store(url, create=False) as store:
+    with open_store(url, create=False, read_url=read_url) as store:
         found = store.groups(queue, lagging_after=lagging_after)
     if as_json:
         print_json(

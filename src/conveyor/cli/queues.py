@@ -17,6 +17,7 @@ from rich.table import Table
 from conveyor.cli._common import (
     CONNECT_TIMEOUT,
     JsonOption,
+    ReadUrlOption,
     UrlOption,
     age,
     cli,
@@ -122,10 +123,11 @@ def _current_revisions(url: str | None) -> list[str]:
 def stats(
     queue: Annotated[str | None, typer.Option("--queue", "-q", help="Only this queue.")] = None,
     url: UrlOption = None,
+    read_url: ReadUrlOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Per queue: counts by status, oldest claimable age, per-group lag, settings."""
-    with open_store(url, create=False) as store:
+    with open_store(url, create=False, read_url=read_url) as store:
         reports = store.stats(queue)
         if queue is not None and not reports:
             on = store.get_queue(queue)["queue_mode"]

@@ -17,6 +17,7 @@ from conveyor.cli._common import (
     CliError,
     GroupOption,
     JsonOption,
+    ReadUrlOption,
     UrlOption,
     cli,
     err,
@@ -183,11 +184,12 @@ def list_tasks(
         typer.Option("--oldest-first", help="Start from the first task submitted."),
     ] = False,
     url: UrlOption = None,
+    read_url: ReadUrlOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """List tasks, newest first (--oldest-first: in submit order), a page at a time."""
     order: Literal["oldest", "newest"] = "oldest" if oldest_first else "newest"
-    with open_store(url, create=False) as store:
+    with open_store(url, create=False, read_url=read_url) as store:
         page = store.list(
             queue=queue,
             status=status,

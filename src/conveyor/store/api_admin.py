@@ -123,7 +123,7 @@ class AdminOps(Seam):
             else v.duration_seconds("lagging_after", lagging_after, allow_zero=False)
         )
         return await tx.run(
-            self, lambda conn: health.groups_tx(self, conn, name, after), write=False
+            self, lambda conn: health.groups_tx(self, conn, name, after), write=False, replica=True
         )
 
     async def stats(self, queue: str | None = None) -> builtins.list[QueueStats]:
@@ -135,7 +135,9 @@ class AdminOps(Seam):
         :class:`~conveyor.models.QueueStats`)."""
         if queue is not None:
             queue = v.name("queue", queue)
-        return await tx.run(self, lambda conn: stats_tx(self, conn, queue), write=False)
+        return await tx.run(
+            self, lambda conn: stats_tx(self, conn, queue), write=False, replica=True
+        )
 
     # ---------------------------------------------------- settings, upkeep
     async def configure_queue(
@@ -260,4 +262,6 @@ class AdminOps(Seam):
         """
         limit = v.positive_int("limit", limit)
 
-        return await tx.run(self, lambda conn: upkeep.history_tx(conn, limit), write=False)
+        return await tx.run(
+            self, lambda conn: upkeep.history_tx(conn, limit), write=False, replica=True
+        )

@@ -78,7 +78,7 @@ class InspectReads(Seam):
             )
             return builtins.list(await conn.execute(stmt)), await live_workers(self, conn)
 
-        rows, announced = await tx.run(self, work, write=False)
+        rows, announced = await tx.run(self, work, write=False, replica=True)
         by_worker: dict[str, builtins.list[Task]] = {}
         seen: dict[str, int] = {}
         for row in rows:
@@ -122,7 +122,9 @@ class InspectReads(Seam):
             )
             return builtins.list(await conn.execute(stmt))
 
-        return [_task(row, self._keyring) for row in await tx.run(self, work, write=False)]
+        return [
+            _task(row, self._keyring) for row in await tx.run(self, work, write=False, replica=True)
+        ]
 
     async def children(self, task_id: str, *, limit: int = 100) -> builtins.list[Task]:
         """Tasks submitted with ``parent=task_id`` (queue-mode view), in submit order,
@@ -141,7 +143,9 @@ class InspectReads(Seam):
             )
             return builtins.list(await conn.execute(stmt))
 
-        return [_task(row, self._keyring) for row in await tx.run(self, work, write=False)]
+        return [
+            _task(row, self._keyring) for row in await tx.run(self, work, write=False, replica=True)
+        ]
 
     async def queue_settings(self) -> builtins.list[dict[str, Any]]:
         """The stored settings of every configured queue, by name (see ``get_queue``)."""
@@ -215,7 +219,7 @@ class InspectReads(Seam):
                     tasks[row.seq] = row
             return now, depth, blocked, heads, tasks
 
-        now, counts, blocked, heads_of, found = await tx.run(self, work, write=False)
+        now, counts, blocked, heads_of, found = await tx.run(self, work, write=False, replica=True)
 
         def info(partition: str) -> StreamInfo:
             head_row = found.get(heads_of.get(partition, -1))
@@ -286,7 +290,7 @@ class InspectReads(Seam):
             rows = [*await conn.execute(rolled), *await conn.execute(live)]
             return first, rows
 
-        first, rows = await tx.run(self, work, write=False)
+        first, rows = await tx.run(self, work, write=False, replica=True)
         points = [
             ThroughputPoint(
                 minute=v.from_us((first + i) * MINUTE_US),
@@ -316,7 +320,7 @@ class InspectReads(Seam):
             return [*await conn.execute(rolled), *await conn.execute(live)]
 
         sums: dict[tuple[str, str, str, str], int] = {}
-        for qn, grp, name, status, n in await tx.run(self, work, write=False):
+        for qn, grp, name, status, n in await tx.run(self, work, write=False, replica=True):
             key = (qn, grp, name, status)
             sums[key] = sums.get(key, 0) + int(n)
         return [(qn, grp or None, name, st, n) for (qn, grp, name, st), n in sorted(sums.items())]

@@ -153,6 +153,7 @@ class TaskStore(LeaseOps, InspectReads, WorkerOps, AdminOps, BulkOps):
             if self._engine is not None:
                 return
             engine = await tx.open_engine(self)
+            self._read_engine = self._create_read_engine()
             self._texts = texts.build(self, engine.dialect)
             self._work_waker = wake.Waker(remember=True)
             self._done_waker = wake.Waker()
@@ -176,6 +177,9 @@ class TaskStore(LeaseOps, InspectReads, WorkerOps, AdminOps, BulkOps):
                     await start
             await self._stop_wake()
             await engine.dispose()
+        replica, self._read_engine = self._read_engine, None
+        if replica is not None:
+            await replica.dispose()
 
     async def __aenter__(self) -> TaskStore:
         await self.open()
@@ -311,13 +315,23 @@ class TaskStore(LeaseOps, InspectReads, WorkerOps, AdminOps, BulkOps):
         wake.wake_local(self, work=True)
         return tasks
 
-    async def get(self, task_id: str, *, group: str | None = None) -> Task | None:
-        """The task as queue mode (or ``group``) sees it; ``None`` if unknown."""
+    async def get(
+        self, task_id: str, *, group: str | None = None, replica: bool = False
+    ) -> Task | None:
+        """The task as queue mode (or ``group``) sees it; ``None`` if unknown.
+
+        Read from the primary, so it sees the caller's own writes; ``replica=True``
+        reads it from the store's ``read_url`` instead (where there is one), which
+        may lag behind."""
         grp = codec.group_key(group)
         task_id = v.name("task_id", task_id)
-        found = await self._run(
+        if not isinstance(replica, bool):
+            raise InvalidArgument("replica", f"must be True or False, got {replica!r}")
+        found = await tx.run(
+            self,
             lambda conn: codec.fetch_tasks(conn, grp, ids=[task_id], keyring=self._keyring),
             write=False,
+            replica=replica,
         )
         return found.get(task_id)
 
@@ -375,7 +389,7 @@ class TaskStore(LeaseOps, InspectReads, WorkerOps, AdminOps, BulkOps):
         async def work(conn: AsyncConnection) -> list[Any]:
             return builtins.list(await conn.execute(stmt))
 
-        rows = await self._run(work, write=False)
+        rows = await tx.run(self, work, write=False, replica=True)
         more = len(rows) > limit
         rows = rows[:limit]
         items = [codec.row_to_task(row, self._keyring) for row in rows]

@@ -101,6 +101,8 @@ class Seam(abc.ABC):
     #: COMMIT round trips) with the store's timeouts still in force. A dialect sets it.
     autocommit_single: bool = False
     _engine: AsyncEngine | None
+    #: The replica's engine (:meth:`_create_read_engine`), while open; ``None``: none.
+    _read_engine: AsyncEngine | None = None
     #: The statements built once at open() (:mod:`conveyor.store.protocol.texts`).
     _texts: Texts | None = None
     _work_waker: Waker | None
@@ -144,6 +146,14 @@ class Seam(abc.ABC):
         block writers. The store's ``statement_timeout`` and ``lock_timeout`` hold
         for every transaction.
         """
+
+    def _create_read_engine(self) -> AsyncEngine | None:
+        """An engine on a replica the store's inspection reads may go to (those run
+        with ``replica=True`` by :func:`conveyor.store.protocol.transactions.run`),
+        set up as :meth:`_create_engine`'s; ``None`` (the default): every read goes
+        to the primary. Made at open(), after the primary's; nothing is migrated
+        through it."""
+        return None
 
     def _connection_runner(self) -> ConnectionRunner | None:
         """Where the dialect runs a whole transaction as one blocking function on a

@@ -30,8 +30,10 @@ def serve(
     token: str | None = None,
     refresh: float = 5.0,
     log_level: str = "info",
+    read_url: str | None = None,
 ) -> None:
-    """Open the store at ``url`` and serve its dashboard until interrupted."""
+    """Open the store at ``url`` and serve its dashboard until interrupted
+    (``read_url``: a replica its pages read from, else ``$CONVEYOR_READ_URL``)."""
     check_bind(host, auth, token)
     try:
         import uvicorn
@@ -45,6 +47,8 @@ def serve(
     # The dashboard reads (and, with actions, cancels and retries): it never creates
     # or migrates conveyor's schema; a database without it fails at open.
     options: dict[str, Any] = {"migrate": False}
+    if read_url is not None:
+        options["read_url"] = read_url
     if resolve_url(url)[0] == "postgresql":
         options["listen"] = False  # the dashboard polls; it needs no wake-up channel
     store = conveyor.connect(url, **options)

@@ -44,6 +44,7 @@ from conveyor.store.base import TaskStore
 from conveyor.store.postgres import claim as pg_claim
 from conveyor.store.postgres import direct as pg_direct
 from conveyor.store.postgres import listen as pg_listen
+from conveyor.store.postgres import pooling
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import texts
 from conveyor.store.seam import BatchRunner, Claim, DirectRunner, StepsRunner
@@ -113,12 +114,41 @@ class PostgresStore(TaskStore):
         *,
         isolation_level: str = "READ COMMITTED",
         listen: bool = True,
-        timeouts: str = "connection",
+        timeouts: str | None = None,
         durable_claims: bool = False,
         direct_connections: int = pg_direct.MOST,
+        pooler: str | None = None,
+        listen_url: str | None = None,
+        read_url: str | None = None,
         **options: Any,
     ):
         super().__init__(url, **options)
+        engine_url, pooler = pooling.split_pooler(url, pooler)
+        #: The pooler between the store and the server: ``"transaction"`` or
+        #: ``"session"`` (PgBouncer's pool modes), or ``None`` (a direct connection);
+        #: see :mod:`conveyor.store.postgres.pooling`.
+        self.pooler = pooler
+        # The URL the driver gets (without ?pooler=); self.url stays as given, so the
+        # processes a worker starts from it go through the pooler alike.
+        self._engine_url = engine_url
+        if timeouts is None:
+            timeouts = "transaction" if pooler == "transaction" else "connection"
+        elif pooler == "transaction" and timeouts != "transaction":
+            raise InvalidArgument(
+                "timeouts",
+                f'must be "transaction" behind a transaction-mode pooler (each transaction '
+                f"may run on another server connection), got {timeouts!r}; leave it out",
+            )
+        given_listen = pooling.from_env(listen_url, pooling.LISTEN_URL_VARIABLE)
+        #: A direct connection to the same database for LISTEN (``listen_url=`` or
+        #: ``$CONVEYOR_LISTEN_URL``), for a store behind a transaction-mode pooler.
+        self.listen_url = (
+            None if given_listen is None else pooling.driver_url("listen_url", given_listen)
+        )
+        given_read = pooling.from_env(read_url, pooling.READ_URL_VARIABLE)
+        #: A streaming replica the inspection reads go to (``read_url=`` or
+        #: ``$CONVEYOR_READ_URL``); ``None``: every read goes to ``url``.
+        self.read_url = None if given_read is None else pooling.driver_url("read_url", given_read)
         if timeouts not in TIMEOUT_MODES:
             raise InvalidArgument(
                 "timeouts",
@@ -164,18 +194,23 @@ class PostgresStore(TaskStore):
             _read_committed("engine_options", self.engine_options["isolation_level"])
 
     def _create_engine(self) -> AsyncEngine:
+        return _follow_primary(self._make_engine(self._engine_url))
+
+    def _create_read_engine(self) -> AsyncEngine | None:
+        # The replica's connections are set up as the primary's (same pooler, same
+        # timeouts); nothing is migrated there (it follows the primary).
+        return None if self.read_url is None else self._make_engine(self.read_url)
+
+    def _make_engine(self, url: str) -> AsyncEngine:
         # No pool_pre_ping: it costs a round trip per transaction. A connection found
         # dead is replaced and the transaction retried once (transactions.run).
-        return _follow_primary(self._make_engine())
-
-    def _make_engine(self) -> AsyncEngine:
         options: dict[str, Any] = dict(self.engine_options)
         statement_ms = round(self.statement_timeout * 1000)
         lock_ms = round(self.lock_timeout * 1000)
-        if self.timeouts == "connection":
+        connect_args = dict(options.get("connect_args") or {})
+        if self.timeouts == "connection" and self.pooler is None:
             # Set once when the connection is made; every transaction then starts with
             # a plain BEGIN. (Numbers and a fixed level only: nothing user-typed.)
-            connect_args = dict(options.get("connect_args") or {})
             startup = (
                 f"-c statement_timeout={statement_ms} -c lock_timeout={lock_ms} "
                 "-c default_transaction_isolation=read\\ committed"
@@ -184,27 +219,32 @@ class PostgresStore(TaskStore):
             connect_args["options"] = f"{given} {startup}" if given else startup
             connect_args.setdefault("prepare_threshold", PREPARE_THRESHOLD)
             options["connect_args"] = connect_args
-            return create_async_engine(self.url, **options)
+            return create_async_engine(url, **options)
+        if self.timeouts == "connection":
+            # A session-mode pooler refuses startup options: the same settings, by a
+            # statement when each connection is made.
+            connect_args.setdefault("prepare_threshold", PREPARE_THRESHOLD)
+            options["connect_args"] = connect_args
+            engine = create_async_engine(url, **options)
+            pooling.set_on_connect(
+                engine,
+                {
+                    "statement_timeout": f"{statement_ms}ms",
+                    "lock_timeout": f"{lock_ms}ms",
+                    "default_transaction_isolation": "read committed",
+                },
+            )
+            return engine
         # from the whitelist above; never user text spliced into SQL
         options.setdefault("isolation_level", self.isolation_level)
-        connect_args = dict(options.get("connect_args") or {})
         # A transaction-mode pooler may hand each transaction another server
         # connection: statements prepared on one are unknown on the next.
         connect_args.setdefault("prepare_threshold", None)
         options["connect_args"] = connect_args
-        engine = create_async_engine(self.url, **options)
-        timeouts = {"statement": f"{statement_ms}ms", "lock": f"{lock_ms}ms"}
-
-        @event.listens_for(engine.sync_engine, "begin")
-        def _on_begin(conn: Connection) -> None:
-            # SET LOCAL semantics (is_local=true): the limits die with the transaction,
-            # so they hold behind a transaction-mode pooler and never leak to others.
-            conn.exec_driver_sql(
-                "SELECT set_config('statement_timeout', %(statement)s, true), "
-                "set_config('lock_timeout', %(lock)s, true)",
-                timeouts,
-            )
-
+        engine = create_async_engine(url, **options)
+        pooling.set_per_transaction(
+            engine, {"statement_timeout": f"{statement_ms}ms", "lock_timeout": f"{lock_ms}ms"}
+        )
         return engine
 
     async def _database_identity(self, conn: AsyncConnection) -> tuple[Any, ...]:
@@ -289,6 +329,12 @@ class PostgresStore(TaskStore):
         # A session-level advisory lock on a connection held for the whole pass: one
         # worker maintains, the others skip instead of queueing behind it.
         assert self._engine is not None
+        if self.pooler == "transaction":
+            async with pooling.maintenance_lock_in_transaction(
+                self._engine, MAINTENANCE_LOCK
+            ) as got:
+                yield got
+            return
         async with self._engine.connect() as conn:
             await conn.execution_options(isolation_level="AUTOCOMMIT")
             got = bool(
@@ -392,9 +438,12 @@ class PostgresStore(TaskStore):
     async def _start_wake(self) -> None:
         if not self.listen:
             return
+        conninfo = pooling.listen_conninfo(self._conninfo, self.listen_url, self.pooler)
+        if conninfo is None:
+            return  # behind a transaction-mode pooler without listen_url: waiters poll
         connect_args = self.engine_options.get("connect_args")
         self._listener = pg_listen.Listener(
-            self._conninfo(),
+            conninfo,
             on_work=lambda queue: self._wake(queues=[queue]),
             on_done=lambda task_id: self._wake(task_ids=None if task_id is None else [task_id]),
             on_reset=lambda: self._wake(queues=None, task_ids=None),

@@ -4,6 +4,8 @@
   password or a ``pg_hba.conf`` rule that does not match): the server answered,
   so waiting for it (``--wait-for-db``) cannot help; :func:`refused_login` tells
   these apart from a server that is down or still starting.
+* a pooler refusing the startup parameters of a store not told of it
+  (:func:`refused_by_pooler`): the fix is an option, not a wait;
 * conveyor tables with no revision recorded in conveyor's version table: they
   were made outside conveyor's migrations, so no migration can be applied on top
   of them; :func:`check_unrecorded_tables` says so instead of letting the first
@@ -51,6 +53,26 @@ def refused_login(exc: BaseException) -> str | None:
     if _REFUSED.search(text) is None:
         return None
     return _PREFIX.sub("", text, count=1) or text
+
+
+# PgBouncer's words for a startup parameter it does not pass on: the store sets
+# its timeouts with the ``options`` startup parameter unless told of a pooler.
+_POOLER_REFUSED = re.compile(r"unsupported startup parameter: (\w+)")
+
+
+def refused_by_pooler(exc: BaseException) -> str | None:
+    """How to fix a connection a pooler refused for its startup parameters (a store
+    opened without ``pooler=`` in front of PgBouncer), else None."""
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    found = _POOLER_REFUSED.search(" ".join(str(orig).split()))
+    if found is None:
+        return None
+    return (
+        f"the server (a connection pooler, such as PgBouncer) refused the startup "
+        f"parameter {found.group(1)!r}: tell conveyor it is behind a pooler with "
+        "?pooler=transaction (or ?pooler=session, as the pooler's pool_mode) in the URL, "
+        "or pooler= given to connect()"
+    )
 
 
 def check_unrecorded_tables(conn: Connection) -> None:

@@ -460,7 +460,10 @@ async def alone(
     bound = text.bind(st, params)
 
     async def work(conn: AsyncConnection) -> list[Any]:
-        return list(await execute_bound(conn, text, bound))
+        result = await execute_bound(conn, text, bound)
+        # A statement without rows (a DELETE) gives none, as the direct runner's
+        # does; SQLAlchemy's result refuses to be iterated then.
+        return list(result) if getattr(result, "returns_rows", True) else []
 
     if text.before:
         # Several statements: never autocommit, which would commit each alone.

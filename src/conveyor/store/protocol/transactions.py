@@ -42,7 +42,11 @@ from conveyor.errors import (
 from conveyor.migrations import HEAD_REVISION, SCRIPT_LOCATION, VERSION_TABLE
 from conveyor.schema import PROTOCOL_VERSION, meta
 from conveyor.store.protocol import depth
-from conveyor.store.protocol.refusals import check_unrecorded_tables, refused_login
+from conveyor.store.protocol.refusals import (
+    check_unrecorded_tables,
+    refused_by_pooler,
+    refused_login,
+)
 from conveyor.store.seam import Seam
 
 if TYPE_CHECKING:
@@ -76,6 +80,9 @@ async def open_engine(st: Seam) -> AsyncEngine:
         raise
     except (DBAPIError, OSError) as exc:
         await engine.dispose()
+        pooled = refused_by_pooler(exc)
+        if pooled is not None:
+            raise ConfigurationError(f"cannot open {safe_url(st)}: {pooled}") from exc
         refusal = refused_login(exc)
         if refusal is not None:
             # The server answered and said no: waiting will not change its mind.
@@ -333,6 +340,7 @@ async def run(
     alone: Callable[[], Awaitable[T]] | None = None,
     together: Callable[[], Awaitable[T | None]] | None = None,
     inline: bool = False,
+    replica: bool = False,
 ) -> T:
     """Run ``work`` in one transaction, retrying transient failures with backoff.
 
@@ -354,11 +362,17 @@ async def run(
     ``inline``: ``work`` is a short write the dialect's connection runner may run
     on the caller's thread while the runner is idle (SQLite's inline fast path,
     :mod:`conveyor.store.sqlite.thread`).
+    ``replica``: ``work`` only reads, and may read from the store's replica
+    (:meth:`~conveyor.store.seam.Seam._create_read_engine`) where it has one,
+    which may lag behind the primary.
     """
     if st._engine is None:
         await st.open()
     assert st._engine is not None
-    runner = st._connection_runner()
+    engine = st._engine
+    if replica and not write and st._read_engine is not None:
+        engine = st._read_engine
+    runner = None if engine is not st._engine else st._connection_runner()
     delay = 0.01
     reconnected = False
     attempt = 0
@@ -387,7 +401,7 @@ async def run(
                     )
                 finally:
                     committing = progress[0]
-            async with st._transaction_gate(write), st._engine.connect() as conn:
+            async with st._transaction_gate(write), engine.connect() as conn:
                 if autocommit and st.autocommit_single:
                     # The statement commits itself: once sent, its outcome is unknown
                     # if the connection dies, so it is never re-sent.
