@@ -176,7 +176,10 @@ async def _producer(
 
     ``first`` is the first sequence number; a producer beside the first one gives
     another (its tasks, keys and partitions are then its own, and its
-    acknowledgements go to ``acked-FIRST.jsonl``)."""
+    acknowledgements go to ``acked-FIRST.jsonl``). While a file ``produce.hold``
+    is in ``logdir`` it goes on past ``duration`` (a scenario whose fault takes
+    long to inject keeps load on until it has measured the recovery)."""
+    hold = Path(logdir) / "produce.hold"
     acked = Path(logdir) / ("acked.jsonl" if first == 0 else f"acked-{first}.jsonl")
     prefix = "p" if first == 0 else f"p{first}-"
     errors: Counter[str] = Counter()
@@ -192,7 +195,7 @@ async def _producer(
     async with store:
         with acked.open("a") as sink:
             began = time.monotonic()
-            while time.monotonic() - began < duration:
+            while time.monotonic() - began < duration or hold.exists():
                 batch = []
                 for n in range(seq, seq + BATCH):
                     part = f"{prefix}{n % partitions}" if n % (partitions + 1) else None

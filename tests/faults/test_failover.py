@@ -196,6 +196,10 @@ def _scenario(
     producers: list[Any] = []
     try:
         until(lambda: _listeners(cluster, db) == WORKERS, 60, "workers listening")
+        # Load stays on until the recovery can be measured, however long the fault
+        # takes to inject (a switchover under load: 10-15 s of patronictl).
+        hold = logdir / "produce.hold"
+        hold.touch()
         for first in PRODUCERS:
             producers.append(
                 spawn("producer", url, logdir, PRODUCE_S, RATE, PARTITIONS, first,
@@ -212,6 +216,8 @@ def _scenario(
         promoted = time.time()
         until(lambda: _listeners(cluster, db) == WORKERS, 60, "listeners on the new primary")
         listening = time.time()
+        time.sleep(BASELINE_S + 2 * WINDOW_S)
+        hold.unlink()
         submitted = 0
         for producer, first in zip(producers, PRODUCERS, strict=True):
             out, _ = producer.communicate(timeout=120)
