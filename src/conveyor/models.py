@@ -13,6 +13,9 @@ class Status(enum.StrEnum):
 
     QUEUED = "queued"
     RUNNING = "running"
+    #: Submitted with ``after=``: held until its parents are done (queue mode
+    #: only), then queued, or cancelled when a parent fails. Never claimable.
+    WAITING = "waiting"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -27,7 +30,7 @@ class Status(enum.StrEnum):
     @property
     def terminal(self) -> bool:
         """True for the statuses a task only leaves through ``retry``."""
-        return self not in (Status.QUEUED, Status.RUNNING)
+        return self not in (Status.QUEUED, Status.RUNNING, Status.WAITING)
 
 
 TERMINAL_STATUSES = frozenset(s for s in Status if s.terminal)
