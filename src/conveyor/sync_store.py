@@ -8,15 +8,17 @@ which needs SQLAlchemy.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import functools
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from concurrent.futures import Future
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
 from conveyor.encryption import Encryption
 from conveyor.errors import ConfigurationError
-from conveyor.models import SeekResult
+from conveyor.models import BatchInfo, SeekResult, Task
+from conveyor.store.api_dependencies import Batch
 from conveyor.store.api_internal import ScheduleInfo
 from conveyor.store.base import TaskStore
 
@@ -201,6 +203,55 @@ class SyncStore:
     streams = _blocking(TaskStore.streams)
     throughput = _blocking(TaskStore.throughput)
     finished_totals = _blocking(TaskStore.finished_totals)
+    get_batch = _blocking(TaskStore.get_batch)
+    parent_results = _blocking(TaskStore.parent_results)
+    parents = _blocking(TaskStore.parents)
+
+    def batch(
+        self, on_complete: str | tuple[str, Any], *, queue: str = "default", **options: Any
+    ) -> SyncBatch:
+        """:meth:`TaskStore.batch`, blocking: the batch is open when this returns;
+        ``with store.batch(...) as b:`` closes it when the block ends."""
+        opened = self.store.batch(on_complete, queue=queue, **options)
+
+        async def open_() -> Batch:
+            return await opened
+
+        return SyncBatch(self, self._call(open_()))
 
 
-__all__ = ["SyncInternal", "SyncStore"]
+class SyncBatch:
+    """The blocking twin of :class:`~conveyor.Batch` (:meth:`SyncStore.batch`)."""
+
+    def __init__(self, store: SyncStore, batch: Batch) -> None:
+        self._store = store
+        self._batch = batch
+        #: The batch's id.
+        self.id = batch.id
+        #: The callback task as written (``waiting``).
+        self.callback = batch.callback
+
+    def submit(self, name: str, payload: Any = None, **options: Any) -> Task:
+        """:meth:`Batch.submit`, blocking."""
+        return self._store._call(self._batch.submit(name, payload, **options))
+
+    def submit_many(self, requests: Iterable[Mapping[str, Any]]) -> builtins.list[Task]:
+        """:meth:`Batch.submit_many`, blocking."""
+        return self._store._call(self._batch.submit_many(requests))
+
+    def close(self) -> None:
+        """:meth:`Batch.close`, blocking."""
+        self._store._call(self._batch.close())
+
+    def info(self) -> BatchInfo:
+        """:meth:`Batch.info`, blocking."""
+        return self._store._call(self._batch.info())
+
+    def __enter__(self) -> SyncBatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["SyncBatch", "SyncInternal", "SyncStore"]

@@ -29,8 +29,7 @@ last count: the close, or the finish of the batch's last task.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import and_, case, insert, literal, select, update
@@ -38,10 +37,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
 from conveyor.errors import InvalidArgument, NotFound
-from conveyor.models import Status, Task
+from conveyor.models import BatchInfo, Status, Task
 from conveyor.schema import batches as bt
 from conveyor.schema import deliveries as d
 from conveyor.schema import dependencies as dep
+from conveyor.schema import queues as qs
 from conveyor.schema import tasks as t
 from conveyor.store.protocol import codec, producer, wake
 from conveyor.store.protocol import queries as q
@@ -52,52 +52,6 @@ from conveyor.store.seam import Seam
 WAITING = q.WAITING
 #: What a parent may be while its children wait for it.
 UNFINISHED = (q.QUEUED, q.RUNNING, WAITING)
-
-
-@dataclass(frozen=True, slots=True)
-class BatchInfo:
-    """A batch's progress (:meth:`~conveyor.TaskStore.get_batch`), or the summary
-    its callback reads (:meth:`~conveyor.worker.Context.batch_summary`).
-
-    ``total``: tasks submitted into it; ``counts``: how many are in each status;
-    ``succeeded``, ``failed`` (failed or evicted) and ``cancelled``: their ids;
-    ``closed``: no task may join it any more; ``callback_id`` and
-    ``callback_status``: the task submitted with ``on_complete``, queued once the
-    batch is closed and every task of it is terminal.
-    """
-
-    id: str
-    queue: str
-    closed: bool
-    total: int
-    counts: dict[str, int]
-    callback_id: str
-    callback_status: Status
-    created_at: datetime
-    succeeded: list[str] = field(default_factory=list)
-    failed: list[str] = field(default_factory=list)
-    cancelled: list[str] = field(default_factory=list)
-
-    @property
-    def done(self) -> bool:
-        """Closed, and every task of it terminal."""
-        return self.closed and all(Status(s).terminal for s in self.counts if self.counts[s])
-
-    def as_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
-        return {
-            "id": self.id,
-            "queue": self.queue,
-            "closed": self.closed,
-            "total": self.total,
-            "counts": dict(self.counts),
-            "callback_id": self.callback_id,
-            "callback_status": self.callback_status.value,
-            "created_at": self.created_at.isoformat(),
-            "succeeded": list(self.succeeded),
-            "failed": list(self.failed),
-            "cancelled": list(self.cancelled),
-        }
 
 
 def parent_failed(parent_id: str, status: str) -> str:
@@ -155,12 +109,16 @@ async def _check(st: Seam, conn: AsyncConnection, reqs: list[Request]) -> _Paren
     seqs: dict[str, int] = {}
     if ids:
         rows = await conn.execute(
-            select(t.c.id, t.c.seq, t.c.queue, d.c.status)
-            .select_from(t.outerjoin(d, and_(d.c.task_seq == t.c.seq, d.c.grp == q.QUEUE_MODE)))
+            select(t.c.id, t.c.seq, t.c.queue, d.c.status, qs.c.queue_mode)
+            .select_from(
+                t.outerjoin(d, and_(d.c.task_seq == t.c.seq, d.c.grp == q.QUEUE_MODE))
+                # A queue consumed by groups only: its queue-mode rows are not work.
+                .outerjoin(qs, qs.c.queue == t.c.queue)
+            )
             .where(t.c.id.in_(ids))
         )
         for row in rows:
-            if row.status is None:
+            if row.status is None or row.queue_mode is False:
                 raise InvalidArgument(
                     "after",
                     f"task {row.id} has no queue-mode delivery (its queue {row.queue!r} "
