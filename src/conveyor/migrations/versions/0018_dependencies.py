@@ -166,6 +166,7 @@ def downgrade() -> None:
     op.drop_table("conveyor_batches")
     op.drop_index("ix_conveyor_dependencies_parent", table_name="conveyor_dependencies")
     op.drop_table("conveyor_dependencies")
-    with op.batch_alter_table("conveyor_deliveries") as batch:
-        batch.drop_column("has_dependents")
-        batch.drop_column("waiting_on")
+    # DROP COLUMN itself on both (SQLite 3.35+), not a batch rebuild of the table,
+    # which would lose its indexes' DESC columns.
+    op.execute("ALTER TABLE conveyor_deliveries DROP COLUMN has_dependents")
+    op.execute("ALTER TABLE conveyor_deliveries DROP COLUMN waiting_on")
