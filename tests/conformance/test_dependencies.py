@@ -227,7 +227,6 @@ async def test_parent_partitioned_child_not(store: TaskStore) -> None:
 
 async def test_caller_transaction(store: TaskStore, store_url: str) -> None:
     from sqlalchemy.ext.asyncio import create_async_engine
-
     from tests.app.test_transactional import caller_url
 
     a = await store.submit("a", queue="q")

@@ -6,9 +6,9 @@
     python _deps_procs.py worker URL LOG       run the batch app (tasks ``part`` and
                                                ``report``), one JSON line per run in LOG
 
-``IDS`` holds one parent id a line (already leased to worker ``w``); both the
-acknowledger and the submitter wait for the file ``GO`` before starting, so
-they run through the parents side by side.
+``IDS`` holds one parent id a line (already leased to worker ``w``); the
+acknowledger and the submitter wait for the file ``GO`` (the start time), then
+act on each parent at the same moment (:func:`_paced`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,24 +66,38 @@ async def report(ctx: conveyor.Context, day: str) -> None:
     )
 
 
-def _wait_for(go: str) -> None:
-    while not Path(go).exists():
+#: Seconds between two parents: both processes act on parent ``i`` at the same
+#: moment, ``start + i * STEP``, so that each acknowledgement and its child's
+#: submit meet (either may win).
+STEP = 0.03
+
+
+def _paced(go: str, ids: list[str], *, sweep: bool = False) -> Iterator[str]:
+    """The ids, each when its moment comes (the start is written in ``GO``);
+    ``sweep``: each a little later, by 0 to 15 ms in steps of 0.5 ms, so that
+    some acknowledgements land inside the submit's transaction, whatever part
+    of it reads the parent."""
+    while not Path(go).exists() or not Path(go).read_text().strip():
         time.sleep(0.001)
+    start = float(Path(go).read_text())
+    for i, task_id in enumerate(ids):
+        delay = start + i * STEP + (i % 30) * 0.0005 * sweep - time.time()
+        if delay > 0:
+            time.sleep(delay)
+        yield task_id
 
 
 async def ack(url: str, ids: list[str], go: str) -> None:
     async with conveyor.connect(url) as store:
         await store.get(ids[0])  # connected before the start
-        _wait_for(go)
-        for task_id in ids:
+        for task_id in _paced(go, ids, sweep=True):
             await store.succeed(task_id, worker_id="w")
 
 
 async def sub(url: str, ids: list[str], go: str, out: str) -> None:
     async with conveyor.connect(url) as store:
         await store.get(ids[0])
-        _wait_for(go)
-        for task_id in ids:
+        for task_id in _paced(go, ids):
             child = await store.submit("child", queue=CHILD_QUEUE, after=[task_id])
             _append(out, {"id": child.id, "parent": task_id, "status": child.status.value})
 
