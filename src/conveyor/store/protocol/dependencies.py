@@ -224,6 +224,7 @@ async def _link(st: Seam, conn: AsyncConnection, reqs: list[Request], found: _Pa
                 .values(waiting_on=d.c.waiting_on + n)
             )
     now = tx.now(st)
+    waiting: dict[int, list[int]] = {}  # unresolved parents -> tasks: one UPDATE each
     for seq, open_, r_failed in plans:
         if r_failed is not None:
             # A parent already failed: cancelled now, which releases the task's own
@@ -231,18 +232,16 @@ async def _link(st: Seam, conn: AsyncConnection, reqs: list[Request], found: _Pa
             await conn.execute(
                 update(d)
                 .where(d.c.task_seq == seq, d.c.grp == q.QUEUE_MODE)
-                .values(
-                    status="cancelled",
-                    finished_at=now,
-                    error=parent_failed(*r_failed),
-                )
+                .values(status="cancelled", finished_at=now, error=parent_failed(*r_failed))
             )
         elif open_:
-            await conn.execute(
-                update(d)
-                .where(d.c.task_seq == seq, d.c.grp == q.QUEUE_MODE)
-                .values(status=WAITING, waiting_on=open_)
-            )
+            waiting.setdefault(open_, []).append(seq)
+    for open_, seqs in sorted(waiting.items()):
+        await conn.execute(
+            update(d)
+            .where(d.c.task_seq.in_(seqs), d.c.grp == q.QUEUE_MODE)
+            .values(status=WAITING, waiting_on=open_)
+        )
     return changed
 
 
