@@ -206,6 +206,8 @@ class SyncStore:
     get_batch = _blocking(TaskStore.get_batch)
     parent_results = _blocking(TaskStore.parent_results)
     parents = _blocking(TaskStore.parents)
+    batch_of_callback = _blocking(TaskStore.batch_of_callback)
+    dependency_graph = _blocking(TaskStore.dependency_graph)
 
     def batch(
         self, on_complete: str | tuple[str, Any], *, queue: str = "default", **options: Any

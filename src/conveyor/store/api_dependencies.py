@@ -150,6 +150,22 @@ class DependencyOps(Seam):
         parents = await dependencies.parents_of(self, v.name("task_id", task_id))
         return {pid: p.result if p.status == "succeeded" else None for pid, p in parents.items()}
 
+    async def batch_of_callback(self, task_id: str) -> BatchInfo | None:
+        """The batch whose callback is ``task_id`` (what ``ctx.batch_summary()``
+        reads); ``None`` for a task that is no batch's callback."""
+        return await dependencies.batch_of(self, v.name("task_id", task_id))
+
+    async def dependency_graph(
+        self, task_id: str, *, limit: int = 200
+    ) -> tuple[dict[str, Task], list[tuple[str, str]]]:
+        """The dependency graph around ``task_id`` (its ancestors and descendants
+        through ``after`` and batch edges), at most ``limit`` tasks, nearest first:
+        the tasks by id and the edges as ``(parent_id, child_id)``; empty for a
+        task without any."""
+        return await dependencies.graph(
+            self, v.name("task_id", task_id), limit=v.positive_int("limit", limit)
+        )
+
     async def parents(self, task_id: str) -> list[Task]:
         """The parents of ``task_id`` as queue mode sees them, in submit order."""
         return list((await dependencies.parents_of(self, v.name("task_id", task_id))).values())

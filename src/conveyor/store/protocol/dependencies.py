@@ -398,11 +398,55 @@ async def parents_of(st: Seam, task_id: str) -> dict[str, Task]:
     return await tx.run(st, work, write=False)
 
 
+async def graph(
+    st: Seam, task_id: str, *, limit: int = 200
+) -> tuple[dict[str, Task], list[tuple[str, str]]]:
+    """The dependency graph around ``task_id``: its ancestors and descendants
+    through the edges (a batch's callback among them), at most ``limit`` tasks,
+    nearest first; the tasks by id (queue mode's view) and the edges as
+    ``(parent_id, child_id)``. Empty when the task has no edge."""
+
+    async def work(conn: AsyncConnection) -> tuple[dict[str, Task], list[tuple[str, str]]]:
+        seq = (await conn.execute(select(t.c.seq).where(t.c.id == task_id))).scalar()
+        if seq is None:
+            return {}, []
+        seen = {seq}
+        edges: set[tuple[int, int]] = set()
+        frontier = [seq]
+        while frontier and len(seen) < limit:
+            rows = list(
+                await conn.execute(
+                    select(dep.c.parent_seq, dep.c.task_seq)
+                    .where(dep.c.task_seq.in_(frontier) | dep.c.parent_seq.in_(frontier))
+                    .order_by(dep.c.task_seq, dep.c.parent_seq)
+                )
+            )
+            nxt: list[int] = []
+            for row in rows:
+                for end in (row.parent_seq, row.task_seq):
+                    if end not in seen and len(seen) < limit:
+                        seen.add(end)
+                        nxt.append(end)
+                if row.parent_seq in seen and row.task_seq in seen:
+                    edges.add((row.parent_seq, row.task_seq))
+            frontier = nxt
+        if not edges:
+            return {}, []
+        found = await codec.fetch_tasks(conn, q.QUEUE_MODE, seqs=sorted(seen), keyring=st._keyring)
+        ids = {s: task.id for s, task in found.items()}
+        tasks = {task.id: task for task in found.values()}
+        pairs = sorted((ids[p], ids[c]) for p, c in edges if p in ids and c in ids)
+        return tasks, pairs
+
+    return await tx.run(st, work, write=False)
+
+
 __all__ = [
     "BatchInfo",
     "batch_of",
     "close_batch",
     "get_batch",
+    "graph",
     "open_batch",
     "parent_failed",
     "parents_of",
