@@ -43,7 +43,7 @@ from conveyor.schema import deliveries as d
 from conveyor.schema import dependencies as dep
 from conveyor.schema import queues as qs
 from conveyor.schema import tasks as t
-from conveyor.store.protocol import codec, producer, wake
+from conveyor.store.protocol import codec, producer, texts, wake
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.protocol.requests import Request
@@ -153,23 +153,12 @@ async def _link(st: Seam, conn: AsyncConnection, reqs: list[Request], found: _Pa
     rows = await conn.execute(select(t.c.id, t.c.seq).where(t.c.id.in_([r.id for r in reqs])))
     own = {row.id: row.seq for row in rows}
     parents = sorted({found.seqs[p] for r in reqs for p in (r.after or ())})
+    built = texts.on(st, conn)
     statuses: dict[int, str] = {}
     if parents:
-        # The lock order among submits: by seq. The UPDATE waits for a finish in
-        # flight and reads the row after it (see the module's docstring).
-        await conn.execute(
-            st._lock_rows(
-                select(d.c.task_seq)
-                .where(d.c.task_seq.in_(parents), d.c.grp == q.QUEUE_MODE)
-                .order_by(d.c.task_seq)
-            )
-        )
-        marked = await conn.execute(
-            update(d)
-            .where(d.c.task_seq.in_(parents), d.c.grp == q.QUEUE_MODE)
-            .values(has_dependents=True)
-            .returning(d.c.task_seq, d.c.status)
-        )
+        # The lock order among submits: by seq; the status read after the lock
+        # (see the module's docstring).
+        marked = await texts.execute(conn, st, built["mark_parents"], {"seqs": parents})
         statuses = {row.task_seq: row.status for row in marked}
     ids = {seq: i for i, seq in found.seqs.items()}
     edges: list[dict[str, Any]] = []
@@ -209,7 +198,10 @@ async def _link(st: Seam, conn: AsyncConnection, reqs: list[Request], found: _Pa
             changed.append(r.id)
         plans.append((seq, open_, failed))
     if edges:
-        await conn.execute(insert(dep), edges)
+        links = [
+            [e["task_seq"], e["parent_seq"], e["run_on_failure"], e["resolved"]] for e in edges
+        ]
+        await texts.execute(conn, st, built["link_edges"], {"edges": links})
     if children:
         await conn.execute(
             update(d)
