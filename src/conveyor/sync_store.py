@@ -219,14 +219,14 @@ class SyncStore:
         async def open_() -> Batch:
             return await opened
 
-        return SyncBatch(self, self._call(open_()))
+        return SyncBatch(self._call(open_()), self._call)
 
 
 class SyncBatch:
     """The blocking twin of :class:`~conveyor.Batch` (:meth:`SyncStore.batch`)."""
 
-    def __init__(self, store: SyncStore, batch: Batch) -> None:
-        self._store = store
+    def __init__(self, batch: Batch, call: Callable[[Coroutine[Any, Any, Any]], Any]) -> None:
+        self._run = call  # the sync store's: runs a coroutine on its loop
         self._batch = batch
         #: The batch's id.
         self.id = batch.id
@@ -235,19 +235,22 @@ class SyncBatch:
 
     def submit(self, name: str, payload: Any = None, **options: Any) -> Task:
         """:meth:`Batch.submit`, blocking."""
-        return self._store._call(self._batch.submit(name, payload, **options))
+        task: Task = self._run(self._batch.submit(name, payload, **options))
+        return task
 
     def submit_many(self, requests: Iterable[Mapping[str, Any]]) -> builtins.list[Task]:
         """:meth:`Batch.submit_many`, blocking."""
-        return self._store._call(self._batch.submit_many(requests))
+        tasks: builtins.list[Task] = self._run(self._batch.submit_many(requests))
+        return tasks
 
     def close(self) -> None:
         """:meth:`Batch.close`, blocking."""
-        self._store._call(self._batch.close())
+        self._run(self._batch.close())
 
     def info(self) -> BatchInfo:
         """:meth:`Batch.info`, blocking."""
-        return self._store._call(self._batch.info())
+        info: BatchInfo = self._run(self._batch.info())
+        return info
 
     def __enter__(self) -> SyncBatch:
         return self
