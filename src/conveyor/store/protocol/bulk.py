@@ -141,9 +141,7 @@ def matching(
         # A task goes only once every one of its rows is finished.
         other = d.alias("other")
         cond.append(
-            ~exists().where(
-                other.c.task_seq == d.c.task_seq, other.c.status.in_(q.CANCELLABLE)
-            )
+            ~exists().where(other.c.task_seq == d.c.task_seq, other.c.status.in_(q.CANCELLABLE))
         )
     return cond
 
