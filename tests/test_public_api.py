@@ -32,6 +32,8 @@ EXPORTS = [
     "AlreadyExists",
     "App",
     "Backoff",
+    "Batch",
+    "BatchInfo",
     "ConfigurationError",
     "ConsumerGroup",
     "Context",
@@ -94,7 +96,9 @@ def test_status_values() -> None:
         "cancelled",
         "evicted",
         "skipped",
+        "waiting",
     ]
+    assert not Status.WAITING.terminal
     assert isinstance(Status.QUEUED, str)
     assert Status("failed") is Status.FAILED
     assert str(Status.SUCCEEDED) == "succeeded"

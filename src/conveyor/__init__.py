@@ -27,6 +27,7 @@ from conveyor.errors import (
 )
 from conveyor.models import (
     Backoff,
+    BatchInfo,
     ConsumerGroup,
     GroupStats,
     Page,
@@ -39,6 +40,7 @@ from conveyor.outcomes import Permanent, Snooze
 
 if TYPE_CHECKING:
     from conveyor.app import App
+    from conveyor.store.api_dependencies import Batch
     from conveyor.store.base import TaskStore
     from conveyor.sync_store import SyncStore
     from conveyor.worker.context import Context
@@ -47,6 +49,7 @@ if TYPE_CHECKING:
 #: that ``import conveyor`` and ``conveyor --help`` stay quick.
 _LAZY = {
     "App": "conveyor.app",
+    "Batch": "conveyor.store.api_dependencies",
     "Context": "conveyor.worker.context",
     "SyncStore": "conveyor.sync_store",
     "TaskStore": "conveyor.store.base",
@@ -70,6 +73,8 @@ __all__ = [
     "AlreadyExists",
     "App",
     "Backoff",
+    "Batch",
+    "BatchInfo",
     "ConfigurationError",
     "ConsumerGroup",
     "Context",

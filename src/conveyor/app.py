@@ -29,6 +29,7 @@ from conveyor import _values as v
 from conveyor.connect import ChosenUrl, choose_url, connect
 from conveyor.errors import ConfigurationError, InvalidArgument
 from conveyor.models import Backoff
+from conveyor.store.api_dependencies import OpeningBatch
 from conveyor.store.base import TaskStore
 from conveyor.sync_store import SyncStore
 from conveyor.task_functions import (
@@ -115,6 +116,27 @@ class App:
             url = self.database().url if self._store is None else self._store.url
             self._sync_store = SyncStore(connect(url, **self.connect_options))
         return self._sync_store
+
+    def batch(
+        self,
+        on_complete: TaskFunction[Any, Any] | str | tuple[TaskFunction[Any, Any] | str, Any],
+        *,
+        queue: str | None = None,
+        **options: Any,
+    ) -> OpeningBatch:
+        """:meth:`TaskStore.batch` on the app's store, the callback a task function
+        (or a name, or ``(function, kwargs)``: the function's keyword arguments);
+        on the function's queue unless ``queue`` says otherwise. Submit into it
+        with ``fn.with_options(batch=b).submit(...)`` or ``b.submit(name, ...)``."""
+        target, kwargs = on_complete if isinstance(on_complete, tuple) else (on_complete, None)
+        payload: Any = kwargs
+        if isinstance(target, TaskFunction):
+            name, default_queue = target.name, target.queue
+            payload = payload_for((), dict(kwargs or {}))
+        else:
+            name, default_queue = target, "default"
+        chosen = default_queue if queue is None else queue
+        return self.store.batch((name, payload), queue=chosen, **options)
 
     async def close(self) -> None:
         """Close the stores the app opened. They reopen on next use."""

@@ -20,6 +20,10 @@ class Status(enum.StrEnum):
     #: Passed over for a group by :meth:`~conveyor.TaskStore.seek`: queued for the
     #: group before the point it moved to, and never delivered there since.
     SKIPPED = "skipped"
+    #: Submitted with ``after=`` (or a batch's callback): held until its parents
+    #: are done (queue mode only), then queued, or cancelled when a parent fails.
+    #: Never claimable; not terminal.
+    WAITING = "waiting"
 
     def __str__(self) -> str:
         return self.value
@@ -27,7 +31,7 @@ class Status(enum.StrEnum):
     @property
     def terminal(self) -> bool:
         """True for the statuses a task only leaves through ``retry``."""
-        return self not in (Status.QUEUED, Status.RUNNING)
+        return self not in (Status.QUEUED, Status.RUNNING, Status.WAITING)
 
 
 TERMINAL_STATUSES = frozenset(s for s in Status if s.terminal)
@@ -297,3 +301,49 @@ class ThroughputPoint:
 
     minute: datetime
     counts: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchInfo:
+    """A batch's progress (:meth:`~conveyor.TaskStore.get_batch`), or the summary
+    its callback reads (:meth:`~conveyor.worker.Context.batch_summary`).
+
+    ``total``: tasks submitted into it; ``counts``: how many are in each status;
+    ``succeeded``, ``failed`` (failed or evicted) and ``cancelled``: their ids;
+    ``closed``: no task may join it any more; ``callback_id`` and
+    ``callback_status``: the task submitted with ``on_complete``, queued once the
+    batch is closed and every task of it is terminal.
+    """
+
+    id: str
+    queue: str
+    closed: bool
+    total: int
+    counts: dict[str, int]
+    callback_id: str
+    callback_status: Status
+    created_at: datetime
+    succeeded: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    cancelled: list[str] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        """Closed, and every task of it terminal."""
+        return self.closed and all(Status(s).terminal for s in self.counts if self.counts[s])
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "id": self.id,
+            "queue": self.queue,
+            "closed": self.closed,
+            "total": self.total,
+            "counts": dict(self.counts),
+            "callback_id": self.callback_id,
+            "callback_status": self.callback_status.value,
+            "created_at": self.created_at.isoformat(),
+            "succeeded": list(self.succeeded),
+            "failed": list(self.failed),
+            "cancelled": list(self.cancelled),
+        }

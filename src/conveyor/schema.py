@@ -157,6 +157,14 @@ deliveries = Table(
     # 1 once maintain() has added this finished row to conveyor_counts; 0 otherwise
     # (every queued or running row, and finished rows not yet counted).
     Column("rolled", SmallInteger, nullable=False, server_default=text("0")),
+    # Task dependencies (queue mode only; NULL on every other row). On a waiting
+    # child: how many of its parents (and, for a batch's callback, the batch's
+    # open hold) are still unresolved; it is queued when this reaches 0. On a
+    # parent: true once a child named it in ``after``, so only such a row's
+    # terminal update runs the release (the trigger of revision 0017, whose WHEN
+    # reads it: rows without dependents pay nothing).
+    Column("waiting_on", Integer, nullable=True),
+    Column("has_dependents", Boolean, nullable=True),
 )
 # Unordered claimable work: the claim reads this index in claim order and stops.
 Index(
@@ -432,4 +440,35 @@ pauses = Table(
     Column("queue", String(NAME), primary_key=True),
     Column("grp", String(NAME), primary_key=True),
     Column("paused_at", BigInteger, nullable=False),
+)
+
+# Task dependencies: one row per (child, parent) edge, both by task seq. Written
+# with the child, in its submit's transaction; ``resolved`` once the parent's
+# queue-mode row reached a terminal status and the child was released or cancelled
+# (a parent retried and finished again must not release it twice).
+# ``run_on_failure``: the child is queued even when this parent did not succeed
+# (``on_parent_failure="run"``, and every edge of a batch's callback).
+dependencies = Table(
+    "conveyor_dependencies",
+    metadata,
+    Column("task_seq", SeqType, primary_key=True),
+    Column("parent_seq", SeqType, primary_key=True),
+    Column("run_on_failure", Boolean, nullable=False),
+    Column("resolved", Boolean, nullable=False),
+)
+# The release of a finished parent reads its edges by parent.
+Index("ix_conveyor_dependencies_parent", dependencies.c.parent_seq)
+
+# Batches (``store.batch()``): the callback task (a waiting task whose parents are
+# the batch's tasks, held back by one more count while the batch is open) and
+# whether it was closed. ``closed`` moves once, so the hold is released once.
+batches = Table(
+    "conveyor_batches",
+    metadata,
+    Column("id", String(ID), primary_key=True),
+    Column("queue", String(NAME), nullable=False),
+    Column("callback_seq", SeqType, nullable=False),
+    Column("callback_id", String(ID), nullable=False),
+    Column("closed", Boolean, nullable=False),
+    Column("created_at", BigInteger, nullable=False),
 )

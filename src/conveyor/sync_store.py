@@ -8,15 +8,17 @@ which needs SQLAlchemy.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import functools
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from concurrent.futures import Future
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
 from conveyor.encryption import Encryption
 from conveyor.errors import ConfigurationError
-from conveyor.models import SeekResult
+from conveyor.models import BatchInfo, SeekResult, Task
+from conveyor.store.api_dependencies import Batch
 from conveyor.store.api_internal import ScheduleInfo
 from conveyor.store.base import TaskStore
 
@@ -201,6 +203,23 @@ class SyncStore:
     streams = _blocking(TaskStore.streams)
     throughput = _blocking(TaskStore.throughput)
     finished_totals = _blocking(TaskStore.finished_totals)
+    get_batch = _blocking(TaskStore.get_batch)
+    parent_results = _blocking(TaskStore.parent_results)
+    parents = _blocking(TaskStore.parents)
+    batch_of_callback = _blocking(TaskStore.batch_of_callback)
+    dependency_graph = _blocking(TaskStore.dependency_graph)
+
+    def batch(
+        self, on_complete: str | tuple[str, Any], *, queue: str = "default", **options: Any
+    ) -> SyncBatch:
+        """:meth:`TaskStore.batch`, blocking: the batch is open when this returns;
+        ``with store.batch(...) as b:`` closes it when the block ends."""
+        opened = self.store.batch(on_complete, queue=queue, **options)
+
+        async def open_() -> Batch:
+            return await opened
+
+        return SyncBatch(self._call(open_()), self._call)
 
 
 class CallerLoopStore(SyncStore):
@@ -245,4 +264,41 @@ class CallerLoopStore(SyncStore):
             loop.close()
 
 
-__all__ = ["CallerLoopStore", "SyncInternal", "SyncStore"]
+class SyncBatch:
+    """The blocking twin of :class:`~conveyor.Batch` (:meth:`SyncStore.batch`)."""
+
+    def __init__(self, batch: Batch, call: Callable[[Coroutine[Any, Any, Any]], Any]) -> None:
+        self._run = call  # the sync store's: runs a coroutine on its loop
+        self._batch = batch
+        #: The batch's id.
+        self.id = batch.id
+        #: The callback task as written (``waiting``).
+        self.callback = batch.callback
+
+    def submit(self, name: str, payload: Any = None, **options: Any) -> Task:
+        """:meth:`Batch.submit`, blocking."""
+        task: Task = self._run(self._batch.submit(name, payload, **options))
+        return task
+
+    def submit_many(self, requests: Iterable[Mapping[str, Any]]) -> builtins.list[Task]:
+        """:meth:`Batch.submit_many`, blocking."""
+        tasks: builtins.list[Task] = self._run(self._batch.submit_many(requests))
+        return tasks
+
+    def close(self) -> None:
+        """:meth:`Batch.close`, blocking."""
+        self._run(self._batch.close())
+
+    def info(self) -> BatchInfo:
+        """:meth:`Batch.info`, blocking."""
+        info: BatchInfo = self._run(self._batch.info())
+        return info
+
+    def __enter__(self) -> SyncBatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["CallerLoopStore", "SyncBatch", "SyncInternal", "SyncStore"]

@@ -237,6 +237,9 @@ class TaskFunction(Generic[P, R]):
         parent: Task | str | None = None,
         metadata: dict[str, Any] | None = None,
         max_attempts: int | None = None,
+        after: Sequence[Task | str] | None = None,
+        on_parent_failure: Literal["cancel", "run"] | None = None,
+        batch: Any = None,
         connection: Any = None,
     ) -> TaskCall[P]:
         """Submit options for one call: ``fn.with_options(partition="c7").submit(...)``.
@@ -244,6 +247,8 @@ class TaskFunction(Generic[P, R]):
         Options left ``None`` keep the task's defaults. ``connection`` is the
         caller's SQLAlchemy connection or session to write the task in (async for
         ``submit``, blocking for ``submit_sync``); see :meth:`TaskStore.submit`.
+        ``after``, ``on_parent_failure`` and ``batch``: the task waits for others
+        (see :meth:`TaskStore.submit`).
         """
         given = {
             "partition": partition,
@@ -257,6 +262,9 @@ class TaskFunction(Generic[P, R]):
             "parent": parent,
             "metadata": metadata,
             "max_attempts": max_attempts,
+            "after": after,
+            "on_parent_failure": on_parent_failure,
+            "batch": batch,
         }
         options = {k: val for k, val in given.items() if val is not None}
         return TaskCall(self, options, connection)

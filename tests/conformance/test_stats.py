@@ -9,6 +9,7 @@ from conveyor.models import QueueStats
 from conveyor.store.base import TaskStore
 
 ZERO = {
+    "waiting": 0,
     "queued": 0,
     "running": 0,
     "succeeded": 0,

@@ -27,6 +27,7 @@ async def test_counts_are_exact_across_rollups_retries_and_purges(store: TaskSto
         "cancelled": 1,
         "evicted": 0,
         "skipped": 0,
+        "waiting": 0,
     }
     assert await _counts(store, "q") == expected
     before_group = await _counts(store, "q", "g")

@@ -52,6 +52,8 @@ async def test_every_page_renders_the_seeded_store(seeded: tuple[TaskStore, Seed
         assert "leased by" in parts and "worker-b" in parts
         assert "waiting for its retry" in parts
 
+        # A task waiting for its parent (the seeded running one), on the listing too.
+        await store.submit("later", queue="emails", after=[ids.running])
         tasks = (await http.get("/tasks")).text
         for status in Status:
             if status is not Status.SKIPPED:  # a group's status only (seek)

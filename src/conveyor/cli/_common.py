@@ -52,6 +52,7 @@ _STATUS_STYLE = {
     Status.CANCELLED: "dim",
     Status.EVICTED: "magenta",
     Status.SKIPPED: "blue",
+    Status.WAITING: "bright_black",
 }
 
 

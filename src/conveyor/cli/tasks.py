@@ -326,6 +326,7 @@ _STATES = {
     Status.CANCELLED: "is already cancelled",
     Status.EVICTED: "was already evicted",
     Status.SKIPPED: "was skipped",
+    Status.WAITING: "is waiting for its parents",
 }
 
 

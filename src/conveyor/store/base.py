@@ -48,6 +48,7 @@ from conveyor.models import Backoff, Page, Status, Task
 from conveyor.schema import keys as k
 from conveyor.store.api_admin import AdminOps
 from conveyor.store.api_bulk import BulkOps
+from conveyor.store.api_dependencies import Batch, DependencyOps
 from conveyor.store.api_internal import Internal
 from conveyor.store.api_leases import MAX_LIMIT, LeaseOps
 from conveyor.store.api_reads import InspectReads
@@ -55,6 +56,7 @@ from conveyor.store.api_workers import WorkerOps
 from conveyor.store.protocol import (
     caller_tx,
     codec,
+    dependencies,
     depth,
     producer,
     sealing,
@@ -79,7 +81,7 @@ WAITER_TTL = 3600.0  # seconds a wait() without timeout stays registered unrenew
 WAITER_SLACK = 60.0  # a wait() with a timeout stays registered that much longer
 
 
-class TaskStore(LeaseOps, InspectReads, WorkerOps, AdminOps, BulkOps):
+class TaskStore(LeaseOps, InspectReads, WorkerOps, AdminOps, BulkOps, DependencyOps):
     """A durable task queue and message bus on one database.
 
     Use :func:`conveyor.connect` to make one; ``async with store:`` opens it
@@ -226,6 +228,9 @@ class TaskStore(LeaseOps, InspectReads, WorkerOps, AdminOps, BulkOps):
         correlation_id: str | None = None,
         metadata: dict[str, Any] | None = None,
         backoff: Backoff | dict[str, float] | v.Duration | None = None,
+        after: Iterable[Task | str] | None = None,
+        on_parent_failure: Literal["cancel", "run"] = "cancel",
+        batch: Batch | str | None = None,
         connection: Any = None,
     ) -> Task:
         """Insert one task and return it (queue-mode view).
@@ -235,6 +240,14 @@ class TaskStore(LeaseOps, InspectReads, WorkerOps, AdminOps, BulkOps):
         or cancelled and replaced (``"replace"``). With ``connection`` (the caller's
         SQLAlchemy ``AsyncConnection`` or ``AsyncSession``), the task is written in
         the caller's transaction and exists only once the caller commits.
+
+        With ``after`` (tasks or task ids, of any queue), the task is ``waiting``
+        until every one of them has succeeded in queue mode, then queued (in the
+        transaction that finished the last); if one fails for good, is cancelled
+        or evicted, it is cancelled with an error naming that parent (and so are
+        its own dependents), unless ``on_parent_failure="run"``: then it is
+        queued once every parent is terminal. A parent already finished counts
+        at once. ``batch`` submits it into a batch (:meth:`batch`).
         """
         request = {
             "name": name,
@@ -252,6 +265,8 @@ class TaskStore(LeaseOps, InspectReads, WorkerOps, AdminOps, BulkOps):
             "metadata": metadata,
             "backoff": backoff,
         }
+        if after is not None or on_parent_failure != "cancel" or batch is not None:
+            request.update(after=after, on_parent_failure=on_parent_failure, batch=batch)
         return (await self.submit_many([request], connection=connection))[0]
 
     async def submit_many(
@@ -289,6 +304,8 @@ class TaskStore(LeaseOps, InspectReads, WorkerOps, AdminOps, BulkOps):
     ) -> builtins.list[Task]:
         if connection is not None:
             return await caller_tx.submit(self, connection, prepared)
+        if any(r.linked for r in prepared):
+            return await dependencies.submit(self, prepared)
         encrypted = self._keyring.encrypted
         tasks = None
         try:

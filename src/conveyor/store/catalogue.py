@@ -338,6 +338,23 @@ STATEMENTS: tuple[Statement, ...] = (
         rows written in the order of ``queues``; run by itself after a claim that
         leased something (never inside the claim), no row returned.""",
     ),
+    # -------------------------------------------------------- dependencies
+    _s(
+        "mark_parents",
+        "dependencies",
+        """``seqs`` (a JSON array of task seqs, the parents a submit names): their
+        queue-mode rows locked until commit in seq order (Postgres: ``FOR
+        UPDATE``; SQLite: the write lock) and set ``has_dependents``; per row
+        (``task_seq``, ``status``), the status as it is after the lock (a finish
+        committed meanwhile is seen).""",
+    ),
+    _s(
+        "link_edges",
+        "dependencies",
+        """``edges`` (a JSON array of ``[task_seq, parent_seq, run_on_failure,
+        resolved]``): the rows of ``conveyor_dependencies`` inserted; nothing
+        returned.""",
+    ),
     # ---------------------------------------------------------------- acks
     _s(
         "succeed_plain",

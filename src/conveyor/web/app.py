@@ -37,6 +37,7 @@ from conveyor.errors import ConveyorError, InvalidArgument
 from conveyor.models import Status
 from conveyor.store.base import TaskStore
 from conveyor.web import bulk, seek
+from conveyor.web.graph import dag_svg
 from conveyor.web.plot import throughput_svg
 
 HERE = Path(__file__).parent
@@ -291,6 +292,9 @@ class Dashboard:
         groups_only = task.queue in await self._groups_only()
         if groups_only:
             views = [view for view in views if view.group is not None]
+        nodes, edges = await self.store.dependency_graph(task_id)
+        base = request.scope.get("root_path", "").rstrip("/")
+        graph = Markup(dag_svg(nodes, edges, focus=task_id, base=base)) if edges else None
         return self.render(
             request,
             "task.html",
@@ -303,6 +307,20 @@ class Dashboard:
             children=children,
             parent=parent,
             retryable=RETRYABLE,
+            graph=graph,
+            batch=await self.store.batch_of_callback(task_id),
+        )
+
+    async def batch(self, request: Request) -> Response:
+        batch_id = request.path_params["batch_id"]
+        info = await self.store.get_batch(batch_id)
+        if info is None:
+            return self.render(
+                request, "error.html", status_code=404, message=f"no batch {batch_id}"
+            )
+        finished = sum(n for s, n in info.counts.items() if Status(s).terminal)
+        return self.render(
+            request, "batch.html", page="tasks", batch=info, finished=finished, statuses=STATUSES
         )
 
     async def _groups_only(self) -> set[str]:
@@ -420,6 +438,7 @@ def build(store: TaskStore, *, allow_actions: bool = False, refresh: float = 5.0
         Route("/partitions", g(board.partitions), name="partitions"),
         Route("/tasks", g(board.tasks), name="tasks"),
         Route("/tasks/{task_id}", g(board.task), name="task"),
+        Route("/batches/{batch_id}", g(board.batch), name="batch"),
         Route("/workers", g(board.workers), name="workers"),
         Route("/metrics", g(board.metrics), name="metrics"),
         Route("/actions/{action}", g(board.action), methods=["POST"], name="action"),

@@ -9,8 +9,9 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from conveyor.models import Task
+from conveyor.models import BatchInfo, Task
 from conveyor.store.base import TaskStore
+from conveyor.store.protocol import dependencies
 from conveyor.task_functions import TaskCall, TaskFunction, TaskHost, payload_for
 
 T = TypeVar("T")
@@ -99,6 +100,26 @@ class Context:
         if request.get("correlation_id") is None and parent.correlation_id is not None:
             request["correlation_id"] = parent.correlation_id
         return await self._store.submit(**request)
+
+    async def parent_results(self) -> dict[str, Any]:
+        """The result of each task this one was submitted ``after`` (for a batch's
+        callback: of each task of the batch), by task id, in submit order;
+        ``None`` for one that did not succeed (``on_parent_failure="run"``)."""
+        return await self._store.parent_results(self._task.id)
+
+    async def batch_summary(self) -> BatchInfo | None:
+        """For a batch's callback, what became of the batch's tasks
+        (:class:`~conveyor.BatchInfo`: ``succeeded``, ``failed``, ``cancelled``
+        ids and counts by status); ``None`` for any other task."""
+        return await dependencies.batch_of(self._store, self._task.id)
+
+    def parent_results_sync(self) -> dict[str, Any]:
+        """:meth:`parent_results` for a sync handler (called from its thread)."""
+        return self._from_thread(self.parent_results())
+
+    def batch_summary_sync(self) -> BatchInfo | None:
+        """:meth:`batch_summary` for a sync handler (called from its thread)."""
+        return self._from_thread(self.batch_summary())
 
     def progress_sync(self, fraction: float | None = None, message: str | None = None) -> None:
         """:meth:`progress` for a sync handler (called from its thread)."""

@@ -45,7 +45,7 @@ Action = Literal["retry", "cancel", "purge"]
 #: The statuses each action applies to; ``status=None`` means all of them.
 STATUSES: dict[str, tuple[str, ...]] = {
     "retry": withdraw.RETRYABLE,
-    "cancel": q.ACTIVE,
+    "cancel": q.CANCELLABLE,
     "purge": upkeep.TERMINAL,
 }
 
@@ -142,7 +142,9 @@ def matching(
     if sel.action == "purge":
         # A task goes only once every one of its rows is finished.
         other = d.alias("other")
-        cond.append(~exists().where(other.c.task_seq == d.c.task_seq, other.c.status.in_(q.ACTIVE)))
+        cond.append(
+            ~exists().where(other.c.task_seq == d.c.task_seq, other.c.status.in_(q.CANCELLABLE))
+        )
     return cond
 
 
@@ -277,7 +279,7 @@ async def _lock_finished(
             .order_by(d.c.task_seq, d.c.grp)
         )
     )
-    active = {row.task_seq for row in rows if row.status in q.ACTIVE}
+    active = {row.task_seq for row in rows if row.status in q.CANCELLABLE}
     still = await conn.execute(
         select(d.c.task_seq).where(d.c.task_seq.in_(seqs), *matching(sel, cursor, upto))
     )

@@ -22,6 +22,7 @@ from conveyor.errors import StoreUnavailable
 from conveyor.models import Task
 from conveyor.store.protocol import (
     caller_conn,
+    dependencies,
     depth,
     producer,
     sealing,
@@ -40,6 +41,18 @@ async def submit(st: Seam, connection: Any, reqs: list[Request]) -> list[Task]:
     """The requests written in the caller's transaction on ``connection``; the
     answering tasks in request order."""
     conn = await caller_conn.resolve(st, connection)
+    if any(r.linked for r in reqs):
+        try:
+            # A savepoint: a refused parent or batch leaves the caller's
+            # transaction as it was.
+            async with conn.begin_nested():
+                tasks = await dependencies.submit_tx(st, conn, reqs)
+        except DBAPIError as exc:
+            raise StoreUnavailable(
+                f"the submit failed in the caller's transaction ({exc.orig}); roll it back"
+            ) from exc
+        caller_conn.after_commit(conn, lambda: wake.wake_local(st, work=True))
+        return tasks
     capped = depth.known_capped(st, reqs)
     one = None if capped else _one_statement(st, conn, reqs)
     try:

@@ -38,7 +38,8 @@ DEFAULT_MAX_ATTEMPTS = 3
 def is_plain(reqs: list[Request]) -> bool:
     """No key, partition or parent among ``reqs``: the one-statement submit serves."""
     return not any(
-        r.key is not None or r.partition is not None or r.parent_id is not None for r in reqs
+        r.key is not None or r.partition is not None or r.parent_id is not None or r.linked
+        for r in reqs
     )
 
 
@@ -86,7 +87,7 @@ async def submit(st: Seam, reqs: list[Request]) -> list[Task]:
 def only_parents(reqs: list[Request]) -> bool:
     """No key or partition among ``reqs``, and some parent: the dialect's
     one-statement submit of children serves (``submit_child``, ``submit_children``)."""
-    return not any(r.key is not None or r.partition is not None for r in reqs) and any(
+    return not any(r.key is not None or r.partition is not None or r.linked for r in reqs) and any(
         r.parent_id is not None for r in reqs
     )
 

@@ -46,6 +46,11 @@ from conveyor.schema import tasks as t
 QUEUED = "queued"
 RUNNING = "running"
 ACTIVE = (QUEUED, RUNNING)
+WAITING = "waiting"
+#: What cancel() withdraws: the active rows and a child waiting for its parents
+#: (only queue mode has those). Not ACTIVE itself: that tuple is written into
+#: statements that a partial index over partitioned rows must match.
+CANCELLABLE = (QUEUED, RUNNING, WAITING)
 DEFAULT_LEASE = 30.0
 QUEUE_MODE = ""  # the delivery ``grp`` of queue mode; group names are never empty
 

@@ -32,8 +32,12 @@ SUBMIT_FIELDS = frozenset(
         "correlation_id",
         "metadata",
         "backoff",
+        "after",
+        "on_parent_failure",
+        "batch",
     }
 )
+ON_PARENT_FAILURE = ("cancel", "run")
 
 
 @dataclass(slots=True)
@@ -60,6 +64,19 @@ class Request:
     key_id: str | None = None
     #: Seal it whatever its queue's setting (a dead letter of a sealed task).
     seal: bool = False
+    #: The ids of the tasks it waits for (``after=``), none repeated; None: none.
+    after: tuple[str, ...] | None = None
+    #: ``on_parent_failure="run"``: queued once every parent is terminal, however
+    #: it ended (else cancelled when one fails).
+    run_on_failure: bool = False
+    #: The batch it belongs to (``batch=``), by id.
+    batch_id: str | None = None
+
+    @property
+    def linked(self) -> bool:
+        """Whether it waits for parents or belongs to a batch (see
+        :mod:`conveyor.store.protocol.dependencies`)."""
+        return self.after is not None or self.batch_id is not None
 
 
 def prepare(req: Mapping[str, Any], *, max_size: int | None = None) -> Request:
@@ -113,6 +130,11 @@ def prepare(req: Mapping[str, Any], *, max_size: int | None = None) -> Request:
     if correlation_id is not None:
         correlation_id = v.name("correlation_id", correlation_id)
     meta = get("metadata")
+    after = get("after")
+    on_failure = get("on_parent_failure", "cancel")
+    batch = get("batch")
+    if after is not None or on_failure != "cancel" or batch is not None:
+        after, batch = _links(after, on_failure, batch, partition)
     return Request(
         id=v.new_task_id(),
         name=name,
@@ -129,7 +151,40 @@ def prepare(req: Mapping[str, Any], *, max_size: int | None = None) -> Request:
         parent_id=parent,
         correlation_id=correlation_id,
         metadata="{}" if meta is None else v.metadata(meta, max_size=max_size),
+        after=after,
+        run_on_failure=on_failure == "run",
+        batch_id=batch,
     )
+
+
+def _links(
+    after: Any, on_failure: Any, batch: Any, partition: str | None
+) -> tuple[tuple[str, ...] | None, str | None]:
+    """``after`` as a tuple of task ids (None for none) and the batch's id, checked."""
+    if on_failure not in ON_PARENT_FAILURE:
+        raise InvalidArgument(
+            "on_parent_failure", f"must be one of cancel, run, got {on_failure!r}"
+        )
+    ids: tuple[str, ...] | None = None
+    if after is not None:
+        if isinstance(after, (str, Task)) or not isinstance(after, Iterable):
+            raise InvalidArgument("after", "must be a list of tasks or task ids")
+        seen: dict[str, None] = {}
+        for i, parent in enumerate(after):
+            if isinstance(parent, Task):
+                parent = parent.id
+            seen[v.name(f"after[{i}]", parent)] = None
+        ids = tuple(seen) or None
+    if batch is not None:
+        batch = v.name("batch", getattr(batch, "id", batch))
+    if partition is not None and (ids is not None or batch is not None):
+        # A partition's order and a parent's both decide when a task may run; a
+        # waiting task would hold its stream's head. Refused rather than guessed.
+        raise InvalidArgument(
+            "after" if ids is not None else "batch",
+            "cannot be combined with partition (a waiting task would block its stream)",
+        )
+    return ids, batch
 
 
 class Preparing:

@@ -15,8 +15,10 @@ from sqlalchemy import delete, func, select, tuple_, update
 from conveyor import _values as v
 from conveyor.errors import InvalidArgument
 from conveyor.models import Backoff
+from conveyor.schema import batches as bt
 from conveyor.schema import counts as cn
 from conveyor.schema import deliveries as d
+from conveyor.schema import dependencies as dep
 from conveyor.schema import groups as g
 from conveyor.schema import keys as k
 from conveyor.schema import maintenance as mt
@@ -506,6 +508,11 @@ async def delete_tasks(st: Seam, conn: AsyncConnection, doomed: Sequence[int]) -
     # these tasks: no delivery row outlives its task.
     await conn.execute(delete(t).where(t.c.seq.in_(doomed)))
     await conn.execute(delete(d).where(d.c.task_seq.in_(doomed)))
+    # Their dependency edges (both ends: an edge of a finished parent is resolved)
+    # and the batches they are the callbacks of.
+    await conn.execute(delete(dep).where(dep.c.task_seq.in_(doomed)))
+    await conn.execute(delete(dep).where(dep.c.parent_seq.in_(doomed)))
+    await conn.execute(delete(bt).where(bt.c.callback_seq.in_(doomed)))
 
 
 async def add_counts(

@@ -36,7 +36,7 @@ async def cancel_tx(st: Seam, conn: AsyncConnection, task_ids: Sequence[str]) ->
     await streams.lock_task_streams(st, conn, task_ids, None)  # the lock order
     seqs = select(t.c.seq).where(t.c.id.in_(task_ids))
     await withdraw_rows(
-        st, conn, [d.c.task_seq.in_(seqs), d.c.status.in_(q.ACTIVE)], task_ids=task_ids
+        st, conn, [d.c.task_seq.in_(seqs), d.c.status.in_(q.CANCELLABLE)], task_ids=task_ids
     )
 
 

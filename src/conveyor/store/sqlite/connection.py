@@ -141,6 +141,10 @@ def configure(
         cur.execute("PRAGMA journal_mode = WAL")
         cur.execute(f"PRAGMA synchronous = {synchronous}")
         cur.execute("PRAGMA foreign_keys = ON")
+        # The dependency release trigger (revision 0017) cancels a failed parent's
+        # children by an update that fires it again for their own children: the
+        # cascade needs triggers to fire from triggers.
+        cur.execute("PRAGMA recursive_triggers = ON")
         # The ephemeral tables a statement builds (an UPDATE … FROM's rows, a
         # DISTINCT, a materialized CTE: a batch's worth) in memory: backed by a
         # temporary file instead, each such statement of an acknowledgement

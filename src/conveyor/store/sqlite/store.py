@@ -233,6 +233,10 @@ class SQLiteStore(TaskStore):
         elif not getattr(raw, "_conveyor_functions", False):
             await raw.create_function("conveyor_capped", 1, refuse_capped)
             raw._conveyor_functions = True
+        # The dependency release trigger cascades by firing itself (as on the
+        # store's own connections): a flag of the connection, which SQLite lets a
+        # transaction set; it stays on for the caller's connection.
+        await conn.exec_driver_sql("PRAGMA recursive_triggers = ON")
         if not raw.in_transaction:
             await conn.exec_driver_sql("BEGIN")
 
