@@ -48,6 +48,7 @@ EXPORTS = [
     "ProtocolVersionMismatch",
     "QueueFull",
     "QueueStats",
+    "Rate",
     "SeekResult",
     "Snooze",
     "Status",

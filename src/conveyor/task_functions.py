@@ -163,6 +163,11 @@ class TaskCall(Generic[P]):
             request["partition"] = (
                 fn.partition(*args, **kwargs) if callable(fn.partition) else fn.partition
             )
+        if "concurrency_key" not in self.options and fn.concurrency_key is not None:
+            spec = fn.concurrency_key
+            key = spec(*args, **kwargs) if callable(spec) else spec
+            if key is not None:
+                request["concurrency_key"] = key
         request.update(self.options)
         return request
 
@@ -192,6 +197,7 @@ class TaskFunction(Generic[P, R]):
         partition: PartitionSpec,
         retry_on: ExceptionTypes = (),
         no_retry_on: ExceptionTypes = (),
+        concurrency_key: PartitionSpec = None,
     ) -> None:
         self.app = app
         self.func = func
@@ -202,6 +208,9 @@ class TaskFunction(Generic[P, R]):
         self.backoff = backoff
         self.priority = priority
         self.partition = partition
+        #: The flow-control key of each run: a fixed name, or a function of the
+        #: arguments (see :meth:`conveyor.TaskStore.submit`).
+        self.concurrency_key = concurrency_key
         #: Only these exceptions are retried (empty: all are), see
         #: :func:`conveyor.outcomes.is_retryable`.
         self.retry_on = retry_on
@@ -238,6 +247,7 @@ class TaskFunction(Generic[P, R]):
         metadata: dict[str, Any] | None = None,
         max_attempts: int | None = None,
         connection: Any = None,
+        concurrency_key: str | None = None,
     ) -> TaskCall[P]:
         """Submit options for one call: ``fn.with_options(partition="c7").submit(...)``.
 
@@ -257,6 +267,7 @@ class TaskFunction(Generic[P, R]):
             "parent": parent,
             "metadata": metadata,
             "max_attempts": max_attempts,
+            "concurrency_key": concurrency_key,
         }
         options = {k: val for k, val in given.items() if val is not None}
         return TaskCall(self, options, connection)
@@ -282,6 +293,7 @@ def task_factory(
     partition: PartitionSpec,
     retry_on: object = None,
     no_retry_on: object = None,
+    concurrency_key: PartitionSpec = None,
 ) -> Callable[[Callable[Concatenate[Any, P], R]], TaskFunction[P, R]]:
     """Check ``@app.task``'s options now; the returned function wraps one handler.
 
@@ -300,6 +312,12 @@ def task_factory(
         v.name("partition", partition)
     elif partition is not None and not callable(partition):
         raise InvalidArgument("partition", "must be a name or a function of the arguments")
+    if isinstance(concurrency_key, str):
+        v.name("concurrency_key", concurrency_key)
+    elif concurrency_key is not None and not callable(concurrency_key):
+        raise InvalidArgument(
+            "concurrency_key", "must be a name or a function of the arguments"
+        )
 
     def make(fn: Callable[Concatenate[Any, P], R]) -> TaskFunction[P, R]:
         return TaskFunction(
@@ -314,6 +332,7 @@ def task_factory(
             partition=partition,
             retry_on=checked_retry_on,
             no_retry_on=checked_no_retry_on,
+            concurrency_key=concurrency_key,
         )
 
     return make

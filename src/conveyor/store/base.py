@@ -129,6 +129,7 @@ class TaskStore(LeaseOps, InspectReads, WorkerOps, AdminOps, BulkOps):
         self._open_lock: asyncio.Lock | None = None
         self._known_groups: set[tuple[str, str]] = set()
         self._capped: set[str] = set()
+        self._limited: set[str] = set()
         self._busy: set[tuple[str, tuple[str, ...], str | None]] = set()
         self._claims_noted: dict[tuple[str, str], float] = {}
         self._work_waker: wake.Waker | None = None
@@ -221,6 +222,7 @@ class TaskStore(LeaseOps, InspectReads, WorkerOps, AdminOps, BulkOps):
         metadata: dict[str, Any] | None = None,
         backoff: Backoff | dict[str, float] | v.Duration | None = None,
         connection: Any = None,
+        concurrency_key: str | None = None,
     ) -> Task:
         """Insert one task and return it (queue-mode view).
 
@@ -229,6 +231,9 @@ class TaskStore(LeaseOps, InspectReads, WorkerOps, AdminOps, BulkOps):
         or cancelled and replaced (``"replace"``). With ``connection`` (the caller's
         SQLAlchemy ``AsyncConnection`` or ``AsyncSession``), the task is written in
         the caller's transaction and exists only once the caller commits.
+        ``concurrency_key`` names the task's tenant for its queue's flow control
+        (``key_concurrency``, ``key_rate`` and ``fair`` of
+        :meth:`configure_queue`; one key for all three); not with a ``partition``.
         """
         request = {
             "name": name,
@@ -246,6 +251,8 @@ class TaskStore(LeaseOps, InspectReads, WorkerOps, AdminOps, BulkOps):
             "metadata": metadata,
             "backoff": backoff,
         }
+        if concurrency_key is not None:
+            request["concurrency_key"] = concurrency_key
         return (await self.submit_many([request], connection=connection))[0]
 
     async def submit_many(

@@ -32,6 +32,7 @@ SUBMIT_FIELDS = frozenset(
         "correlation_id",
         "metadata",
         "backoff",
+        "concurrency_key",
     }
 )
 
@@ -60,6 +61,9 @@ class Request:
     key_id: str | None = None
     #: Seal it whatever its queue's setting (a dead letter of a sealed task).
     seal: bool = False
+    #: The task's flow-control key (:mod:`conveyor.store.protocol.limits`); a
+    #: request with one goes step by step (``insert_rows``).
+    concurrency_key: str | None = None
 
 
 def prepare(req: Mapping[str, Any], *, max_size: int | None = None) -> Request:
@@ -113,6 +117,15 @@ def prepare(req: Mapping[str, Any], *, max_size: int | None = None) -> Request:
     if correlation_id is not None:
         correlation_id = v.name("correlation_id", correlation_id)
     meta = get("metadata")
+    concurrency_key = get("concurrency_key")
+    if concurrency_key is not None:
+        concurrency_key = v.name("concurrency_key", concurrency_key)
+        if partition is not None:
+            # A partition already orders its tasks one at a time; its streams are
+            # claimed whole, never counted per key.
+            raise InvalidArgument(
+                "concurrency_key", "cannot be given with a partition: choose one of the two"
+            )
     return Request(
         id=v.new_task_id(),
         name=name,
@@ -129,6 +142,7 @@ def prepare(req: Mapping[str, Any], *, max_size: int | None = None) -> Request:
         parent_id=parent,
         correlation_id=correlation_id,
         metadata="{}" if meta is None else v.metadata(meta, max_size=max_size),
+        concurrency_key=concurrency_key,
     )
 
 

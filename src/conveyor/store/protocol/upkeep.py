@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from conveyor import _values as v
 from conveyor.errors import InvalidArgument
-from conveyor.models import Backoff
+from conveyor.models import Backoff, Rate
 from conveyor.schema import counts as cn
 from conveyor.schema import deliveries as d
 from conveyor.schema import groups as g
@@ -91,9 +91,36 @@ def queue_settings(
     max_depth: int | None = None,
     debounce: v.Duration | None = None,
     encrypt: bool | None = None,
+    concurrency: int | None = None,
+    key_concurrency: int | None = None,
+    rate: Rate | int | None = None,
+    key_rate: Rate | int | None = None,
+    fair: bool | None = None,
 ) -> dict[str, Any]:
     """Validate configure_queue()'s arguments: the column values to store."""
     values: dict[str, Any] = {}
+    for field, limit in (("concurrency", concurrency), ("key_concurrency", key_concurrency)):
+        if limit is not None:
+            if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit < 2**31:
+                raise InvalidArgument(
+                    field, f"must be a whole number >= 0 (0: no limit), got {limit!r}"
+                )
+            values[field] = limit or None
+    for field, given in (("rate", rate), ("key_rate", key_rate)):
+        if given is None:
+            continue
+        if isinstance(given, Rate):
+            values[f"{field}_limit"], values[f"{field}_per"] = given.limit, given.per
+        elif given == 0 and not isinstance(given, bool) and isinstance(given, int):
+            values[f"{field}_limit"] = values[f"{field}_per"] = None
+        else:
+            raise InvalidArgument(
+                field, f"must be a conveyor.Rate, or 0 to clear it, got {given!r}"
+            )
+    if fair is not None:
+        if not isinstance(fair, bool):
+            raise InvalidArgument("fair", f"must be True or False, got {fair!r}")
+        values["fair"] = fair or None
     if encrypt is not None:
         if not isinstance(encrypt, bool):
             raise InvalidArgument("encrypt", f"must be True or False, got {encrypt!r}")
@@ -164,6 +191,11 @@ def settings_dict(queue: str, row: Any, paused: bool) -> dict[str, Any]:
         "max_depth": None,
         "debounce": None,
         "encrypt": False,
+        "concurrency": None,
+        "key_concurrency": None,
+        "rate": None,
+        "key_rate": None,
+        "fair": False,
     }
     if row is not None:
         out.update(
@@ -178,6 +210,13 @@ def settings_dict(queue: str, row: Any, paused: bool) -> dict[str, Any]:
             max_depth=row.max_depth,
             debounce=row.debounce,
             encrypt=bool(row.encrypt),
+            concurrency=row.concurrency,
+            key_concurrency=row.key_concurrency,
+            rate=None if row.rate_limit is None else Rate(row.rate_limit, row.rate_per),
+            key_rate=(
+                None if row.key_rate_limit is None else Rate(row.key_rate_limit, row.key_rate_per)
+            ),
+            fair=bool(row.fair),
         )
     out["paused"] = paused
     return out
