@@ -65,8 +65,9 @@ def downgrade() -> None:
     op.drop_table("conveyor_rate_state")
     op.drop_index("ix_conveyor_deliveries_running_key", table_name="conveyor_deliveries")
     op.drop_index("ix_conveyor_deliveries_ready_key", table_name="conveyor_deliveries")
-    with op.batch_alter_table("conveyor_deliveries") as batch:
-        batch.drop_column("concurrency_key")
+    # DROP COLUMN in place on both backends (SQLite >= 3.35): a batch-mode table
+    # rebuild would recreate the delivery indexes without their DESC columns.
+    op.execute("ALTER TABLE conveyor_deliveries DROP COLUMN concurrency_key")
     with op.batch_alter_table("conveyor_tasks") as batch:
         batch.drop_column("concurrency_key")
     with op.batch_alter_table("conveyor_queues") as batch:
