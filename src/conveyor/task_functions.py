@@ -315,9 +315,7 @@ def task_factory(
     if isinstance(concurrency_key, str):
         v.name("concurrency_key", concurrency_key)
     elif concurrency_key is not None and not callable(concurrency_key):
-        raise InvalidArgument(
-            "concurrency_key", "must be a name or a function of the arguments"
-        )
+        raise InvalidArgument("concurrency_key", "must be a name or a function of the arguments")
 
     def make(fn: Callable[Concatenate[Any, P], R]) -> TaskFunction[P, R]:
         return TaskFunction(

@@ -90,8 +90,7 @@ def only_parents(reqs: list[Request]) -> bool:
     """No key or partition among ``reqs``, and some parent: the dialect's
     one-statement submit of children serves (``submit_child``, ``submit_children``)."""
     return not any(
-        r.key is not None or r.partition is not None or r.concurrency_key is not None
-        for r in reqs
+        r.key is not None or r.partition is not None or r.concurrency_key is not None for r in reqs
     ) and any(r.parent_id is not None for r in reqs)
 
 
