@@ -1,6 +1,7 @@
 """A claimer process for the flow-control race tests: from START (epoch seconds,
 read from stdin once it has printed ``ready``) until START + SECONDS it claims
-queue QUEUE as hard as it can (LIMIT at a time), holds each task HOLD seconds, then succeeds it; prints how many it claimed.
+queue QUEUE as hard as it can (LIMIT at a time), holds each task HOLD seconds,
+then succeeds it; prints how many it claimed.
 The test starts the clock once every process is up."""
 
 from __future__ import annotations
