@@ -207,3 +207,41 @@ async def test_limited_and_plain_queues_in_one_claim(store: TaskStore) -> None:
     )
     taken = await store.claim(["lim", "free"], worker_id="w", limit=10)
     assert Counter(t.queue for t in taken) == {"free": 3, "lim": 1}
+
+
+async def _rate_rows(store: TaskStore) -> set[tuple[int, str]]:
+    from sqlalchemy import select
+
+    from conveyor.schema import rate_state
+
+    assert store._engine is not None
+    async with store._engine.connect() as conn:
+        rows = await conn.execute(select(rate_state.c.scope, rate_state.c.key))
+        return {(int(r.scope), str(r.key)) for r in rows}
+
+
+async def test_maintain_prunes_the_rate_state_that_limits_nothing(store: TaskStore) -> None:
+    from conveyor.store.protocol.upkeep import RATE_STATE_KEEP
+
+    await store.configure_queue("q", rate=Rate(100), key_rate=Rate(1, per=60), fair=True)
+    await store.submit_many(
+        [{"name": "t", "queue": "q", "concurrency_key": key} for key in ("old1", "old2")]
+    )
+    for task in await store.claim("q", worker_id="w", limit=10):
+        await store.succeed(task.id, worker_id="w", attempt=task.attempt)
+    # The queue's rate (scope 0), each key's rate (1) and its last turn (2).
+    old = {(0, ""), (1, "old1"), (1, "old2"), (2, "old1"), (2, "old2")}
+    await store.maintain()
+    assert await _rate_rows(store) == old  # all still within their time: kept
+    # Past every old row's time by more than the keep; then a new key is served.
+    store.clock_offset = RATE_STATE_KEEP + 61
+    assert await _running(store, "q") == 0
+    await store.submit("t", queue="q", concurrency_key="new")
+    assert len(await store.claim("q", worker_id="w", limit=10)) == 1
+    assert await _rate_rows(store) == old | {(1, "new"), (2, "new")}
+    await store.maintain()
+    assert await _rate_rows(store) == {(0, ""), (1, "new"), (2, "new")}
+    # A pruned key is limited afresh: a full burst (of 1), then held.
+    await store.submit_many([{"name": "t", "queue": "q", "concurrency_key": "old1"}] * 2)
+    assert len(await store.claim("q", worker_id="w", limit=10)) == 1
+    assert await store.claim("q", worker_id="w", limit=10) == []

@@ -270,6 +270,8 @@ class AdminOps(Seam):
         from many workers at once: on Postgres one runs while the others skip
         (``skipped`` = 1); on SQLite the write lock serialises the passes.
         Retention deletes in bounded batches, each its own short transaction.
+        The pass also deletes flow control's rate state that limits nothing any
+        more (a rate's or a fair turn's row whose time passed over an hour ago).
         """
         if self._engine is None:
             await self.open()

@@ -23,7 +23,7 @@ from conveyor.schema import keys as k
 from conveyor.schema import maintenance as mt
 from conveyor.schema import queues as qs
 from conveyor.schema import tasks as t
-from conveyor.store.protocol import dead_letters, observed, pauses, streams, wake
+from conveyor.store.protocol import dead_letters, limits, observed, pauses, streams, wake
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.seam import Seam
@@ -31,6 +31,11 @@ from conveyor.store.seam import Seam
 PURGE_BATCH = 1_000
 IDLE_STREAM_BATCH = 1_000
 ROLLUP_BATCH = 5_000
+#: How long past its time a row of ``conveyor_rate_state`` is kept (seconds). A
+#: rate's row whose time has passed limits nothing (a full burst is allowed again,
+#: as with no row at all); a fair queue's turn that old only orders keys served
+#: that long ago among themselves, and forgetting it puts them first, which is fair.
+RATE_STATE_KEEP = 3600.0
 TERMINAL = ("succeeded", "failed", "cancelled", "evicted", "skipped")
 LEASE_EXPIRED = json.dumps(
     {
@@ -301,6 +306,7 @@ async def maintain(st: Seam, *, housekeeping: bool = True) -> dict[str, int]:
         if housekeeping:
             await rollup(st)
             await drop_idle_streams(st)
+            await tx.run(st, functools.partial(limits.prune_tx, st, keep_s=RATE_STATE_KEEP))
         # Not a write of the protocol's: on SQLite (nothing to refresh) it must not
         # take the write lock; Postgres's ANALYZE runs in any transaction.
         await tx.run(st, st._refresh_statistics, write=False)
