@@ -42,6 +42,7 @@ SPAWN.set_forkserver_preload(
         "conveyor",
         "conveyor.worker",
         "benchmarks.conveyor_side",
+        "benchmarks.flow",
         "benchmarks.pg_peers",
         "benchmarks.sqlite_peers",
         "asyncpg",
@@ -65,6 +66,9 @@ class Outcome:
     cpu: float
     latencies: list[float] = field(default_factory=list)  # seconds, latency workloads
     per_group: list[float] = field(default_factory=list)  # tasks/s per consumer group
+    #: What a workload measures beside tasks/s (flow control: a rate's ratio to
+    #: its limit, the most tasks seen running per key), by name.
+    extra: dict[str, float] = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
@@ -218,6 +222,9 @@ class Probe:
         self._results = results
         self.ids: list[int] = []
         self.latencies: list[float] = []
+        #: Times (``time.time()``) a consumer notes for itself: flow control's
+        #: workloads note when each task started.
+        self.marks: list[float] = []
         self.t0: float | None = None
         self.t1: float | None = None
         self.cpu0 = 0.0
@@ -273,6 +280,7 @@ class Probe:
                 "index": self.index,
                 "ids": self.ids,
                 "latencies": self.latencies,
+                "marks": self.marks,
                 "t0": self.t0,
                 "t1": self.t1,
                 "cpu": self.cpu1 - self.cpu0 if self.t0 is not None else 0.0,

@@ -27,6 +27,7 @@ from importlib import metadata
 from typing import Any
 
 from benchmarks import conveyor_side as cv
+from benchmarks import flow
 from benchmarks import pg_peers as pgp
 from benchmarks import sqlite_peers as slp
 from benchmarks.harness import (
@@ -366,6 +367,7 @@ class Workload:
     name: str  # the row
     cases: list[Case]
     kind: str = "rate"  # "rate" or "latency"
+    base: str | None = None  # the column the others are shown as a ratio of
     results: dict[str, list[Outcome]] = dataclasses.field(default_factory=dict)
     error: str | None = None
 
@@ -407,6 +409,7 @@ def workloads(pg: bool, sqlite: bool, quick: bool = False) -> list[Workload]:
             )
         )
         out += both_backend_workloads(s, CONVEYOR_STORE_PG, CONVEYOR_APP_PG)
+        out += flow_workloads(s, "pg", quick)
     if sqlite:
         s = "SQLite"
         systems = SQLITE_SYSTEMS
@@ -442,7 +445,16 @@ def workloads(pg: bool, sqlite: bool, quick: bool = False) -> list[Workload]:
             )
         )
         out += both_backend_workloads(s, CONVEYOR_STORE_SQLITE, CONVEYOR_APP_SQLITE)
+        out += flow_workloads(s, "sqlite", quick)
     return out
+
+
+def flow_workloads(section: str, backend: str, quick: bool) -> list[Workload]:
+    """Flow control's rows (benchmarks/flow.py)."""
+    return [
+        Workload(section, name, cases, base=base)
+        for name, cases, base in flow.workloads(backend, quick)
+    ]
 
 
 def both_backend_workloads(section: str, store: System, app: System) -> list[Workload]:
@@ -510,13 +522,21 @@ class Cell:
     p50_ms: float | None = None
     p99_ms: float | None = None
     per_group: list[float] | None = None
+    extra: dict[str, float] = dataclasses.field(default_factory=dict)
+    of_base: float | None = None  # rate ÷ the row's base column (same run)
 
     def text(self) -> str:
         if self.p50_ms is not None and self.p99_ms is not None:
             return f"{self.p50_ms:.1f} / {self.p99_ms:.1f} ms ({self.cpu_us:,.0f} µs)"
         if self.rate is None:
             return "—"
-        return f"{self.rate:,.0f} ({self.cpu_us:,.0f} µs)"
+        shown = f"{self.rate:,.0f} ({self.cpu_us:,.0f} µs)"
+        if self.of_base is not None:
+            shown += f" ×{self.of_base:.2f}"
+        for name, value in self.extra.items():
+            counted = name.startswith("max") or name == "samples"
+            shown += f"; {name} {value:,.0f}" if counted else f"; {name} {value:.3f}"
+        return shown
 
 
 def summarise(wl: Workload) -> dict[str, Cell]:
@@ -530,11 +550,26 @@ def summarise(wl: Workload) -> dict[str, Cell]:
             )
         else:
             groups = [o.per_group for o in outs if o.per_group]
+            names = list(dict.fromkeys(name for o in outs for name in o.extra))
             cells[label] = Cell(
                 rate=median([o.rate for o in outs]),
                 cpu_us=median([o.cpu_us for o in outs]),
                 per_group=[median(list(g)) for g in zip(*groups, strict=True)] if groups else None,
+                # The most seen of a count (running per key), the median of a ratio.
+                extra={
+                    name: (max if name.startswith("max") else median)(
+                        [o.extra[name] for o in outs if name in o.extra]
+                    )
+                    for name in names
+                },
             )
+    base = cells.get(wl.base) if wl.base else None
+    if base is not None and base.rate:
+        # Ratios within each repetition (the columns ran one after another), then
+        # their median: steadier on a noisy machine than a ratio of medians.
+        for label, outs in wl.results.items():
+            pairs = zip(outs, wl.results[wl.base or ""], strict=False)
+            cells[label].of_base = median([o.rate / b.rate for o, b in pairs])
     return cells
 
 

@@ -35,7 +35,8 @@ TABLES = (
     "conveyor_deliveries, conveyor_streams, conveyor_keys, conveyor_groups, "
     "conveyor_queues, conveyor_maintenance, conveyor_counts, conveyor_throughput, "
     "conveyor_totals, conveyor_tasks, conveyor_schedules, conveyor_waiters, conveyor_workers, "
-    "conveyor_pauses, conveyor_group_claims, conveyor_dependencies, conveyor_batches"
+    "conveyor_pauses, conveyor_group_claims, conveyor_dependencies, conveyor_batches, "
+    "conveyor_rate_state"
 )
 
 

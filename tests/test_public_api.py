@@ -50,6 +50,7 @@ EXPORTS = [
     "ProtocolVersionMismatch",
     "QueueFull",
     "QueueStats",
+    "Rate",
     "SeekResult",
     "Snooze",
     "Status",

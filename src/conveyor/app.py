@@ -207,6 +207,7 @@ class App:
         partition: PartitionSpec = None,
         retry_on: type[BaseException] | Sequence[type[BaseException]] | None = None,
         no_retry_on: type[BaseException] | Sequence[type[BaseException]] | None = None,
+        concurrency_key: PartitionSpec = None,
     ) -> Callable[[Handler[P, R]], TaskFunction[P, R]]: ...
 
     def task(
@@ -222,6 +223,7 @@ class App:
         partition: PartitionSpec = None,
         retry_on: type[BaseException] | Sequence[type[BaseException]] | None = None,
         no_retry_on: type[BaseException] | Sequence[type[BaseException]] | None = None,
+        concurrency_key: PartitionSpec = None,
     ) -> TaskFunction[P, R] | Callable[[Handler[P, R]], TaskFunction[P, R]]:
         """Register a task function (``@app.task`` or ``@app.task(...)``).
 
@@ -236,6 +238,9 @@ class App:
         classes, or tuples of them; ``raise conveyor.Permanent(...)`` always fails
         for good, and ``conveyor.Snooze(seconds)`` runs the task again later
         without spending an attempt (:mod:`conveyor.outcomes`).
+        ``concurrency_key`` names each run's flow-control key (a name, or a
+        function of the arguments like ``partition``; see
+        :meth:`conveyor.TaskStore.configure_queue`).
         """
         make = task_factory(
             self,
@@ -248,6 +253,7 @@ class App:
             partition=partition,
             retry_on=retry_on,
             no_retry_on=no_retry_on,
+            concurrency_key=concurrency_key,
         )
 
         def register(fn: Handler[P, R]) -> TaskFunction[P, R]:

@@ -56,6 +56,33 @@ class Backoff:
 
 
 @dataclass(frozen=True, slots=True)
+class Rate:
+    """A rate limit: at most ``limit`` claims (task starts) per ``per`` seconds.
+
+    Given to :meth:`~conveyor.TaskStore.configure_queue` as ``rate=`` (per queue
+    and consumer group) or ``key_rate=`` (per concurrency key). Starts may come in
+    a burst of up to ``limit`` after a quiet period, then one every
+    ``per / limit`` seconds. Checked when made: ``limit`` a whole number >= 1,
+    ``per`` seconds > 0 (an ``int``, ``float`` or ``timedelta``, kept as a float).
+    """
+
+    limit: int
+    per: float = 1.0
+
+    def __post_init__(self) -> None:
+        from conveyor import _values as v
+        from conveyor.errors import InvalidArgument
+
+        limit, per = self.limit, self.per
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidArgument("Rate.limit", f"must be a whole number >= 1, got {limit!r}")
+        if limit >= 2**31:
+            raise InvalidArgument("Rate.limit", f"must fit in 32 bits, got {limit!r}")
+        seconds = v.duration_seconds("Rate.per", per, allow_zero=False)
+        object.__setattr__(self, "per", seconds)
+
+
+@dataclass(frozen=True, slots=True)
 class Task:
     """An immutable snapshot of a task as seen by queue mode or by one group."""
 

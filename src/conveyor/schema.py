@@ -79,6 +79,10 @@ tasks = Table(
     # see conveyor.encryption). A task of an encrypted queue has its results,
     # errors and progress messages sealed too; rekey finds what to seal again here.
     Column("key_id", String(64), nullable=True),
+    # The task's tenant for flow control (``submit(concurrency_key=...)``): counted by
+    # its queue's key_concurrency and key_rate, and the unit its fair claims take
+    # turns between (NULL: no key; see conveyor.store.protocol.limits).
+    Column("concurrency_key", String(NAME), nullable=True),
     sqlite_autoincrement=True,
 )
 # Every index here is paid by every submit (a task row is written once and never
@@ -165,6 +169,9 @@ deliveries = Table(
     # reads it: rows without dependents pay nothing).
     Column("waiting_on", Integer, nullable=True),
     Column("has_dependents", Boolean, nullable=True),
+    # Copied from the task (revision 0018), so the flow-control claim counts and
+    # picks by key from delivery indexes alone.
+    Column("concurrency_key", String(NAME), nullable=True),
 )
 # Unordered claimable work: the claim reads this index in claim order and stops.
 Index(
@@ -195,6 +202,33 @@ Index(
     deliveries.c.lease_expires_at,
     postgresql_where=text("status = 'running'"),
     sqlite_where=text("status = 'running'"),
+)
+# Flow control (revision 0018, conveyor.store.protocol.limits): the ready
+# unpartitioned rows by tenant, so a claim of a key-limited or fair queue finds
+# the keys with work (a loose index scan) and each key's first rows in claim order
+# by index, however many tasks one tenant has queued. Unkeyed rows are in it too:
+# they are one tenant (the NULL key), found by ``concurrency_key IS NULL``.
+Index(
+    "ix_conveyor_deliveries_ready_key",
+    deliveries.c.grp,
+    deliveries.c.queue,
+    deliveries.c.concurrency_key,
+    deliveries.c.priority.desc(),
+    deliveries.c.run_at,
+    deliveries.c.task_seq,
+    postgresql_where=text("status = 'queued' AND partition IS NULL"),
+    sqlite_where=text("status = 'queued' AND partition IS NULL"),
+)
+# Leased keyed rows: a key-limited claim counts each key's running tasks here
+# (what workers hold: few), never reading finished work.
+Index(
+    "ix_conveyor_deliveries_running_key",
+    deliveries.c.grp,
+    deliveries.c.queue,
+    deliveries.c.concurrency_key,
+    deliveries.c.lease_expires_at,
+    postgresql_where=text("status = 'running' AND concurrency_key IS NOT NULL"),
+    sqlite_where=text("status = 'running' AND concurrency_key IS NOT NULL"),
 )
 # Listing and counting by status. On Postgres, leased rows are left out of this
 # index and the next (revision 0006): a claim's UPDATE writes a new version of
@@ -329,6 +363,35 @@ queues = Table(
     # True: the queue's values are stored sealed (conveyor.encryption); every submit
     # statement refuses to write a plain row to it (NULL means False).
     Column("encrypt", Boolean, nullable=True),
+    # Flow control (revision 0018, conveyor.store.protocol.limits; NULL: no limit).
+    # The most deliveries of the queue running at once, per group (queue mode is
+    # one), and per concurrency key within that.
+    Column("concurrency", Integer, nullable=True),
+    Column("key_concurrency", Integer, nullable=True),
+    # The most claims (starts) per ``rate_per`` seconds, per group; and per key.
+    Column("rate_limit", Integer, nullable=True),
+    Column("rate_per", Float, nullable=True),
+    Column("key_rate_limit", Integer, nullable=True),
+    Column("key_rate_per", Float, nullable=True),
+    # True: claims take tasks round-robin across concurrency keys (NULL: False).
+    Column("fair", Boolean, nullable=True),
+)
+
+# Rate limits' state (revision 0018): per (queue, group) (``scope`` 0, ``key``
+# '') and per (queue, group, concurrency key) (``scope`` 1), the theoretical
+# arrival time of the next claim in µs (the generic cell rate algorithm): a claim
+# may start as many tasks as fit between it and now plus the rate's period. Read
+# and written only by flow-controlled claims, which hold the queue's settings
+# row meanwhile; a row whose time has passed means no more than no row, and
+# maintain() deletes those.
+rate_state = Table(
+    "conveyor_rate_state",
+    metadata,
+    Column("queue", String(NAME), primary_key=True),
+    Column("grp", String(NAME), primary_key=True),
+    Column("scope", SmallInteger, primary_key=True),
+    Column("key", String(NAME), primary_key=True),
+    Column("tat", BigInteger, nullable=False),
 )
 
 maintenance = Table(

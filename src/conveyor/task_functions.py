@@ -163,6 +163,11 @@ class TaskCall(Generic[P]):
             request["partition"] = (
                 fn.partition(*args, **kwargs) if callable(fn.partition) else fn.partition
             )
+        if "concurrency_key" not in self.options and fn.concurrency_key is not None:
+            spec = fn.concurrency_key
+            key = spec(*args, **kwargs) if callable(spec) else spec
+            if key is not None:
+                request["concurrency_key"] = key
         request.update(self.options)
         return request
 
@@ -192,6 +197,7 @@ class TaskFunction(Generic[P, R]):
         partition: PartitionSpec,
         retry_on: ExceptionTypes = (),
         no_retry_on: ExceptionTypes = (),
+        concurrency_key: PartitionSpec = None,
     ) -> None:
         self.app = app
         self.func = func
@@ -202,6 +208,9 @@ class TaskFunction(Generic[P, R]):
         self.backoff = backoff
         self.priority = priority
         self.partition = partition
+        #: The flow-control key of each run: a fixed name, or a function of the
+        #: arguments (see :meth:`conveyor.TaskStore.submit`).
+        self.concurrency_key = concurrency_key
         #: Only these exceptions are retried (empty: all are), see
         #: :func:`conveyor.outcomes.is_retryable`.
         self.retry_on = retry_on
@@ -241,6 +250,7 @@ class TaskFunction(Generic[P, R]):
         on_parent_failure: Literal["cancel", "run"] | None = None,
         batch: Any = None,
         connection: Any = None,
+        concurrency_key: str | None = None,
     ) -> TaskCall[P]:
         """Submit options for one call: ``fn.with_options(partition="c7").submit(...)``.
 
@@ -265,6 +275,7 @@ class TaskFunction(Generic[P, R]):
             "after": after,
             "on_parent_failure": on_parent_failure,
             "batch": batch,
+            "concurrency_key": concurrency_key,
         }
         options = {k: val for k, val in given.items() if val is not None}
         return TaskCall(self, options, connection)
@@ -290,6 +301,7 @@ def task_factory(
     partition: PartitionSpec,
     retry_on: object = None,
     no_retry_on: object = None,
+    concurrency_key: PartitionSpec = None,
 ) -> Callable[[Callable[Concatenate[Any, P], R]], TaskFunction[P, R]]:
     """Check ``@app.task``'s options now; the returned function wraps one handler.
 
@@ -308,6 +320,10 @@ def task_factory(
         v.name("partition", partition)
     elif partition is not None and not callable(partition):
         raise InvalidArgument("partition", "must be a name or a function of the arguments")
+    if isinstance(concurrency_key, str):
+        v.name("concurrency_key", concurrency_key)
+    elif concurrency_key is not None and not callable(concurrency_key):
+        raise InvalidArgument("concurrency_key", "must be a name or a function of the arguments")
 
     def make(fn: Callable[Concatenate[Any, P], R]) -> TaskFunction[P, R]:
         return TaskFunction(
@@ -322,6 +338,7 @@ def task_factory(
             partition=partition,
             retry_on=checked_retry_on,
             no_retry_on=checked_no_retry_on,
+            concurrency_key=concurrency_key,
         )
 
     return make

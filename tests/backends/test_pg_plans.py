@@ -128,6 +128,7 @@ def _claim_params(worker: str) -> dict[str, Any]:
         "keyless": True,
         "queue": "q",
         "offset_us": 0,
+        "flow": False,
     }
 
 

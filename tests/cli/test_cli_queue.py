@@ -179,3 +179,76 @@ def test_queue_debounce_is_set_shown_and_cleared(store_url: str) -> None:
         assert task.run_at is not None and task.created_at is not None
         assert (task.run_at - task.created_at).total_seconds() == 5
     assert ok_json("queue", "set", "docs", "--debounce", "0", url=store_url)["debounce"] is None
+
+
+def test_flow_control_is_set_shown_and_cleared(store_url: str) -> None:
+    """`--concurrency`, `--key-concurrency`, `--rate LIMIT/PER`, `--key-rate`,
+    `--fair/--no-fair`: stored as configure_queue stores them, shown in the table
+    (a rate as --rate takes it) and as JSON, 0 / --no-fair clear them; a bad rate
+    is refused naming its option and writes nothing."""
+    settings = ok_json(
+        "queue",
+        "set",
+        "api",
+        "--concurrency",
+        "10",
+        "--key-concurrency",
+        "2",
+        "--rate",
+        "100/1s",
+        "--key-rate",
+        "5/1m",
+        "--fair",
+        url=store_url,
+    )
+    assert settings["concurrency"] == 10 and settings["key_concurrency"] == 2
+    assert settings["rate"] == {"limit": 100, "per": 1.0}
+    assert settings["key_rate"] == {"limit": 5, "per": 60.0}
+    assert settings["fair"] is True
+    with conveyor.connect_sync(store_url) as store:
+        stored = store.get_queue("api")
+    assert stored["rate"] == conveyor.Rate(100, per=1)
+    assert stored["key_rate"] == conveyor.Rate(5, per=60)
+    table, stats, seconds, units, *bad = run_all(
+        ("queue", "show", "api"),
+        ("stats", "--queue", "api", "--json"),
+        ("queue", "set", "other", "--rate", "7/90", "--key-rate", "3/s", "--json"),
+        ("queue", "set", "other2", "--rate", "10/500ms", "--key-rate", "1/1.5h", "--json"),
+        ("queue", "set", "api", "--rate", "100"),
+        ("queue", "set", "api", "--rate", "fast/1s"),
+        ("queue", "set", "api", "--key-rate", "0/1s"),
+        ("queue", "set", "api", "--rate", "5/0s"),
+        ("queue", "set", "api", "--key-rate", "5/1w"),
+        ("queue", "set", "api", "--concurrency", "-1"),
+        url=store_url,
+    )
+    assert table.returncode == 0
+    assert "100/1s" in table.stdout and "5/60s" in table.stdout and "fair" in table.stdout
+    assert json.loads(stats.stdout)[0]["settings"]["rate"] == {"limit": 100, "per": 1.0}
+    assert json.loads(seconds.stdout)["rate"] == {"limit": 7, "per": 90.0}
+    assert json.loads(seconds.stdout)["key_rate"] == {"limit": 3, "per": 1.0}
+    assert json.loads(units.stdout)["rate"] == {"limit": 10, "per": 0.5}
+    assert json.loads(units.stdout)["key_rate"] == {"limit": 1, "per": 5400.0}
+    for proc, option in zip(
+        bad, ["--rate", "--rate", "--key-rate", "--rate", "--key-rate", "concurrency"], strict=True
+    ):
+        assert option in assert_one_line_error(proc, EXIT_USAGE)
+    assert ok_json("queue", "show", "api", url=store_url) == settings  # nothing written
+    cleared = ok_json(
+        "queue",
+        "set",
+        "api",
+        "--concurrency",
+        "0",
+        "--key-concurrency",
+        "0",
+        "--rate",
+        "0",
+        "--key-rate",
+        "0",
+        "--no-fair",
+        url=store_url,
+    )
+    limits = ("concurrency", "key_concurrency", "rate", "key_rate")
+    assert [cleared[k] for k in limits] == [None] * 4
+    assert cleared["fair"] is False

@@ -73,6 +73,7 @@ def claim_params(backend: str, grp: str, limit: int, per_stream: int) -> dict[st
         "limit": limit,
         "per_stream": per_stream,
         "streams": limit,
+        "flow": False,
     }
     if backend == "sqlite":
         return {**common, "now_us": 2**62}

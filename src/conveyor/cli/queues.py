@@ -6,6 +6,7 @@ set|show``, ``rekey``, ``maintain``."""
 # on every command line (some 20 ms).
 
 import json
+import re
 import sys
 from typing import Annotated, Any
 
@@ -16,6 +17,8 @@ from rich.table import Table
 
 from conveyor.cli._common import (
     CONNECT_TIMEOUT,
+    EXIT_USAGE,
+    CliError,
     JsonOption,
     ReadUrlOption,
     UrlOption,
@@ -32,9 +35,10 @@ from conveyor.cli._common import (
 )
 from conveyor.connect import resolve_url
 from conveyor.errors import (
+    InvalidArgument,
     StoreUnavailable,
 )
-from conveyor.models import QueueStats, Status
+from conveyor.models import QueueStats, Rate, Status
 
 
 @cli.command()
@@ -141,7 +145,7 @@ def stats(
         conf.pop("queue", None)
         conf.pop("paused", None)  # the report's own field, not a setting
     if as_json:
-        print_json([{**r.as_dict(), "settings": settings[r.queue]} for r in reports])
+        print_json([{**r.as_dict(), "settings": _plain(settings[r.queue])} for r in reports])
         return
     console = out()
     console.print(f"[dim]{escape(database_line(url))}[/]")
@@ -160,7 +164,7 @@ def stats(
 
 
 queue_cli = typer.Typer(
-    help="Per-queue settings: defaults for submit and claim, eviction and retention.",
+    help="Per-queue settings: defaults for submit and claim, eviction, retention and flow control.",
     no_args_is_help=True,
 )
 cli.add_typer(queue_cli, name="queue")
@@ -255,6 +259,52 @@ def queue_set(
             show_default=False,
         ),
     ] = None,
+    concurrency: Annotated[
+        int | None,
+        typer.Option(
+            "--concurrency",
+            metavar="N",
+            help="Flow control: at most N of the queue's tasks running at once, per "
+            "consumer group (0 clears).",
+            show_default=False,
+        ),
+    ] = None,
+    key_concurrency: Annotated[
+        int | None,
+        typer.Option(
+            "--key-concurrency",
+            metavar="N",
+            help="At most N running at once per concurrency key (0 clears).",
+            show_default=False,
+        ),
+    ] = None,
+    rate: Annotated[
+        str | None,
+        typer.Option(
+            "--rate",
+            metavar="LIMIT/PER",
+            help="At most LIMIT starts per PER, per consumer group: 100/1s, 100/s, "
+            "5/60 (seconds), 5/1m, 1000/1h, 10/500ms (0 clears).",
+            show_default=False,
+        ),
+    ] = None,
+    key_rate: Annotated[
+        str | None,
+        typer.Option(
+            "--key-rate",
+            metavar="LIMIT/PER",
+            help="At most LIMIT starts per PER per concurrency key, as --rate (0 clears).",
+            show_default=False,
+        ),
+    ] = None,
+    fair: Annotated[
+        bool | None,
+        typer.Option(
+            "--fair/--no-fair",
+            help="Claims take tasks round-robin across concurrency keys.",
+            show_default=False,
+        ),
+    ] = None,
     url: UrlOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -262,6 +312,7 @@ def queue_set(
     parsed_backoff: Any = None
     if backoff is not None:
         parsed_backoff = parse_json("--backoff", backoff)
+    parsed_rate, parsed_key_rate = parse_rate("--rate", rate), parse_rate("--key-rate", key_rate)
     with open_store(url) as store:
         settings = store.configure_queue(
             queue,
@@ -276,8 +327,53 @@ def queue_set(
             max_depth=max_depth,
             debounce=debounce,
             encrypt=encrypt,
+            concurrency=concurrency,
+            key_concurrency=key_concurrency,
+            rate=parsed_rate,
+            key_rate=parsed_key_rate,
+            fair=fair,
         )
     _show_settings(settings, as_json)
+
+
+#: ``--rate``'s LIMIT/PER: a whole LIMIT; PER a number of seconds, or a number
+#: (1 if left out) with a unit.
+_RATE = re.compile(r"(\d+)/(\d+(?:\.\d*)?|\.\d+)?(ms|s|m|min|h|d)?")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_rate(option: str, text: str | None) -> Rate | int | None:
+    """``--rate`` / ``--key-rate``: ``LIMIT/PER`` (``100/1s``, ``100/s``, ``5/60``
+    in seconds, ``5/1m``, ``1000/1h``, ``10/500ms``) as a :class:`~conveyor.Rate`,
+    ``0`` (clear the setting) as 0, not given as ``None``."""
+    if text is None:
+        return None
+    given = text.strip()
+    if given == "0":
+        return 0
+    hint = (
+        f"give {option} LIMIT/PER: a whole number of starts per a number of seconds or "
+        f"a duration with a unit (ms, s, m, h, d), e.g. {option} 100/1s, 100/s, 5/60, "
+        f"1000/1h; {option} 0 clears it"
+    )
+    match = _RATE.fullmatch(given)
+    if match is None or (match.group(2) is None and match.group(3) is None):
+        raise CliError(EXIT_USAGE, f"{option}: {text!r} is not a rate LIMIT/PER", hint)
+    amount = 1.0 if match.group(2) is None else float(match.group(2))
+    per = amount * _UNITS[match.group(3) or "s"]
+    try:
+        return Rate(int(match.group(1)), per=per)
+    except InvalidArgument as exc:
+        raise CliError(EXIT_USAGE, f"{option}: {text!r}: {exc.problem}", hint) from None
+
+
+def _plain(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` as JSON can hold them: a :class:`~conveyor.Rate` as
+    ``{"limit": ..., "per": seconds}``."""
+    return {
+        name: {"limit": value.limit, "per": value.per} if isinstance(value, Rate) else value
+        for name, value in settings.items()
+    }
 
 
 @queue_cli.command("show")
@@ -344,9 +440,13 @@ def _paused_line(
         out().print(f"{what}: {'already paused' if paused else 'was not paused'}")
 
 
+#: Flow control's settings, shown as "none" rather than "default" when unset.
+_LIMITS = ("concurrency", "key_concurrency", "rate", "key_rate")
+
+
 def _show_settings(settings: dict[str, Any], as_json: bool) -> None:
     if as_json:
-        print_json(settings)
+        print_json(_plain(settings))
         return
     table = Table(
         box=box.SIMPLE_HEAD,
@@ -358,6 +458,8 @@ def _show_settings(settings: dict[str, Any], as_json: bool) -> None:
     for name, value in settings.items():
         if name in ("dead_letter", "max_depth"):
             table.add_row(name, "none" if value is None else escape(str(value)))
+        elif name in _LIMITS:
+            table.add_row(name, "none" if value is None else _setting(value))
         elif name != "queue":
             table.add_row(name, "default" if value is None else _setting(value))
     out().print(table)
@@ -464,11 +566,11 @@ def _stats_table(report: QueueStats, settings: dict[str, Any]) -> Table:
             " [yellow](paused)[/]" if group.paused and not report.paused else ""
         )
         row(label, group.counts, group.lag, group.oldest_claimable_age)
-    # encrypt is shown only where it is on (every other queue would say "no").
+    # encrypt and fair are shown only where on (every other queue would say "no").
     shown = [
         f"{k}={_setting(v)}"
         for k, v in settings.items()
-        if v is not None and not (k == "encrypt" and v is False)
+        if v is not None and not (k in ("encrypt", "fair") and v is False)
     ]
     table.caption = "settings: " + (", ".join(shown) if shown else "defaults")
     table.caption_justify = "left"
@@ -478,6 +580,8 @@ def _stats_table(report: QueueStats, settings: dict[str, Any]) -> Table:
 def _setting(value: Any) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
+    if isinstance(value, Rate):
+        return f"{value.limit}/{value.per:g}s"  # what --rate takes
     if isinstance(value, dict):
         return escape(json.dumps(value, separators=(",", ":")))
     if isinstance(value, float) and value.is_integer():

@@ -33,7 +33,7 @@ SCRIPT_LOCATION = str(Path(__file__).parent)
 VERSION_TABLE = "conveyor_alembic_version"
 #: The newest revision in ``versions/``; a store whose schema is at it opens without
 #: loading Alembic. A new migration moves it (a test checks it is Alembic's head).
-HEAD_REVISION = "0017"
+HEAD_REVISION = "0018"
 TABLE_PREFIX = "conveyor_"
 
 

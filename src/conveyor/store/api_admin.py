@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 from conveyor import _values as v
 from conveyor.errors import InvalidArgument
-from conveyor.models import Backoff, ConsumerGroup, QueueStats, SeekResult
-from conveyor.store.protocol import groups, health, pauses, rekey, seek, upkeep, wake
+from conveyor.models import Backoff, ConsumerGroup, QueueStats, Rate, SeekResult
+from conveyor.store.protocol import groups, health, limits, pauses, rekey, seek, upkeep, wake
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.protocol.stats import stats_tx
 from conveyor.store.seam import Seam
@@ -155,6 +155,11 @@ class AdminOps(Seam):
         max_depth: int | None = None,
         debounce: v.Duration | None = None,
         encrypt: bool | None = None,
+        concurrency: int | None = None,
+        key_concurrency: int | None = None,
+        rate: Rate | int | None = None,
+        key_rate: Rate | int | None = None,
+        fair: bool | None = None,
     ) -> dict[str, Any]:
         """Store defaults for ``queue``; arguments left ``None`` keep their value.
 
@@ -183,6 +188,19 @@ class AdminOps(Seam):
         AES-256-GCM from then on (see :mod:`conveyor.encryption`): a store without
         keys then refuses to submit to or claim from it (:class:`ConfigurationError`);
         ``conveyor rekey`` seals what was stored before.
+
+        Flow control (see :mod:`conveyor.store.protocol.limits`), enforced in the
+        database for every worker of every host: ``concurrency=N`` lets at most N
+        of the queue's tasks run at once (leased, the lease not expired), per
+        consumer group (queue mode is one); ``key_concurrency=N`` at most N per
+        concurrency key (``submit(..., concurrency_key=...)``; tasks without one
+        are not limited by it); ``rate=conveyor.Rate(limit, per=seconds)`` at
+        most ``limit`` claims (starts) per ``per`` seconds, per group;
+        ``key_rate`` the same per key; ``fair=True`` makes a claim take tasks
+        round-robin across keys (the tasks without a key are one more), so a key
+        with a long backlog delays another key's task by one claim at most.
+        ``0`` clears ``concurrency``, ``key_concurrency``, ``rate`` and
+        ``key_rate``; ``fair=False`` clears ``fair``.
         """
         queue = v.name("queue", queue)
         values = upkeep.queue_settings(
@@ -198,11 +216,18 @@ class AdminOps(Seam):
             max_depth=max_depth,
             debounce=debounce,
             encrypt=encrypt,
+            concurrency=concurrency,
+            key_concurrency=key_concurrency,
+            rate=rate,
+            key_rate=key_rate,
+            fair=fair,
         )
         await tx.run(self, lambda conn: upkeep.configure_tx(self, conn, queue, values))
         if encrypt is not None:
             self._keyring.learn([queue], [queue] if encrypt else [])
-        return await self.get_queue(queue)
+        settings = await self.get_queue(queue)
+        limits.learn(self, queue, settings)
+        return settings
 
     async def get_queue(self, queue: str) -> dict[str, Any]:
         """The stored settings of ``queue`` (``None`` where the default applies)."""
@@ -247,6 +272,8 @@ class AdminOps(Seam):
         from many workers at once: on Postgres one runs while the others skip
         (``skipped`` = 1); on SQLite the write lock serialises the passes.
         Retention deletes in bounded batches, each its own short transaction.
+        The pass also deletes flow control's rate state that limits nothing any
+        more (a rate's or a fair turn's row whose time passed over an hour ago).
         """
         if self._engine is None:
             await self.open()

@@ -133,6 +133,7 @@ class TaskStore(LeaseOps, InspectReads, WorkerOps, AdminOps, BulkOps, Dependency
         self._open_lock: asyncio.Lock | None = None
         self._known_groups: set[tuple[str, str]] = set()
         self._capped: set[str] = set()
+        self._limited: set[str] = set()
         self._busy: set[tuple[str, tuple[str, ...], str | None]] = set()
         self._claims_noted: dict[tuple[str, str], float] = {}
         self._work_waker: wake.Waker | None = None
@@ -232,6 +233,7 @@ class TaskStore(LeaseOps, InspectReads, WorkerOps, AdminOps, BulkOps, Dependency
         on_parent_failure: Literal["cancel", "run"] = "cancel",
         batch: Batch | str | None = None,
         connection: Any = None,
+        concurrency_key: str | None = None,
     ) -> Task:
         """Insert one task and return it (queue-mode view).
 
@@ -248,6 +250,10 @@ class TaskStore(LeaseOps, InspectReads, WorkerOps, AdminOps, BulkOps, Dependency
         its own dependents), unless ``on_parent_failure="run"``: then it is
         queued once every parent is terminal. A parent already finished counts
         at once. ``batch`` submits it into a batch (:meth:`batch`).
+
+        ``concurrency_key`` names the task's tenant for its queue's flow control
+        (``key_concurrency``, ``key_rate`` and ``fair`` of
+        :meth:`configure_queue`; one key for all three); not with a ``partition``.
         """
         request = {
             "name": name,
@@ -267,6 +273,8 @@ class TaskStore(LeaseOps, InspectReads, WorkerOps, AdminOps, BulkOps, Dependency
         }
         if after is not None or on_parent_failure != "cancel" or batch is not None:
             request.update(after=after, on_parent_failure=on_parent_failure, batch=batch)
+        if concurrency_key is not None:
+            request["concurrency_key"] = concurrency_key
         return (await self.submit_many([request], connection=connection))[0]
 
     async def submit_many(

@@ -97,6 +97,64 @@ STATEMENTS: tuple[Statement, ...] = (
         """``queues`` (a JSON array): per queue (``queue``) its tasks queued in
         queue mode, delayed ones included (``n``), read after ``depth_lock``.""",
     ),
+    # -------------------------------------------------------------- limits
+    _s(
+        "limits_lock",
+        "limits",
+        """``queues`` (a JSON array, sorted): the settings rows of the
+        flow-controlled queues among them (a concurrency, key_concurrency, rate or
+        key_rate, or fair), locked until commit in queue order: ``queue``,
+        ``concurrency``, ``key_concurrency``, ``rate_limit``, ``rate_per``,
+        ``key_rate_limit``, ``key_rate_per``, ``fair``, ``encrypt``; no row for
+        the others.""",
+    ),
+    _s(
+        "limits_running",
+        "limits",
+        """``queue``, ``grp``, read after ``limits_lock``: one row, the clock
+        (``now``, µs), the rows of the queue in the group running with a lease
+        not expired (``running``), whether a lease has expired (``expired``),
+        whether the queue or the group is paused (``paused``), and the queue's
+        rate state (``tat``, NULL: none).""",
+    ),
+    _s(
+        "limits_keys",
+        "limits",
+        """``queue``, ``grp``: one row per concurrency key with queued
+        unpartitioned rows there (``key``), with its rows running with a lease not
+        expired (``running``), its rate state (``tat``) and last turn
+        (``served``, NULL: none); one row with ``key`` NULL when some of those rows
+        have no key (``running`` 0, ``served`` their turn); one index probe per
+        key, whatever the rows per key.""",
+    ),
+    _s(
+        "limits_pick",
+        "limits",
+        """``queue``, ``grp``, ``keys`` (a JSON array), ``unkeyed`` and
+        ``per_key``: per key of ``keys`` (and of the rows without a key when
+        ``unkeyed``) its first ``per_key`` queued, due unpartitioned rows in claim
+        order (``key``, ``task_seq``, ``priority``, ``run_at``), reading no
+        more.""",
+    ),
+    _s(
+        "limits_lease",
+        "limits",
+        f"""``queue``, ``grp``, ``seqs`` (a JSON array), ``worker_id``,
+        ``lease``: those of the rows ``seqs`` still queued leased as the claim
+        hook leases; {_VIEW} of each.""",
+    ),
+    _s(
+        "limits_spend",
+        "limits",
+        """``queue``, ``grp``, ``spends`` (a JSON array of ``[scope, key,
+        tat]``): each rate state row set to its ``tat``, created where missing.""",
+    ),
+    _s(
+        "limits_prune",
+        "limits",
+        """``keep_us``: the rate state rows whose ``tat`` is more than that
+        before the clock deleted.""",
+    ),
     # ---------------------------------------------------------------- keys
     _s(
         "claim_keys",
@@ -417,9 +475,13 @@ HOOKS: dict[str, str] = {
         ``data_version`` poll and needs no statement.""",
     "claim": " ".join(
         f"""``Seam._claim(ask)`` (``ask`` a ``seam.Claim``: ``grp``, ``queues``,
-        ``worker_id``, ``lease``, ``limit``, ``partition``, ``per_stream``), its own
-        transaction: when a queue of ``queues`` is encrypted and the store has no
-        keys, nothing leased or written and ``ConfigurationError`` raised
+        ``worker_id``, ``lease``, ``limit``, ``partition``, ``per_stream``, ``flow``),
+        its own transaction (``Seam._claim_in``: the caller's), in which the
+        flow-controlled queues (conveyor.store.protocol.limits) lease nothing and
+        are told to ``limits.claimed_from``, unless ``flow`` (then only the
+        unpartitioned rows of key-limited or fair queues are left out): when a
+        queue of ``queues`` is encrypted and the store has no keys, nothing leased
+        or written and ``ConfigurationError`` raised
         (``sealing.claimed_from``, told the encrypted queues before any lease);
         when a lease of ``grp`` in ``queues`` has
         expired, nothing leased or written and ``None`` returned (the protocol

@@ -78,6 +78,11 @@ class Claim:
     #: A claim across streams taking at most that many tasks of each, or ``None``
     #: (one stream, or unpartitioned work).
     per_stream: int | None
+    #: Asked by a flow-controlled claim (:mod:`conveyor.store.protocol.limits`),
+    #: which holds the queues' settings rows and gives ``limit`` as their budget:
+    #: their streams and (but for key-limited or fair queues) their unpartitioned
+    #: rows are claimable. Otherwise a flow-controlled queue leases nothing here.
+    flow: bool = False
 
 
 class Seam(abc.ABC):
@@ -117,6 +122,9 @@ class Seam(abc.ABC):
     #: Queues this store last saw with a max_depth: their submits go step by step
     #: (:mod:`conveyor.store.protocol.depth`).
     _capped: set[str]
+    #: Queues this store last saw flow-controlled: claims of them take the limited
+    #: path at once (:mod:`conveyor.store.protocol.limits`).
+    _limited: set[str]
     #: When this store last wrote each (queue, group)'s claim time (its clock, in
     #: seconds): a group's claims write it at most once a second
     #: (:func:`conveyor.store.protocol.groups.note_claims`).
@@ -307,7 +315,17 @@ class Seam(abc.ABC):
         * The hot path: one round trip to a server (one statement), or one hop to
           the dialect's connection thread. Its statements are the dialect's own,
           named ``claim.<part>`` in its SQL files.
+        * Flow control: the queues among ``queues`` with limits
+          (``conveyor_queues``: concurrency, key_concurrency, rate, key_rate,
+          fair) are handed to :func:`conveyor.store.protocol.limits.claimed_from`
+          and lease nothing, unless ``ask.flow`` (see :class:`Claim`).
         """
+
+    @abc.abstractmethod
+    async def _claim_in(self, conn: AsyncConnection, ask: Claim) -> Sequence[Any] | None:
+        """:meth:`_claim` inside the caller's transaction on ``conn`` (nothing
+        committed here): the flow-controlled claim's step, taken while it holds
+        the queues' settings rows (:mod:`conveyor.store.protocol.limits`)."""
 
     @abc.abstractmethod
     def _statement_texts(self) -> Mapping[str, str]:

@@ -84,6 +84,9 @@ from conveyor.worker.unknown import Policy, UnknownNames, policy
 log = logging.getLogger("conveyor.worker")
 
 HANDOFF_TURNS = 3  # loop turns from a runner's creation to its handler's first line
+# An empty claim of flow-controlled queues (at their limits) waits 25 ms, then twice
+# as long each time up to the poll interval.
+LIMITED_RETRY_FIRST = 0.025
 # A claim that fails waits 0.5 s, then twice as long each time up to 5 s, or less
 # when the wake channel reconnects (the database is back).
 CLAIM_RETRY_FIRST = 0.5
@@ -282,6 +285,7 @@ class Worker:
     async def _claim_loop(self) -> None:
         slot_freed = self._slots.freed
         failures = 0
+        saturated = 0  # empty claims in a row of flow-controlled queues
         while not self._stop.asked.is_set():
             room = self._feed.room()
             if room <= 0:
@@ -321,6 +325,18 @@ class Worker:
                     continue
             elif self.stop_when_idle and idle_before and not self._held:
                 break  # drained: nothing claimable, nothing running or being acked
+            if found:
+                saturated = 0
+            elif any(queue in self.store._limited for queue in self.queues):
+                # A flow-controlled queue at its limit (conveyor.store.protocol.limits):
+                # its new work wakes this loop for claims that find nothing, so wait a
+                # back-off instead (doubling to poll_interval), or until a task of
+                # this worker ends (its slot may be the queue's too). A slot freed by
+                # another worker is found at the next try.
+                saturated += 1
+                pause = min(LIMITED_RETRY_FIRST * 2 ** min(saturated - 1, 6), self.poll_interval)
+                await self._stop.until(asyncio.sleep(pause), slot_freed.wait())
+                continue
             # The last claim took fewer tasks than it asked for (or none): another
             # now would find nothing until new work comes or one of this worker's
             # streams is let go (its next task becomes claimable). A freed slot

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from conveyor.store.protocol import claim_order, sealing, texts
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from conveyor.store.protocol import claim_order, limits, sealing, texts
 from conveyor.store.seam import Claim, Seam
 
 #: The statement by (one queue, durable).
@@ -36,8 +38,11 @@ def statement(built: texts.Texts, *, single: bool, durable: bool) -> texts.Text:
     return text
 
 
-async def claim(st: Seam, durable: bool, ask: Claim) -> list[Any] | None:
-    """The claim hook: see :meth:`conveyor.store.seam.Seam._claim`."""
+async def claim(
+    st: Seam, durable: bool, ask: Claim, conn: AsyncConnection | None = None
+) -> list[Any] | None:
+    """The claim hook: see :meth:`conveyor.store.seam.Seam._claim`; on ``conn``,
+    inside the caller's transaction (:meth:`~conveyor.store.seam.Seam._claim_in`)."""
     queues, limit, partition, per_stream = ask.queues, ask.limit, ask.partition, ask.per_stream
     single = len(queues) == 1
     text = statement(await texts.of(st), single=single, durable=durable)
@@ -51,14 +56,20 @@ async def claim(st: Seam, durable: bool, ask: Claim) -> list[Any] | None:
         "worker_id": ask.worker_id,
         "lease": ask.lease,
         "keyless": st._keyring.encryption is None,
+        "flow": ask.flow,
     }
     if single:
         params["queue"] = queues[0]
     else:
         params["queues"] = list(queues)
-    rows = await texts.alone(st, text, params)
+    if conn is None:
+        rows = await texts.alone(st, text, params)
+    else:
+        rows = list(await texts.execute(conn, st, text, params))
     sealed = rows[0].sealed or ()
     sealing.claimed_from(st, queues, sealed)  # raises when keyless: nothing was leased
+    if not ask.flow:
+        limits.claimed_from(st, queues, rows[0].held or ())
     if rows[0].busy:
         return None
     # Claim order: unit by unit (the statement's rank), a stream's tasks in submit

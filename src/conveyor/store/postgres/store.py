@@ -388,6 +388,9 @@ class PostgresStore(TaskStore):
         # was opened.
         return await pg_claim.claim(self, self.durable_claims, ask)
 
+    async def _claim_in(self, conn: AsyncConnection, ask: Claim) -> Sequence[Any] | None:
+        return await pg_claim.claim(self, self.durable_claims, ask, conn)
+
     def _statement_texts(self) -> Mapping[str, str]:
         return texts.load("conveyor.store.postgres")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import ColumnElement, select, update
@@ -23,7 +24,7 @@ from conveyor.models import Task
 from conveyor.schema import deliveries as d
 from conveyor.schema import queues as qs
 from conveyor.schema import tasks as t
-from conveyor.store.protocol import codec, dead_letters, streams, upkeep
+from conveyor.store.protocol import codec, dead_letters, limits, streams, upkeep
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.seam import Claim, Seam
@@ -64,12 +65,12 @@ async def claim(
             if not await tx.run(st, ask, write=False):
                 return []
     wanted = Claim(grp, names, worker_id, lease, limit, partition, per_stream)
-    rows = await st._claim(wanted)
+    rows = await _ask(st, wanted)
     for _ in range(RECOVERIES):
         if rows is not None:
             break
         await tx.run(st, lambda conn: upkeep.recover_tx(st, conn, grp, names))
-        rows = await st._claim(wanted)
+        rows = await _ask(st, wanted)
     # Built after the commit: no lock is held meanwhile.
     keyring = st._keyring
     claimed = [codec.row_to_task(row, keyring) for row in rows or ()]
@@ -84,6 +85,24 @@ async def claim(
     else:
         st._busy.discard(busy_key)
     return claimed
+
+
+async def _ask(st: Seam, wanted: Claim) -> Sequence[Any] | None:
+    """One claim: by the claim hook, and by the flow-controlled path
+    (:mod:`.limits`) for the queues that have limits, at once for those this
+    store knows of, after the hook for those it tells of."""
+    if any(queue in st._limited for queue in wanted.queues):
+        return await limits.claim(st, wanted)
+    rows = await st._claim(wanted)
+    if rows is None or len(rows) >= wanted.limit:
+        return rows
+    limited = [queue for queue in wanted.queues if queue in st._limited]
+    if not limited:
+        return rows
+    rest = replace(wanted, queues=limited, limit=wanted.limit - len(rows))
+    # None (a lease of those queues expired): what the hook leased stands, and
+    # the next claim recovers first.
+    return [*rows, *(await limits.claim(st, rest) or ())]
 
 
 Values = Callable[[ColumnElement[int]], dict[str, Any]]

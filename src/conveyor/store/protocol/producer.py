@@ -36,9 +36,14 @@ DEFAULT_MAX_ATTEMPTS = 3
 
 
 def is_plain(reqs: list[Request]) -> bool:
-    """No key, partition or parent among ``reqs``: the one-statement submit serves."""
+    """No key, partition, parent or concurrency key among ``reqs``: the
+    one-statement submit serves."""
     return not any(
-        r.key is not None or r.partition is not None or r.parent_id is not None or r.linked
+        r.key is not None
+        or r.partition is not None
+        or r.parent_id is not None
+        or r.concurrency_key is not None
+        or r.linked
         for r in reqs
     )
 
@@ -87,9 +92,10 @@ async def submit(st: Seam, reqs: list[Request]) -> list[Task]:
 def only_parents(reqs: list[Request]) -> bool:
     """No key or partition among ``reqs``, and some parent: the dialect's
     one-statement submit of children serves (``submit_child``, ``submit_children``)."""
-    return not any(r.key is not None or r.partition is not None or r.linked for r in reqs) and any(
-        r.parent_id is not None for r in reqs
-    )
+    return not any(
+        r.key is not None or r.partition is not None or r.concurrency_key is not None or r.linked
+        for r in reqs
+    ) and any(r.parent_id is not None for r in reqs)
 
 
 async def submit_children(st: Seam, text: texts.Text, reqs: list[Request]) -> list[Task]:
@@ -296,6 +302,7 @@ def task_row(r: Request, now: int, conf: Any, root: str) -> dict[str, Any]:
         "parent_id": r.parent_id,
         "root_id": root,
         "correlation_id": r.correlation_id,
+        "concurrency_key": r.concurrency_key,
     }
 
 
@@ -440,6 +447,7 @@ def seal_request(st: Seam, r: Request) -> Request:
         metadata=meta if meta == "{}" else enc.seal(meta, task_id=r.id, field="metadata"),
         key_id=enc.current,
         seal=r.seal,
+        concurrency_key=r.concurrency_key,
     )
 
 
@@ -507,5 +515,5 @@ async def _drop_orphan_keys(conn: AsyncConnection, ids: list[str]) -> None:
 #: The columns of a task row (:func:`task_row`) in the order ``insert_rows`` reads.
 _ROW_COLUMNS = (
     "id name queue partition payload metadata priority max_attempts backoff created_at "
-    "run_at key parent_id root_id correlation_id key_id"
+    "run_at key parent_id root_id correlation_id key_id concurrency_key"
 ).split()

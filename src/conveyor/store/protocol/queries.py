@@ -185,6 +185,7 @@ def backfill(
             literal(0),
             t.c.run_at,
             case((qm.c.status == "cancelled", qm.c.finished_at), else_=null()),
+            t.c.concurrency_key,
         )
         .select_from(t.outerjoin(qm, and_(qm.c.task_seq == t.c.seq, qm.c.grp == QUEUE_MODE)))
         .where(
@@ -192,7 +193,7 @@ def backfill(
             ~exists().where(mine.c.task_seq == t.c.seq, mine.c.grp == grp),
         )
     )
-    return d.insert().from_select([*SEEDED, "finished_at"], source)
+    return d.insert().from_select([*SEEDED, "finished_at", "concurrency_key"], source)
 
 
 def ready_plain(grp: str, queues: Sequence[str], now: Now) -> Select[Any]:

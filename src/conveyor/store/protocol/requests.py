@@ -35,6 +35,7 @@ SUBMIT_FIELDS = frozenset(
         "after",
         "on_parent_failure",
         "batch",
+        "concurrency_key",
     }
 )
 ON_PARENT_FAILURE = ("cancel", "run")
@@ -77,6 +78,10 @@ class Request:
         """Whether it waits for parents or belongs to a batch (see
         :mod:`conveyor.store.protocol.dependencies`)."""
         return self.after is not None or self.batch_id is not None
+
+    #: The task's flow-control key (:mod:`conveyor.store.protocol.limits`); a
+    #: request with one goes step by step (``insert_rows``).
+    concurrency_key: str | None = None
 
 
 def prepare(req: Mapping[str, Any], *, max_size: int | None = None) -> Request:
@@ -135,6 +140,15 @@ def prepare(req: Mapping[str, Any], *, max_size: int | None = None) -> Request:
     batch = get("batch")
     if after is not None or on_failure != "cancel" or batch is not None:
         after, batch = _links(after, on_failure, batch, partition)
+    concurrency_key = get("concurrency_key")
+    if concurrency_key is not None:
+        concurrency_key = v.name("concurrency_key", concurrency_key)
+        if partition is not None:
+            # A partition already orders its tasks one at a time; its streams are
+            # claimed whole, never counted per key.
+            raise InvalidArgument(
+                "concurrency_key", "cannot be given with a partition: choose one of the two"
+            )
     return Request(
         id=v.new_task_id(),
         name=name,
@@ -154,6 +168,7 @@ def prepare(req: Mapping[str, Any], *, max_size: int | None = None) -> Request:
         after=after,
         run_on_failure=on_failure == "run",
         batch_id=batch,
+        concurrency_key=concurrency_key,
     )
 
 

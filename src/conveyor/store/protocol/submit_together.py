@@ -48,6 +48,8 @@ async def submit(
     ``None`` when they are not of a kind that goes so. On ``conn`` (a caller's, in
     its transaction) the same statements run one after another there, each in its
     variant for a caller's transaction."""
+    if any(r.concurrency_key is not None for r in reqs):
+        return None  # step by step: only insert_rows writes a concurrency key
     built = st._texts or await texts.of(st)
     if conn is not None:
         built = texts.on(st, conn).in_callers()

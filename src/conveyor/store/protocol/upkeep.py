@@ -14,7 +14,7 @@ from sqlalchemy import delete, func, select, tuple_, update
 
 from conveyor import _values as v
 from conveyor.errors import InvalidArgument
-from conveyor.models import Backoff
+from conveyor.models import Backoff, Rate
 from conveyor.schema import batches as bt
 from conveyor.schema import counts as cn
 from conveyor.schema import deliveries as d
@@ -24,7 +24,7 @@ from conveyor.schema import keys as k
 from conveyor.schema import maintenance as mt
 from conveyor.schema import queues as qs
 from conveyor.schema import tasks as t
-from conveyor.store.protocol import dead_letters, observed, pauses, streams, wake
+from conveyor.store.protocol import dead_letters, limits, observed, pauses, streams, wake
 from conveyor.store.protocol import queries as q
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.seam import Seam
@@ -35,6 +35,11 @@ if TYPE_CHECKING:
 PURGE_BATCH = 1_000
 IDLE_STREAM_BATCH = 1_000
 ROLLUP_BATCH = 5_000
+#: How long past its time a row of ``conveyor_rate_state`` is kept (seconds). A
+#: rate's row whose time has passed limits nothing (a full burst is allowed again,
+#: as with no row at all); a fair queue's turn that old only orders keys served
+#: that long ago among themselves, and forgetting it puts them first, which is fair.
+RATE_STATE_KEEP = 3600.0
 TERMINAL = ("succeeded", "failed", "cancelled", "evicted", "skipped")
 LEASE_EXPIRED = json.dumps(
     {
@@ -95,9 +100,36 @@ def queue_settings(
     max_depth: int | None = None,
     debounce: v.Duration | None = None,
     encrypt: bool | None = None,
+    concurrency: int | None = None,
+    key_concurrency: int | None = None,
+    rate: Rate | int | None = None,
+    key_rate: Rate | int | None = None,
+    fair: bool | None = None,
 ) -> dict[str, Any]:
     """Validate configure_queue()'s arguments: the column values to store."""
     values: dict[str, Any] = {}
+    for field, limit in (("concurrency", concurrency), ("key_concurrency", key_concurrency)):
+        if limit is not None:
+            if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit < 2**31:
+                raise InvalidArgument(
+                    field, f"must be a whole number >= 0 (0: no limit), got {limit!r}"
+                )
+            values[field] = limit or None
+    for field, given in (("rate", rate), ("key_rate", key_rate)):
+        if given is None:
+            continue
+        if isinstance(given, Rate):
+            values[f"{field}_limit"], values[f"{field}_per"] = given.limit, given.per
+        elif given == 0 and not isinstance(given, bool) and isinstance(given, int):
+            values[f"{field}_limit"] = values[f"{field}_per"] = None
+        else:
+            raise InvalidArgument(
+                field, f"must be a conveyor.Rate, or 0 to clear it, got {given!r}"
+            )
+    if fair is not None:
+        if not isinstance(fair, bool):
+            raise InvalidArgument("fair", f"must be True or False, got {fair!r}")
+        values["fair"] = fair or None
     if encrypt is not None:
         if not isinstance(encrypt, bool):
             raise InvalidArgument("encrypt", f"must be True or False, got {encrypt!r}")
@@ -168,6 +200,11 @@ def settings_dict(queue: str, row: Any, paused: bool) -> dict[str, Any]:
         "max_depth": None,
         "debounce": None,
         "encrypt": False,
+        "concurrency": None,
+        "key_concurrency": None,
+        "rate": None,
+        "key_rate": None,
+        "fair": False,
     }
     if row is not None:
         out.update(
@@ -182,6 +219,13 @@ def settings_dict(queue: str, row: Any, paused: bool) -> dict[str, Any]:
             max_depth=row.max_depth,
             debounce=row.debounce,
             encrypt=bool(row.encrypt),
+            concurrency=row.concurrency,
+            key_concurrency=row.key_concurrency,
+            rate=None if row.rate_limit is None else Rate(row.rate_limit, row.rate_per),
+            key_rate=(
+                None if row.key_rate_limit is None else Rate(row.key_rate_limit, row.key_rate_per)
+            ),
+            fair=bool(row.fair),
         )
     out["paused"] = paused
     return out
@@ -266,6 +310,7 @@ async def maintain(st: Seam, *, housekeeping: bool = True) -> dict[str, int]:
         if housekeeping:
             await rollup(st)
             await drop_idle_streams(st)
+            await tx.run(st, functools.partial(limits.prune_tx, st, keep_s=RATE_STATE_KEEP))
         # Not a write of the protocol's: on SQLite (nothing to refresh) it must not
         # take the write lock; Postgres's ANALYZE runs in any transaction.
         await tx.run(st, st._refresh_statistics, write=False)

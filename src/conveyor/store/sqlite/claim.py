@@ -20,7 +20,7 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from conveyor.store.protocol import claim_order, sealing, texts
+from conveyor.store.protocol import claim_order, limits, sealing, texts
 from conveyor.store.protocol import transactions as tx
 from conveyor.store.seam import Claim, Seam
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection
 
 #: ``kind`` of the candidate rows (see ``claim.candidates``).
-_PLAIN, _STREAM, _EXPIRED, _SEALED = 0, 1, 2, 3
+_PLAIN, _STREAM, _EXPIRED, _SEALED, _LIMITED = 0, 1, 2, 3, 4
 _QUEUED = "queued"
 
 
@@ -65,6 +65,7 @@ async def claim_tx(
         "limit": limit,
         "streams": claim_order.streams_wanted(limit, partition, per_stream),
         "per_stream": claim_order.run_cap(limit, per_stream),
+        "flow": ask.flow,
     }
     candidates, lease_step, view_step, hold = (built.get(name) for name in _STEPS)
     assert candidates and lease_step and view_step and hold, "the SQLite SQL files hold them"
@@ -75,6 +76,8 @@ async def claim_tx(
         rows += await texts.execute(conn, st, candidates, {**params, "queue": queue})
     # Raises when this store has no keys and a queue is encrypted: nothing leased.
     sealing.claimed_from(st, queues, [row.queue for row in rows if row.kind == _SEALED])
+    if not ask.flow:
+        limits.claimed_from(st, queues, [row.queue for row in rows if row.kind == _LIMITED])
     if any(row.kind == _EXPIRED for row in rows):
         return None
     picked = claim_order.choose(_units(rows), limit, claim_order.mixes(partition, per_stream))

@@ -315,6 +315,9 @@ class SQLiteStore(TaskStore):
         # one transaction on the connection thread (conveyor.store.sqlite.claim).
         return await sqlite_claim.claim(self, ask)
 
+    async def _claim_in(self, conn: AsyncConnection, ask: Claim) -> Sequence[Any] | None:
+        return await sqlite_claim.claim_tx(self, conn, await texts.of(self), ask)
+
     def _statement_texts(self) -> Mapping[str, str]:
         # No data-modifying CTEs, arrays, LATERAL or UPDATE … FROM a set-returning
         # function: a statement Postgres writes as one may be a script here, its

@@ -44,7 +44,19 @@ WITH flags AS (
     (
         SELECT array_agg(e.queue) FROM conveyor_queues AS e
         WHERE e.queue = ANY(:queues::text[]) AND e.encrypt
-    ) AS sealed
+    ) AS sealed,
+    -- held: the flow-controlled queues among these (concurrency, rate, key
+    -- limits or fair: conveyor.store.protocol.limits), whose work this claim
+    -- leases none of: their claims take the limited path, which holds their
+    -- settings rows. With :flow that path asks, for the budget it computed: then
+    -- only the key-limited or fair queues among them, whose unpartitioned rows
+    -- it picks by key itself. One probe of the settings rows, read above anyway.
+    ARRAY(
+        SELECT l.queue FROM conveyor_queues AS l
+        WHERE l.queue = ANY(:queues::text[])
+          AND CASE WHEN :flow::boolean THEN (l.key_concurrency IS NOT NULL OR l.key_rate_limit IS NOT NULL OR coalesce(l.fair, false))
+              ELSE (l.concurrency IS NOT NULL OR l.rate_limit IS NOT NULL OR l.key_concurrency IS NOT NULL OR l.key_rate_limit IS NOT NULL OR coalesce(l.fair, false)) END
+    ) AS held
 ),
 free AS MATERIALIZED (
     -- The free streams, fairest first (priority, then the head that waited
@@ -60,6 +72,7 @@ free AS MATERIALIZED (
       AND (:partition::text IS NULL OR s.partition = :partition::text)
       AND NOT (SELECT busy OR (:keyless::boolean AND sealed IS NOT NULL) FROM flags)
       AND s.queue <> ALL(CAST((SELECT paused FROM flags) AS text[]))
+      AND (:flow::boolean OR s.queue <> ALL(CAST((SELECT held FROM flags) AS text[])))
     ORDER BY s.priority DESC, s.available_at, s.queue, s.partition
     LIMIT :streams
     FOR UPDATE OF s SKIP LOCKED
@@ -104,6 +117,7 @@ plain AS MATERIALIZED (
       AND p.run_at <= (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AND :partition::text IS NULL
       AND NOT (SELECT busy OR (:keyless::boolean AND sealed IS NOT NULL) FROM flags)
       AND p.queue <> ALL(CAST((SELECT paused FROM flags) AS text[]))
+      AND p.queue <> ALL(CAST((SELECT held FROM flags) AS text[]))
     ORDER BY p.priority DESC, p.run_at, p.task_seq
     LIMIT :limit
     FOR UPDATE OF p SKIP LOCKED
@@ -217,7 +231,7 @@ held AS (
 )
 -- One row even when nothing was leased (flags drives the join, its other columns
 -- NULL), so the caller always reads busy. rank: the unit's place in claim order.
-SELECT flags.busy, flags.sealed, x.rank, t.seq, t.id, t.name, t.queue, t.partition, t.payload, t.metadata, t.priority, x.max_attempts, t.created_at, t.key, t.parent_id, t.root_id, t.correlation_id, x.grp, x.status, x.attempt, x.run_at, x.started_at, x.finished_at, x.lease_expires_at, x.worker_id, x.progress, x.progress_message, x.result, x.error, x.lease
+SELECT flags.busy, flags.sealed, flags.held, x.rank, t.seq, t.id, t.name, t.queue, t.partition, t.payload, t.metadata, t.priority, x.max_attempts, t.created_at, t.key, t.parent_id, t.root_id, t.correlation_id, x.grp, x.status, x.attempt, x.run_at, x.started_at, x.finished_at, x.lease_expires_at, x.worker_id, x.progress, x.progress_message, x.result, x.error, x.lease
 FROM flags LEFT JOIN (taken AS x JOIN conveyor_tasks AS t ON t.seq = x.task_seq) ON true
 
 -- name: claim.any_durable
@@ -245,7 +259,19 @@ WITH flags AS (
     (
         SELECT array_agg(e.queue) FROM conveyor_queues AS e
         WHERE e.queue = ANY(:queues::text[]) AND e.encrypt
-    ) AS sealed
+    ) AS sealed,
+    -- held: the flow-controlled queues among these (concurrency, rate, key
+    -- limits or fair: conveyor.store.protocol.limits), whose work this claim
+    -- leases none of: their claims take the limited path, which holds their
+    -- settings rows. With :flow that path asks, for the budget it computed: then
+    -- only the key-limited or fair queues among them, whose unpartitioned rows
+    -- it picks by key itself. One probe of the settings rows, read above anyway.
+    ARRAY(
+        SELECT l.queue FROM conveyor_queues AS l
+        WHERE l.queue = ANY(:queues::text[])
+          AND CASE WHEN :flow::boolean THEN (l.key_concurrency IS NOT NULL OR l.key_rate_limit IS NOT NULL OR coalesce(l.fair, false))
+              ELSE (l.concurrency IS NOT NULL OR l.rate_limit IS NOT NULL OR l.key_concurrency IS NOT NULL OR l.key_rate_limit IS NOT NULL OR coalesce(l.fair, false)) END
+    ) AS held
 ),
 free AS MATERIALIZED (
     -- The free streams, fairest first (priority, then the head that waited
@@ -261,6 +287,7 @@ free AS MATERIALIZED (
       AND (:partition::text IS NULL OR s.partition = :partition::text)
       AND NOT (SELECT busy OR (:keyless::boolean AND sealed IS NOT NULL) FROM flags)
       AND s.queue <> ALL(CAST((SELECT paused FROM flags) AS text[]))
+      AND (:flow::boolean OR s.queue <> ALL(CAST((SELECT held FROM flags) AS text[])))
     ORDER BY s.priority DESC, s.available_at, s.queue, s.partition
     LIMIT :streams
     FOR UPDATE OF s SKIP LOCKED
@@ -305,6 +332,7 @@ plain AS MATERIALIZED (
       AND p.run_at <= (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AND :partition::text IS NULL
       AND NOT (SELECT busy OR (:keyless::boolean AND sealed IS NOT NULL) FROM flags)
       AND p.queue <> ALL(CAST((SELECT paused FROM flags) AS text[]))
+      AND p.queue <> ALL(CAST((SELECT held FROM flags) AS text[]))
     ORDER BY p.priority DESC, p.run_at, p.task_seq
     LIMIT :limit
     FOR UPDATE OF p SKIP LOCKED
@@ -418,7 +446,7 @@ held AS (
 )
 -- One row even when nothing was leased (flags drives the join, its other columns
 -- NULL), so the caller always reads busy. rank: the unit's place in claim order.
-SELECT flags.busy, flags.sealed, x.rank, t.seq, t.id, t.name, t.queue, t.partition, t.payload, t.metadata, t.priority, x.max_attempts, t.created_at, t.key, t.parent_id, t.root_id, t.correlation_id, x.grp, x.status, x.attempt, x.run_at, x.started_at, x.finished_at, x.lease_expires_at, x.worker_id, x.progress, x.progress_message, x.result, x.error, x.lease
+SELECT flags.busy, flags.sealed, flags.held, x.rank, t.seq, t.id, t.name, t.queue, t.partition, t.payload, t.metadata, t.priority, x.max_attempts, t.created_at, t.key, t.parent_id, t.root_id, t.correlation_id, x.grp, x.status, x.attempt, x.run_at, x.started_at, x.finished_at, x.lease_expires_at, x.worker_id, x.progress, x.progress_message, x.result, x.error, x.lease
 FROM flags LEFT JOIN (taken AS x JOIN conveyor_tasks AS t ON t.seq = x.task_seq) ON true
 
 -- name: claim.one
@@ -448,7 +476,11 @@ WITH flags AS (
     -- (keyless) then leases nothing either, and raises before any lease is taken;
     -- one with keys learns that it must seal what it writes for these tasks.
     -- length: the queue's configured lease. Both from one read of its row.
-    CASE WHEN e.encrypt THEN ARRAY[e.queue] END AS sealed, e.lease AS length
+    CASE WHEN e.encrypt THEN ARRAY[e.queue] END AS sealed, e.lease AS length,
+    -- held: the queue is flow-controlled (see claim.any); with :flow, key-limited
+    -- or fair.
+    coalesce(CASE WHEN :flow::boolean THEN (e.key_concurrency IS NOT NULL OR e.key_rate_limit IS NOT NULL OR coalesce(e.fair, false))
+        ELSE (e.concurrency IS NOT NULL OR e.rate_limit IS NOT NULL OR e.key_concurrency IS NOT NULL OR e.key_rate_limit IS NOT NULL OR coalesce(e.fair, false)) END, false) AS held
     FROM (SELECT 1) AS one LEFT JOIN conveyor_queues AS e ON e.queue = :queue
 ),
 free AS MATERIALIZED (
@@ -463,7 +495,7 @@ free AS MATERIALIZED (
     WHERE s.grp = :grp AND s.queue = :queue
       AND s.available_at IS NOT NULL AND s.available_at <= (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us)
       AND (:partition::text IS NULL OR s.partition = :partition::text)
-      AND NOT (SELECT busy OR paused OR (:keyless::boolean AND sealed IS NOT NULL) FROM flags)
+      AND NOT (SELECT busy OR paused OR (held AND NOT :flow::boolean) OR (:keyless::boolean AND sealed IS NOT NULL) FROM flags)
     ORDER BY s.priority DESC, s.available_at, s.queue, s.partition
     LIMIT :streams
     FOR UPDATE OF s SKIP LOCKED
@@ -506,7 +538,7 @@ plain AS MATERIALIZED (
     FROM conveyor_deliveries AS p
     WHERE p.grp = :grp AND p.queue = :queue AND p.status = 'queued' AND p.partition IS NULL
       AND p.run_at <= (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AND :partition::text IS NULL
-      AND NOT (SELECT busy OR paused OR (:keyless::boolean AND sealed IS NOT NULL) FROM flags)
+      AND NOT (SELECT busy OR paused OR held OR (:keyless::boolean AND sealed IS NOT NULL) FROM flags)
     ORDER BY p.priority DESC, p.run_at, p.task_seq
     LIMIT :limit
     FOR UPDATE OF p SKIP LOCKED
@@ -621,7 +653,7 @@ held AS (
 )
 -- One row even when nothing was leased (flags drives the join, its other columns
 -- NULL), so the caller always reads busy. rank: the unit's place in claim order.
-SELECT flags.busy, flags.sealed, x.rank, t.seq, t.id, t.name, t.queue, t.partition, t.payload, t.metadata, t.priority, x.max_attempts, t.created_at, t.key, t.parent_id, t.root_id, t.correlation_id, x.grp, x.status, x.attempt, x.run_at, x.started_at, x.finished_at, x.lease_expires_at, x.worker_id, x.progress, x.progress_message, x.result, x.error, x.lease
+SELECT flags.busy, flags.sealed, CASE WHEN flags.held THEN ARRAY[:queue::text] END AS held, x.rank, t.seq, t.id, t.name, t.queue, t.partition, t.payload, t.metadata, t.priority, x.max_attempts, t.created_at, t.key, t.parent_id, t.root_id, t.correlation_id, x.grp, x.status, x.attempt, x.run_at, x.started_at, x.finished_at, x.lease_expires_at, x.worker_id, x.progress, x.progress_message, x.result, x.error, x.lease
 FROM flags LEFT JOIN (taken AS x JOIN conveyor_tasks AS t ON t.seq = x.task_seq) ON true
 
 -- name: claim.one_durable
@@ -646,7 +678,11 @@ WITH flags AS (
     -- (keyless) then leases nothing either, and raises before any lease is taken;
     -- one with keys learns that it must seal what it writes for these tasks.
     -- length: the queue's configured lease. Both from one read of its row.
-    CASE WHEN e.encrypt THEN ARRAY[e.queue] END AS sealed, e.lease AS length
+    CASE WHEN e.encrypt THEN ARRAY[e.queue] END AS sealed, e.lease AS length,
+    -- held: the queue is flow-controlled (see claim.any); with :flow, key-limited
+    -- or fair.
+    coalesce(CASE WHEN :flow::boolean THEN (e.key_concurrency IS NOT NULL OR e.key_rate_limit IS NOT NULL OR coalesce(e.fair, false))
+        ELSE (e.concurrency IS NOT NULL OR e.rate_limit IS NOT NULL OR e.key_concurrency IS NOT NULL OR e.key_rate_limit IS NOT NULL OR coalesce(e.fair, false)) END, false) AS held
     FROM (SELECT 1) AS one LEFT JOIN conveyor_queues AS e ON e.queue = :queue
 ),
 free AS MATERIALIZED (
@@ -661,7 +697,7 @@ free AS MATERIALIZED (
     WHERE s.grp = :grp AND s.queue = :queue
       AND s.available_at IS NOT NULL AND s.available_at <= (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us)
       AND (:partition::text IS NULL OR s.partition = :partition::text)
-      AND NOT (SELECT busy OR paused OR (:keyless::boolean AND sealed IS NOT NULL) FROM flags)
+      AND NOT (SELECT busy OR paused OR (held AND NOT :flow::boolean) OR (:keyless::boolean AND sealed IS NOT NULL) FROM flags)
     ORDER BY s.priority DESC, s.available_at, s.queue, s.partition
     LIMIT :streams
     FOR UPDATE OF s SKIP LOCKED
@@ -704,7 +740,7 @@ plain AS MATERIALIZED (
     FROM conveyor_deliveries AS p
     WHERE p.grp = :grp AND p.queue = :queue AND p.status = 'queued' AND p.partition IS NULL
       AND p.run_at <= (floor(extract(epoch FROM statement_timestamp()) * 1000000)::bigint + :offset_us) AND :partition::text IS NULL
-      AND NOT (SELECT busy OR paused OR (:keyless::boolean AND sealed IS NOT NULL) FROM flags)
+      AND NOT (SELECT busy OR paused OR held OR (:keyless::boolean AND sealed IS NOT NULL) FROM flags)
     ORDER BY p.priority DESC, p.run_at, p.task_seq
     LIMIT :limit
     FOR UPDATE OF p SKIP LOCKED
@@ -819,5 +855,5 @@ held AS (
 )
 -- One row even when nothing was leased (flags drives the join, its other columns
 -- NULL), so the caller always reads busy. rank: the unit's place in claim order.
-SELECT flags.busy, flags.sealed, x.rank, t.seq, t.id, t.name, t.queue, t.partition, t.payload, t.metadata, t.priority, x.max_attempts, t.created_at, t.key, t.parent_id, t.root_id, t.correlation_id, x.grp, x.status, x.attempt, x.run_at, x.started_at, x.finished_at, x.lease_expires_at, x.worker_id, x.progress, x.progress_message, x.result, x.error, x.lease
+SELECT flags.busy, flags.sealed, CASE WHEN flags.held THEN ARRAY[:queue::text] END AS held, x.rank, t.seq, t.id, t.name, t.queue, t.partition, t.payload, t.metadata, t.priority, x.max_attempts, t.created_at, t.key, t.parent_id, t.root_id, t.correlation_id, x.grp, x.status, x.attempt, x.run_at, x.started_at, x.finished_at, x.lease_expires_at, x.worker_id, x.progress, x.progress_message, x.result, x.error, x.lease
 FROM flags LEFT JOIN (taken AS x JOIN conveyor_tasks AS t ON t.seq = x.task_seq) ON true

@@ -20,7 +20,7 @@ WITH r AS (
         (e.v ->> 7)::int AS max_attempts, e.v ->> 8 AS backoff,
         (e.v ->> 9)::bigint AS created_at, (e.v ->> 10)::bigint AS run_at, e.v ->> 11 AS key,
         e.v ->> 12 AS parent_id, e.v ->> 13 AS root_id, e.v ->> 14 AS correlation_id,
-        e.v ->> 15 AS key_id, e.n
+        e.v ->> 15 AS key_id, e.v ->> 16 AS concurrency_key, e.n
     FROM json_array_elements(:rows::json) WITH ORDINALITY AS e(v, n)
 ),
 refused AS (
@@ -31,21 +31,22 @@ refused AS (
 ins AS (
     INSERT INTO conveyor_tasks (id, name, queue, partition, payload, metadata, priority,
         max_attempts, backoff, created_at, run_at, key, parent_id, root_id, correlation_id,
-        key_id)
+        key_id, concurrency_key)
     SELECT id, name, queue, partition, payload, metadata, priority, max_attempts, backoff,
-        created_at, run_at, key, parent_id, root_id, correlation_id, key_id
+        created_at, run_at, key, parent_id, root_id, correlation_id, key_id, concurrency_key
     FROM r WHERE NOT EXISTS (SELECT 1 FROM refused) ORDER BY n
-    RETURNING seq, queue, partition, priority, max_attempts, created_at, run_at
+    RETURNING seq, queue, partition, priority, max_attempts, created_at, run_at,
+        concurrency_key
 ),
 fan AS (
     INSERT INTO conveyor_deliveries (task_seq, grp, queue, partition, priority,
-        max_attempts, status, attempt, run_at)
+        max_attempts, status, attempt, run_at, concurrency_key)
     SELECT i.seq, '', i.queue, i.partition, i.priority, i.max_attempts,
-        'queued', 0, i.run_at
+        'queued', 0, i.run_at, i.concurrency_key
     FROM ins AS i
     UNION ALL
     SELECT i.seq, g.name, i.queue, i.partition, i.priority, i.max_attempts, 'queued', 0,
-        i.run_at
+        i.run_at, i.concurrency_key
     FROM ins AS i JOIN conveyor_groups AS g ON g.queue = i.queue AND g.active
         AND (g.start_at IS NULL OR g.start_at <= i.created_at)
     RETURNING queue, grp, partition

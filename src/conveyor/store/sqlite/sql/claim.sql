@@ -19,6 +19,11 @@
 -- * 2: one row if a lease of the queue has expired: the claim then leases
 --   nothing, and the caller recovers the expired leases before it claims again.
 -- * 3: one row if the queue is encrypted (conveyor.store.protocol.sealing).
+-- * 4: one row if the queue is flow-controlled (conveyor.store.protocol.limits)
+--   and :flow is not set: then no rows of kinds 0 and 1 either. With :flow (the
+--   limited path asks, holding the write lock, for the budget it computed) its
+--   streams are rows of kind 1, and its unpartitioned rows of kind 0 unless it is
+--   key-limited or fair (the limited path picks those by key itself).
 -- A paused queue, or a paused group of it (conveyor.store.protocol.pauses), has
 -- no rows of kinds 0 and 1: one probe of a table that is usually empty.
 -- The stream index's partial WHERE is matched by the literal statuses.
@@ -31,6 +36,8 @@ WITH free AS (
       AND (:partition IS NULL OR s."partition" = :partition)
       AND NOT EXISTS (SELECT 1 FROM conveyor_pauses AS c
                       WHERE c.queue = :queue AND c.grp IN (:grp, ''))
+      AND NOT EXISTS (SELECT 1 FROM conveyor_queues AS l
+                      WHERE l.queue = :queue AND NOT :flow AND (l.concurrency IS NOT NULL OR l.rate_limit IS NOT NULL OR l.key_concurrency IS NOT NULL OR l.key_rate_limit IS NOT NULL OR coalesce(l.fair, 0)))
     ORDER BY s.priority DESC, s.available_at, s.queue, s."partition"
     LIMIT :streams
 )
@@ -61,6 +68,8 @@ FROM (
       AND r."partition" IS NULL AND r.run_at <= :now_us AND :partition IS NULL
       AND NOT EXISTS (SELECT 1 FROM conveyor_pauses AS c
                       WHERE c.queue = :queue AND c.grp IN (:grp, ''))
+      AND NOT EXISTS (SELECT 1 FROM conveyor_queues AS l WHERE l.queue = :queue
+                      AND CASE WHEN :flow THEN (l.key_concurrency IS NOT NULL OR l.key_rate_limit IS NOT NULL OR coalesce(l.fair, 0)) ELSE (l.concurrency IS NOT NULL OR l.rate_limit IS NOT NULL OR l.key_concurrency IS NOT NULL OR l.key_rate_limit IS NOT NULL OR coalesce(l.fair, 0)) END)
     ORDER BY r.priority DESC, r.run_at, r.task_seq
     LIMIT :limit
 ) AS p
@@ -78,6 +87,9 @@ UNION ALL
 -- leases anything; one with keys learns it must seal what it writes for its tasks.
 SELECT 3, NULL, NULL, q.queue, NULL, NULL, NULL, NULL, NULL
 FROM conveyor_queues AS q WHERE q.queue = :queue AND q.encrypt
+UNION ALL
+SELECT 4, NULL, NULL, l.queue, NULL, NULL, NULL, NULL, NULL
+FROM conveyor_queues AS l WHERE l.queue = :queue AND NOT :flow AND (l.concurrency IS NOT NULL OR l.rate_limit IS NOT NULL OR l.key_concurrency IS NOT NULL OR l.key_rate_limit IS NOT NULL OR coalesce(l.fair, 0))
 -- The kinds apart, each in claim order, a stream's rows together in submit
 -- order: the choice in Python takes each stream's first row for its head (a
 -- stream whose row names another head is left alone) and ends its run at the

@@ -33,7 +33,7 @@ FROM json_each(:ids) AS j JOIN conveyor_tasks AS t ON t.id = j.value
 -- submits again (conveyor.store.protocol.sealing).
 INSERT INTO conveyor_tasks (id, name, queue, "partition", payload, metadata, priority,
     max_attempts, backoff, created_at, run_at, "key", parent_id, root_id, correlation_id,
-    key_id)
+    key_id, concurrency_key)
 SELECT json_extract(e.value, '$[0]'), json_extract(e.value, '$[1]'),
     json_extract(e.value, '$[2]'), json_extract(e.value, '$[3]'),
     json_extract(e.value, '$[4]'), json_extract(e.value, '$[5]'),
@@ -41,7 +41,8 @@ SELECT json_extract(e.value, '$[0]'), json_extract(e.value, '$[1]'),
     json_extract(e.value, '$[8]'), json_extract(e.value, '$[9]'),
     json_extract(e.value, '$[10]'), json_extract(e.value, '$[11]'),
     json_extract(e.value, '$[12]'), json_extract(e.value, '$[13]'),
-    json_extract(e.value, '$[14]'), json_extract(e.value, '$[15]')
+    json_extract(e.value, '$[14]'), json_extract(e.value, '$[15]'),
+    json_extract(e.value, '$[16]')
 FROM json_each(:rows) AS e
 WHERE NOT EXISTS (
     SELECT 1 FROM json_each(:rows) AS x
@@ -50,13 +51,14 @@ WHERE NOT EXISTS (
 )
 ORDER BY e.key;
 INSERT INTO conveyor_deliveries (task_seq, grp, queue, "partition", priority, max_attempts,
-    status, attempt, run_at)
-SELECT t.seq, '', t.queue, t."partition", t.priority, t.max_attempts, 'queued', 0, t.run_at
+    status, attempt, run_at, concurrency_key)
+SELECT t.seq, '', t.queue, t."partition", t.priority, t.max_attempts, 'queued', 0, t.run_at,
+    t.concurrency_key
 FROM conveyor_tasks AS t
 WHERE t.seq >= (SELECT seq FROM conveyor_tasks WHERE id = json_extract(:rows, '$[0][0]'))
 UNION ALL
 SELECT t.seq, g.name, t.queue, t."partition", t.priority, t.max_attempts, 'queued', 0,
-    t.run_at
+    t.run_at, t.concurrency_key
 FROM conveyor_tasks AS t JOIN conveyor_groups AS g ON g.queue = t.queue AND g.active
     AND (g.start_at IS NULL OR g.start_at <= t.created_at)
 WHERE t.seq >= (SELECT seq FROM conveyor_tasks WHERE id = json_extract(:rows, '$[0][0]'));
