@@ -372,16 +372,15 @@ def test_partitioned_worker_host(network: Network, db_host: Cluster, tmp_path: P
     def partition(url: str, logdir: Path) -> tuple[float, float]:
         # Cut while the worker surely holds a task: a few that take a while go in
         # until one runs on it (the load's own tasks take 10 ms: often none is held).
-        with conveyor.connect_sync(url, listen=False) as store, (
-            logdir / "acked-inject.jsonl"
-        ).open("a") as sink:
+        with (
+            conveyor.connect_sync(url, listen=False) as store,
+            (logdir / "acked-inject.jsonl").open("a") as sink,
+        ):
             for n in range(HOLD_SEQ, HOLD_SEQ + 200, 2):
-                ids = []
                 for seq in (n, n + 1):
                     kwargs = {"seq": seq, "part": None, "hold": HOLD_S}
                     task = store.submit("step", {"kwargs": kwargs}, queue=QUEUE, key=f"hold-{seq}")
                     sink.write(json.dumps({"seq": seq, "id": task.id, "t": time.time()}) + "\n")
-                    ids.append(task.id)
                 sink.flush()
                 time.sleep(0.3)
                 running = store.list(queue=QUEUE, status="running", limit=1000).items
