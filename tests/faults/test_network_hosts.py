@@ -102,6 +102,7 @@ class Network:
     bridge: str = ""
     impaired: dict[str, str] = field(default_factory=dict)  # host -> "netem"/"iptables"
     link: str = ""  # the workers' links' impairment, as applied
+    iptables: str = "iptables"
 
     def open(self, hosts: list[str]) -> None:
         """Create the bridge, then each host; raises if the kernel refuses."""
@@ -140,6 +141,10 @@ class Network:
             raise RuntimeError(f"{' '.join(argv)}: {done.stderr.strip()}")
         return done.returncode == 0
 
+    @staticmethod
+    def _works(argv: list[str]) -> bool:
+        return subprocess.run(argv, capture_output=True, timeout=30).returncode == 0
+
     def netem(self, host: str, *spec: str, verb: str = "add") -> bool:
         """``tc qdisc VERB ... netem SPEC`` on both ends of ``host``'s link; False if
         the kernel has no netem (a kernel built without ``sch_netem``)."""
@@ -155,9 +160,8 @@ class Network:
         wire (a drop on OUTPUT would fail the sender's own send instead)."""
         address = self.addresses[host]
         for where, rule in ((host, []), ("pg", ["-s", address])):
-            self._run(
-                [*self.exec(where), "iptables", "-w", action, "INPUT", *rule, *match, "-j", "DROP"]
-            )
+            argv = [self.iptables, "-w", action, "INPUT", *rule, *match, "-j", "DROP"]
+            self._run([*self.exec(where), *argv])
 
     def impair(self, host: str) -> str:
         """Delay, jitter and 1 % loss on ``host``'s link with netem; on a kernel
@@ -165,8 +169,13 @@ class Network:
         if self.netem(host, *NETEM):
             self.impaired[host] = "netem"
             return "netem " + " ".join(NETEM)
-        if shutil.which("iptables") is None:
-            raise RuntimeError("the kernel has no netem and there is no iptables")
+        # The nftables front end first, the legacy one if the kernel has only that.
+        for program in ("iptables", "iptables-legacy"):
+            if shutil.which(program) and self._works([*self.exec(host), program, "-w", "-S"]):
+                self.iptables = program
+                break
+        else:
+            raise RuntimeError("the kernel has no netem and there is no working iptables")
         self._drop(host, "-A", *LOSS)
         self.impaired[host] = "iptables"
         return "iptables statistic loss 1% both ways (the kernel has no netem: no delay)"
@@ -258,7 +267,7 @@ def _log_tasks(path: Path, markers: tuple[str, ...]) -> list[str]:
 
 def _runs(logdir: Path) -> list[dict[str, Any]]:
     """Every handler run, each with the name of the worker that ran it."""
-    runs = []
+    runs: list[dict[str, Any]] = []
     for path in logdir.glob("exec-*.jsonl"):
         runs.extend({**r, "worker": path.stem.removeprefix("exec-")} for r in read_jsonl(path))
     return [r for r in runs if r["seq"] >= 0]
