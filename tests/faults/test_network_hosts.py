@@ -389,15 +389,17 @@ def test_partitioned_worker_host(network: Network, db_host: Cluster, tmp_path: P
             conveyor.connect_sync(url, listen=False) as store,
             (logdir / "acked-inject.jsonl").open("a") as sink,
         ):
+            holds: set[str] = set()
             for n in range(HOLD_SEQ, HOLD_SEQ + 200, 2):
                 for seq in (n, n + 1):
                     kwargs = {"seq": seq, "part": None, "hold": HOLD_S}
                     task = store.submit("step", {"kwargs": kwargs}, queue=QUEUE, key=f"hold-{seq}")
                     sink.write(json.dumps({"seq": seq, "id": task.id, "t": time.time()}) + "\n")
+                    holds.add(task.id)
                 sink.flush()
                 time.sleep(0.3)
                 running = store.list(queue=QUEUE, status="running", limit=1000).items
-                if any(t.worker_id == cut and t.name == "step" for t in running):
+                if any(t.worker_id == cut and t.id in holds for t in running):
                     break
         network.cut(cut)
         began = time.time()
