@@ -39,7 +39,7 @@ import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,10 +76,13 @@ def _record(line: dict[str, Any]) -> None:
 
 
 @app.task(name="step", queue=QUEUE)
-async def step(ctx: Any, seq: int, part: str | None, fail_first: bool = False) -> int:
-    """A short task that records its run; ``fail_first`` fails attempt 1."""
+async def step(
+    ctx: Any, seq: int, part: str | None, fail_first: bool = False, hold: float = 0.0
+) -> int:
+    """A short task that records its run; ``fail_first`` fails attempt 1; ``hold``
+    seconds longer (a task a fault must catch in flight)."""
     t0 = time.time()
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01 + hold)
     ok = not (fail_first and ctx.task.attempt == 1)
     _record(
         {
@@ -377,12 +380,20 @@ def child_env(logdir: Path) -> dict[str, str]:
     }
 
 
-def spawn(role: str, url: str, *args: object, logdir: Path, log: str) -> subprocess.Popen[str]:
+def spawn(
+    role: str,
+    url: str,
+    *args: object,
+    logdir: Path,
+    log: str,
+    wrap: Sequence[str] = (),
+) -> subprocess.Popen[str]:
     """Start a child of ``role`` with stderr going to ``logdir/log`` (and stdout to a
-    pipe, except for workers)."""
+    pipe, except for workers); ``wrap`` goes before the interpreter (``ip netns
+    exec NS``, ``faketime``: the child on another host, or its clock skewed)."""
     with (logdir / log).open("w") as sink:
         return subprocess.Popen(
-            [sys.executable, KIT, role, url, *map(str, args)],
+            [*wrap, sys.executable, KIT, role, url, *map(str, args)],
             env=child_env(logdir),
             stdout=subprocess.DEVNULL if role == "worker" else subprocess.PIPE,
             stderr=sink,

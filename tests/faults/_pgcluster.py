@@ -90,8 +90,19 @@ def free_port() -> int:
 class Cluster:
     """One throwaway server: ``start()``, ``stop(mode)``, ``restart(mode, down=...)``."""
 
-    def __init__(self, root: Path | None = None, *, standby_of: Cluster | None = None) -> None:
+    def __init__(
+        self,
+        root: Path | None = None,
+        *,
+        standby_of: Cluster | None = None,
+        netns: str | None = None,
+        host: str = "127.0.0.1",
+    ) -> None:
         self.bindir = find_bindir()
+        # In a network namespace (a host of its own), its commands run under
+        # ``ip netns exec`` and the server listens on that namespace's ``host``.
+        self.prefix = [] if netns is None else ["ip", "netns", "exec", netns]
+        self.host = host
         self.as_root = os.geteuid() == 0
         self.owner: pwd.struct_passwd | None = None
         if self.as_root:
@@ -128,7 +139,7 @@ class Cluster:
         )
         conf = "\n".join(
             [
-                "listen_addresses = '127.0.0.1'",
+                f"listen_addresses = '{host}'",
                 f"port = {self.port}",
                 f"unix_socket_directories = '{self.root}'",
                 "fsync = off",  # a throwaway server; crash safety of the OS is not under test
@@ -140,6 +151,9 @@ class Cluster:
         )
         with (self.data / "postgresql.conf").open("a") as fh:
             fh.write(conf)
+        if host != "127.0.0.1":  # clients on the other hosts of its subnet
+            with (self.data / "pg_hba.conf").open("a") as fh:
+                fh.write("host all all samenet trust\n")
 
     def _clone(self, primary: Cluster) -> None:
         """This cluster as a streaming replica of the running ``primary``: a base
@@ -171,11 +185,11 @@ class Cluster:
     @property
     def admin_dsn(self) -> str:
         """A psycopg connection string to the ``postgres`` database."""
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        return f"postgresql://postgres@{self.host}:{self.port}/postgres"
 
     def url(self, database: str) -> str:
         """A conveyor URL for ``database`` on this server."""
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+        return f"postgresql://postgres@{self.host}:{self.port}/{database}"
 
     def create_database(self, name: str) -> str:
         """Create ``name`` and return its URL."""
@@ -190,6 +204,7 @@ class Cluster:
                 argv = ["runuser", "-u", SERVER_USER, "--", *argv]
             else:
                 argv = ["su", SERVER_USER, "-s", "/bin/sh", "-c", subprocess.list2cmdline(argv)]
+        argv = [*self.prefix, *argv]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
         if done.returncode != 0:
             tail = self.log.read_text()[-2000:] if self.log.exists() else ""
