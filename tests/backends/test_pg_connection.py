@@ -93,7 +93,7 @@ async def test_a_claim_commits_without_waiting_for_the_flush_unless_durable(
         params = {
             "grp": QUEUE_MODE, "queue": "quick", "partition": None, "limit": 1,
             "per_stream": 1, "streams": 1, "mix": False, "worker_id": "w", "lease": None,
-            "keyless": True,
+            "keyless": True, "flow": False,
         }  # fmt: skip
 
         async def look(conn: AsyncConnection) -> tuple[list[str], str]:

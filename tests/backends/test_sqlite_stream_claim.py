@@ -90,6 +90,7 @@ async def test_the_claim_statements_probe_indexes(tmp_path: Path) -> None:
             "lease": None,
             "partitions": '["p"]',
             "keys": '[["q", "", "p"]]',
+            "flow": False,
         }
         names = [
             "claim.candidates",
@@ -157,6 +158,7 @@ async def test_the_claim_reads_free_streams_in_claim_order(tmp_path: Path) -> No
         "streams": 50,
         "per_stream": 2,
         "now_us": 2**62,
+        "flow": False,
     }
     with closing(sqlite3.connect(path)) as db:
         plan = db.execute("EXPLAIN QUERY PLAN " + text.sql, params).fetchall()
@@ -168,9 +170,14 @@ async def test_the_claim_reads_free_streams_in_claim_order(tmp_path: Path) -> No
         "SEARCH s USING INDEX ix_conveyor_streams_available (grp=? AND queue=?)",
         # The pause check (store.pause): run once, one probe of its primary key.
         "SCALAR SUBQUERY 1",
+        # The flow-control check (revision 0018): run once, one probe of the
+        # queue's settings row.
+        "SCALAR SUBQUERY 2",
     ], plan
     [paused] = [step for _, parent, _, step in plan if parent == steps[1][0]]
     assert paused.startswith("SEARCH c USING COVERING INDEX sqlite_autoindex_conveyor_pauses"), plan
+    [held] = [step for _, parent, _, step in plan if parent == steps[2][0]]
+    assert held.startswith("SEARCH l USING INDEX sqlite_autoindex_conveyor_queues"), plan
     # The first 50 streams in claim order (equal priority: the longest waiting, then
     # by partition), two rows each.
     assert len([row for row in rows if row[0] == 1]) == 100

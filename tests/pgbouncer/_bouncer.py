@@ -101,6 +101,9 @@ class Bouncer:
                     f"pool_mode = {mode}",
                     "max_client_conn = 400",
                     "default_pool_size = 20",
+                    # Idle server connections close at once: the shared server has
+                    # 100 slots, and the other test processes need theirs.
+                    "server_idle_timeout = 1",
                     f"logfile = {self.log}",
                     f"pidfile = {self.root / 'pgbouncer.pid'}",
                     # The tests' admin connections send application_name; PgBouncer

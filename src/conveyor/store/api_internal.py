@@ -83,6 +83,14 @@ class Internal:
             if (queue, group) not in st._known_groups:
                 await groups.join(st, queue, group, subscribe)
 
+    def flow_controlled(self, queues: Sequence[str]) -> bool:
+        """Internal, for conveyor's worker; not covered by semver. Whether any of
+        ``queues`` was flow-controlled when this store last claimed from it
+        (:mod:`conveyor.store.protocol.limits`): an empty claim there may mean the
+        queue is at its limit, not that it has no work."""
+        limited = self._store._limited
+        return any(queue in limited for queue in queues)
+
     async def maintain_at_start(self) -> dict[str, int]:
         """Internal, for conveyor's worker (its first maintenance pass); not
         covered by semver. :meth:`~TaskStore.maintain` without retention, the

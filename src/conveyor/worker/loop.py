@@ -327,7 +327,7 @@ class Worker:
                 break  # drained: nothing claimable, nothing running or being acked
             if found:
                 saturated = 0
-            elif any(queue in self.store._limited for queue in self.queues):
+            elif self.store.internal.flow_controlled(self.queues):
                 # A flow-controlled queue at its limit (conveyor.store.protocol.limits):
                 # its new work wakes this loop for claims that find nothing, so wait a
                 # back-off instead (doubling to poll_interval), or until a task of
